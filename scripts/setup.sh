@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the build and test dependencies (Debian 12 packages) that are missing.
+set -euo pipefail
+pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libcpp-httplib-dev liburing-dev libpcre2-dev
+      libutf8proc-dev libhwy-dev libfmt-dev libcli11-dev libxxhash-dev libgtest-dev libbenchmark-dev)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

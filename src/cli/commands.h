@@ -1,0 +1,9 @@
+#pragma once
+// Each file in cli/ registers its subcommands on the app; main.cpp calls every register_*.
+#include <CLI/CLI.hpp>
+
+namespace ms::cli {
+
+void register_model_commands(CLI::App& app);  // logits, generate, inspect
+
+}  // namespace ms::cli

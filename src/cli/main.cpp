@@ -1,0 +1,31 @@
+// moestream: run Mixture-of-Experts models larger than memory.
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "util/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"moestream: Mixture-of-Experts inference that streams experts from disk"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Help for every command");
+  ms::cli::register_model_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Wrong arguments: one line saying why, exit status 2.
+    std::fprintf(stderr, "moestream: %s (see --help)\n", e.what());
+    return 2;
+  } catch (const ms::Error& e) {
+    std::fprintf(stderr, "moestream: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moestream: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

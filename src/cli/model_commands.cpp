@@ -1,0 +1,5 @@
+#include "cli/commands.h"
+
+namespace ms::cli {
+void register_model_commands(CLI::App&) {}
+}  // namespace ms::cli

@@ -1,0 +1,266 @@
+#include "format/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "util/error.h"
+#include "util/half.h"
+
+namespace ms {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+struct DTypeInfo {
+  DType type;
+  const char* name;
+  size_t size;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::BF16, "BF16", 2}, {DType::F16, "F16", 2}, {DType::F32, "F32", 4},
+    {DType::I8, "I8", 1},     {DType::I16, "I16", 2}, {DType::I32, "I32", 4},
+    {DType::I64, "I64", 8},   {DType::U8, "U8", 1},   {DType::U32, "U32", 4},
+};
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + (s[i] < 0 ? std::string("*") : std::to_string(s[i]));
+  return r + "]";
+}
+}  // namespace
+
+const char* dtype_name(DType t) {
+  for (auto& d : kDTypes)
+    if (d.type == t) return d.name;
+  return "?";
+}
+size_t dtype_size(DType t) {
+  for (auto& d : kDTypes)
+    if (d.type == t) return d.size;
+  return 0;
+}
+bool parse_dtype(const std::string& s, DType* out) {
+  for (auto& d : kDTypes)
+    if (s == d.name) {
+      *out = d.type;
+      return true;
+    }
+  return false;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+void TensorView::expect(DType t, const std::vector<int64_t>& want) const {
+  bool ok = shape.size() == want.size();
+  for (size_t i = 0; ok && i < want.size(); ++i) ok = want[i] < 0 || want[i] == shape[i];
+  if (t != dtype)
+    fail("{}: tensor '{}' has dtype {}, expected {}", file, name, dtype_name(dtype), dtype_name(t));
+  if (!ok) fail("{}: tensor '{}' has shape {}, expected {}", file, name, shape_str(shape), shape_str(want));
+}
+
+std::vector<float> TensorView::to_f32() const {
+  std::vector<float> out(static_cast<size_t>(numel()));
+  switch (dtype) {
+    case DType::F32:
+      std::memcpy(out.data(), data, out.size() * 4);
+      break;
+    case DType::BF16:
+      for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32(as<bf16>()[i]);
+      break;
+    case DType::F16:
+      for (size_t i = 0; i < out.size(); ++i) out[i] = f16_to_f32(as<f16>()[i]);
+      break;
+    default:
+      fail("{}: tensor '{}' has dtype {}, expected a floating-point type", file, name, dtype_name(dtype));
+  }
+  return out;
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    fail("{}: cannot stat: {}", path, std::strerror(e));
+  }
+  size_ = size_t(st.st_size);
+  if (size_ > 0) {
+    void* p = mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
+      fail("{}: cannot mmap: {}", path, std::strerror(e));
+    }
+    data_ = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);
+}
+
+MappedFile::~MappedFile() {
+  if (data_) munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
+  const size_t size = map_.size();
+  if (size < 8) fail("{}: truncated safetensors file ({} bytes, the header length alone needs 8)", path, size);
+  uint64_t header_len;
+  std::memcpy(&header_len, map_.data(), 8);
+  if (header_len > size - 8)
+    fail("{}: header length {} runs past the end of the file ({} bytes)", path, header_len, size);
+  json header;
+  try {
+    header = json::parse(map_.data() + 8, map_.data() + 8 + header_len);
+  } catch (const json::exception& e) {
+    fail("{}: malformed JSON header: {}", path, e.what());
+  }
+  if (!header.is_object()) fail("{}: JSON header is not an object", path);
+  const size_t data_begin = 8 + header_len;
+  const size_t data_size = size - data_begin;
+
+  std::vector<std::pair<size_t, const TensorView*>> extents;
+  for (auto& [name, v] : header.items()) {
+    if (name == "__metadata__") {
+      if (v.is_object())
+        for (auto& [k, m] : v.items())
+          if (m.is_string()) metadata_[k] = m.get<std::string>();
+      continue;
+    }
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      fail("{}: tensor '{}': header entry needs dtype, shape and data_offsets", path, name);
+    TensorView t;
+    t.name = name;
+    t.file = path;
+    if (!v["dtype"].is_string() || !parse_dtype(v["dtype"].get<std::string>(), &t.dtype))
+      fail("{}: tensor '{}': unknown dtype {}", path, name, v["dtype"].dump());
+    const json& shape = v["shape"];
+    if (!shape.is_array()) fail("{}: tensor '{}': shape is not an array", path, name);
+    for (auto& d : shape) {
+      if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape {} is not a list of sizes", path, name, shape.dump());
+      t.shape.push_back(d.get<int64_t>());
+    }
+    const json& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      fail("{}: tensor '{}': data_offsets {} must be two byte offsets", path, name, off.dump());
+    size_t begin = off[0].get<size_t>(), end = off[1].get<size_t>();
+    if (begin > end || end > data_size)
+      fail("{}: tensor '{}': data_offsets [{}, {}] out of bounds (data section is {} bytes)", path, name, begin, end,
+           data_size);
+    t.nbytes = end - begin;
+    size_t want = size_t(t.numel()) * dtype_size(t.dtype);
+    if (t.nbytes != want)
+      fail("{}: tensor '{}': {} {} needs {} bytes, data_offsets give {}", path, name, dtype_name(t.dtype),
+           shape_str(t.shape), want, t.nbytes);
+    t.data = map_.data() + data_begin + begin;
+    auto [it, inserted] = tensors_.emplace(name, std::move(t));
+    extents.push_back({begin, &it->second});
+  }
+  std::sort(extents.begin(), extents.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  for (size_t i = 1; i < extents.size(); ++i) {
+    const TensorView* prev = extents[i - 1].second;
+    if (extents[i - 1].first + prev->nbytes > extents[i].first)
+      fail("{}: tensors '{}' and '{}' overlap in the data section", path, prev->name, extents[i].second->name);
+  }
+}
+
+TensorStore TensorStore::open(const std::string& path) {
+  TensorStore s;
+  s.where_ = path;
+  std::vector<std::string> files;
+  if (fs::is_directory(path)) {
+    fs::path index = fs::path(path) / "model.safetensors.index.json";
+    fs::path single = fs::path(path) / "model.safetensors";
+    if (fs::exists(index)) {
+      std::ifstream in(index);
+      json j;
+      try {
+        j = json::parse(in);
+      } catch (const json::exception& e) {
+        fail("{}: malformed JSON: {}", index.string(), e.what());
+      }
+      if (!j.contains("weight_map") || !j["weight_map"].is_object())
+        fail("{}: field 'weight_map' missing or not an object", index.string());
+      for (auto& [tensor, file] : j["weight_map"].items()) {
+        if (!file.is_string()) fail("{}: weight_map['{}'] is not a file name", index.string(), tensor);
+        std::string f = (fs::path(path) / file.get<std::string>()).string();
+        if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
+      }
+      for (auto& f : files)
+        if (!fs::exists(f)) fail("{}: shard {} named in the index is missing", index.string(), f);
+    } else if (fs::exists(single)) {
+      files.push_back(single.string());
+    } else {
+      fail("{}: no model.safetensors or model.safetensors.index.json", path);
+    }
+  } else {
+    files.push_back(path);
+  }
+  for (auto& f : files) {
+    s.files_.push_back(std::make_unique<SafetensorsFile>(f));
+    for (auto& [name, t] : s.files_.back()->tensors()) {
+      if (s.index_.count(name)) fail("{}: tensor '{}' appears in two shards ({} and {})", path, name, s.index_[name]->file, f);
+      s.index_[name] = &t;
+    }
+  }
+  return s;
+}
+
+const TensorView& TensorStore::get(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) fail("{}: missing tensor '{}'", where_, name);
+  return *it->second;
+}
+
+std::vector<std::string> TensorStore::names() const {
+  std::vector<std::string> r;
+  for (auto& [n, _] : index_) r.push_back(n);
+  return r;
+}
+
+TensorData make_f32_tensor(const std::string& name, std::vector<int64_t> shape, const float* v) {
+  TensorData t{name, DType::F32, std::move(shape), {}};
+  size_t n = 1;
+  for (auto d : t.shape) n *= size_t(d);
+  t.bytes.resize(n * 4);
+  std::memcpy(t.bytes.data(), v, n * 4);
+  return t;
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors) {
+  json header = json::object();
+  size_t offset = 0;
+  for (auto& t : tensors) {
+    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // keep the data section 8-byte aligned
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail("{}: cannot open for writing", tmp);
+    uint64_t n = h.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out.write(h.data(), std::streamsize(h.size()));
+    for (auto& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
+    if (!out) fail("{}: write failed", tmp);
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace ms

@@ -1,0 +1,94 @@
+#pragma once
+// safetensors: mmap'ed reading of single files and sharded checkpoints, and a small writer.
+// Every malformed input is reported with the file and the tensor at fault.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ms {
+
+enum class DType { BF16, F16, F32, I8, I16, I32, I64, U8, U32 };
+
+const char* dtype_name(DType t);
+size_t dtype_size(DType t);
+bool parse_dtype(const std::string& s, DType* out);
+
+struct TensorView {
+  std::string name;
+  std::string file;  // the file it lives in, for error messages
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t nbytes = 0;
+
+  int64_t numel() const;
+  int64_t dim(int i) const { return shape.at(size_t(i)); }
+  // Throws naming file and tensor unless dtype and shape are as expected (-1 = any extent).
+  void expect(DType t, const std::vector<int64_t>& want) const;
+  // Copies the values out as float32 (bf16/f16/f32 only).
+  std::vector<float> to_f32() const;
+  template <class T>
+  const T* as() const { return static_cast<const T*>(data); }
+};
+
+// A read-only memory map of a whole file.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::string& path() const { return map_.path(); }
+
+ private:
+  MappedFile map_;
+  std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// All tensors of a checkpoint: `model.safetensors`, or the shards that
+// `model.safetensors.index.json` names, or a single file given directly.
+class TensorStore {
+ public:
+  static TensorStore open(const std::string& path);
+  bool has(const std::string& name) const { return index_.count(name) != 0; }
+  const TensorView& get(const std::string& name) const;  // throws: missing tensor, naming where
+  std::vector<std::string> names() const;
+  const std::string& where() const { return where_; }
+
+ private:
+  std::string where_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorView*> index_;
+};
+
+// A tensor to write: bytes are copied as given (little-endian host layout).
+struct TensorData {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+TensorData make_f32_tensor(const std::string& name, std::vector<int64_t> shape, const float* v);
+void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors);
+
+}  // namespace ms

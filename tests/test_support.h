@@ -1,0 +1,25 @@
+#pragma once
+// Test helpers: where ../shared is, scratch directories, running the built CLI.
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace ms::test {
+
+// ../shared (or $MOESTREAM_SHARED); empty when absent.
+std::string shared_dir();
+// Path under shared_dir(), or GTEST_SKIP-worthy empty string when the shared data is absent.
+std::string shared_path(const std::string& rel);
+// A fresh empty directory under the build's temp area, removed at process exit.
+std::string scratch_dir(const std::string& tag);
+// Runs the moestream binary with args; returns its exit status and fills stdout/stderr.
+int run_cli(const std::string& args, std::string* out = nullptr, std::string* err = nullptr);
+
+}  // namespace ms::test
+
+// Skips the current test with a clear message when ../shared's reference data is missing.
+#define MS_REQUIRE_SHARED(rel, var)                                                                  \
+  std::string var = ::ms::test::shared_path(rel);                                                    \
+  if (var.empty())                                                                                   \
+  GTEST_SKIP() << "reference data " << (rel) << " not found: set MOESTREAM_SHARED to the shared/ " \
+                  "folder (default ../shared beside the repository)"
