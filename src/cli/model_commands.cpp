@@ -1,5 +1,136 @@
+// logits, generate, inspect: the commands that later tooling calls (their flags are stable).
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "model/model.h"
+#include "runtime/generate.h"
+#include "util/error.h"
 
 namespace ms::cli {
-void register_model_commands(CLI::App&) {}
+
+namespace {
+
+std::vector<int> parse_ids(const std::string& s) {
+  std::vector<int> ids;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    try {
+      size_t used = 0;
+      long v = std::stol(item, &used);
+      if (used != item.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(item);
+      ids.push_back(int(v));
+    } catch (const std::exception&) {
+      throw CLI::ValidationError("--ids", fmt::format("'{}' is not a token id (expected e.g. 3,17,5)", item));
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return ids;
+}
+
+std::string join_ids(const std::vector<int>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+void add_logits(CLI::App& app) {
+  auto* cmd = app.add_subcommand("logits", "Write the logits of one forward pass over the given ids");
+  struct Args {
+    std::string model, ids, out, mtp_hidden = "pre";
+    bool mtp = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--model", a->model, "Model directory")->required();
+  cmd->add_option("--ids", a->ids, "Comma-separated token ids")->required();
+  cmd->add_option("--out", a->out, "Output .safetensors file (tensor 'logits' [T, vocab])")->required();
+  cmd->add_flag("--mtp", a->mtp, "Also write 'mtp_logits' [T-1, vocab] from the MTP head");
+  cmd->add_option("--mtp-hidden", a->mtp_hidden, "Hidden state the MTP head reads: pre or post the final norm")
+      ->check(CLI::IsMember({"pre", "post"}));
+  cmd->callback([a] {
+    std::vector<int> ids = parse_ids(a->ids);
+    auto model = Model::load(a->model);
+    const int T = int(ids.size()), V = model->config().vocab;
+    State state = model->new_state();
+    ForwardResult r = model->forward(ids.data(), T, state, {.all_logits = true, .hidden = a->mtp});
+    std::vector<TensorData> out{make_f32_tensor("logits", {T, V}, r.logits.data())};
+    if (a->mtp) {
+      if (!model->has_mtp()) fail("{}: --mtp asked for, but the model has no MTP head", a->model);
+      if (T < 2) fail("--mtp needs at least two ids");
+      const auto& h = a->mtp_hidden == "pre" ? r.hidden_pre_norm : r.hidden_post_norm;
+      std::vector<float> m = model->mtp_forward(h.data(), ids.data() + 1, T - 1, 0, state);
+      out.push_back(make_f32_tensor("mtp_logits", {T - 1, V}, m.data()));
+    }
+    write_safetensors(a->out, out);
+  });
+}
+
+void add_generate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Greedy generation from token ids; prints the new ids");
+  struct Args {
+    std::string model, ids;
+    int max_tokens = 32;
+    bool ignore_eos = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--model", a->model, "Model directory")->required();
+  cmd->add_option("--ids", a->ids, "Comma-separated prompt token ids")->required();
+  cmd->add_option("--max-tokens", a->max_tokens, "Tokens to generate")->check(CLI::PositiveNumber);
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past an end-of-sequence token");
+  cmd->callback([a] {
+    std::vector<int> ids = parse_ids(a->ids);
+    auto model = Model::load(a->model);
+    State state = model->new_state();
+    std::vector<int> out = generate_greedy(*model, state, ids, {.max_tokens = a->max_tokens, .stop_at_eos = !a->ignore_eos});
+    std::printf("%s\n", join_ids(out).c_str());
+  });
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return fmt::format("{:.2f} {}", b, units[u]);
+}
+
+void add_inspect(CLI::App& app) {
+  auto* cmd = app.add_subcommand("inspect", "Describe a model: architecture, layers, parameters and bytes");
+  auto model_dir = std::make_shared<std::string>();
+  cmd->add_option("--model", *model_dir, "Model directory")->required();
+  cmd->callback([model_dir] {
+    auto model = Model::load(*model_dir);
+    const ModelConfig& c = model->config();
+    const ModelWeights& w = model->weights();
+    std::string types;
+    for (int l = 0; l < c.n_layers; ++l)
+      types += fmt::format("{}{}", l ? " " : "", c.layer_types[size_t(l)] == LayerType::FullAttention ? "full" : "linear");
+    fmt::print("architecture   {}\n", c.architecture);
+    fmt::print("layers         {} [{}]\n", c.n_layers, types);
+    fmt::print("hidden         {}  vocab {}  heads {}/{} x {}  rope theta {} (rotary dims {})\n", c.hidden, c.vocab,
+               c.n_heads, c.n_kv_heads, c.head_dim, c.rope_theta, c.rotary_dim());
+    if (c.arch == Arch::Qwen3Next)
+      fmt::print("linear attn    key heads {} x {}, value heads {} x {}, conv kernel {}\n", c.lin_k_heads, c.lin_k_dim,
+                 c.lin_v_heads, c.lin_v_dim, c.conv_kernel);
+    fmt::print("experts        {} per MoE layer, top-{}, width {}{}\n", c.n_experts, c.top_k, c.moe_inter,
+               c.shared_inter ? fmt::format(", shared expert width {}", c.shared_inter) : "");
+    fmt::print("mtp head       {}\n", model->has_mtp() ? "yes" : "no");
+    fmt::print("parameters     dense {} ({})  experts {} ({})  total {}\n", w.dense_params, human_bytes(double(w.dense_bytes)),
+               w.expert_params, human_bytes(double(w.expert_bytes)), w.dense_params + w.expert_params);
+  });
+}
+
+}  // namespace
+
+void register_model_commands(CLI::App& app) {
+  add_logits(app);
+  add_generate(app);
+  add_inspect(app);
+}
+
 }  // namespace ms::cli

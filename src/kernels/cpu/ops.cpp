@@ -1,0 +1,96 @@
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "util/thread_pool.h"
+
+namespace ms::cpu {
+
+void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + size_t(r) * size_t(dim);
+    float* o = out + size_t(r) * size_t(dim);
+    float ss = 0.f;
+    for (int i = 0; i < dim; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / float(dim) + eps);
+    for (int i = 0; i < dim; ++i) o[i] = xr[i] * inv * (offset + w[i]);
+  }
+}
+
+void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta) {
+  const int half = rot_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i) inv_freq[size_t(i)] = float(1.0 / std::pow(theta, double(2 * i) / double(rot_dim)));
+  for (int t = 0; t < T; ++t) {
+    const float pos = float(pos0 + t);
+    for (int i = 0; i < half; ++i) {
+      const float angle = pos * inv_freq[size_t(i)];
+      const float c = std::cos(angle), s = std::sin(angle);
+      for (int h = 0; h < heads; ++h) {
+        float* v = x + (size_t(t) * size_t(heads) + size_t(h)) * size_t(head_dim);
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+      }
+    }
+  }
+}
+
+void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
+               float* out) {
+  const int group = n_heads / n_kv;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  ThreadPool::global().parallel_for(size_t(T) * size_t(n_heads), [&](size_t b, size_t e) {
+    std::vector<float> scores;
+    for (size_t job = b; job < e; ++job) {
+      const int t = int(job / size_t(n_heads)), h = int(job % size_t(n_heads));
+      const int kvh = h / group;
+      const int len = pos0 + t + 1;  // causal: positions 0..pos0+t
+      const float* qv = q + (size_t(t) * size_t(n_heads) + size_t(h)) * size_t(hd);
+      scores.resize(size_t(len));
+      float mx = -INFINITY;
+      for (int s = 0; s < len; ++s) {
+        const float* kv = k + (size_t(s) * size_t(n_kv) + size_t(kvh)) * size_t(hd);
+        float dot = 0.f;
+        for (int i = 0; i < hd; ++i) dot += qv[i] * kv[i];
+        scores[size_t(s)] = dot * scale;
+        mx = std::max(mx, scores[size_t(s)]);
+      }
+      float sum = 0.f;
+      for (auto& sc : scores) sum += (sc = std::exp(sc - mx));
+      float* o = out + (size_t(t) * size_t(n_heads) + size_t(h)) * size_t(hd);
+      std::fill(o, o + hd, 0.f);
+      for (int s = 0; s < len; ++s) {
+        const float p = scores[size_t(s)] / sum;
+        const float* vv = v + (size_t(s) * size_t(n_kv) + size_t(kvh)) * size_t(hd);
+        for (int i = 0; i < hd; ++i) o[i] += p * vv[i];
+      }
+    }
+  });
+}
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void softmax(float* x, int rows, int n) {
+  for (int r = 0; r < rows; ++r) {
+    float* v = x + size_t(r) * size_t(n);
+    const float mx = *std::max_element(v, v + n);
+    float sum = 0.f;
+    for (int i = 0; i < n; ++i) sum += (v[i] = std::exp(v[i] - mx));
+    for (int i = 0; i < n; ++i) v[i] /= sum;
+  }
+}
+
+void top_k(const float* x, int n, int k, int* idx) {
+  std::vector<int> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [x](int a, int b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+  std::copy(order.begin(), order.begin() + k, idx);
+}
+
+}  // namespace ms::cpu

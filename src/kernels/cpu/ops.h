@@ -1,0 +1,34 @@
+#pragma once
+// CPU kernels: float32 activations, weights as stored. Row-major; T = tokens in the batch.
+#include <cstdint>
+
+#include "kernels/weights.h"
+
+namespace ms::cpu {
+
+// y[T, W.rows] = x[T, W.cols] · Wᵀ.
+void matmul(const float* x, int T, const Mat& W, float* y);
+
+// out = x * rsqrt(mean(x²) + eps) * (offset + w), per row of `dim`.
+// offset 0: Qwen3's RMSNorm; offset 1: Qwen3-Next's zero-centred one.
+void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out);
+
+// Rotary embedding (rotate-half layout) on the first `rot_dim` dims of each head of x
+// [T, heads, head_dim]; token t sits at position pos0 + t.
+void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta);
+
+// Causal attention of T new queries (positions pos0..pos0+T-1) over a cache holding
+// positions 0..pos0+T-1. q [T, n_heads, hd]; k, v [>= pos0+T, n_kv, hd]; out [T, n_heads, hd].
+void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
+               float* out);
+
+// out[i] = silu(gate[i]) * up[i]
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+
+// In-place softmax over each row.
+void softmax(float* x, int rows, int n);
+
+// Indices of the k largest values of x[n], largest first (ties: lower index first).
+void top_k(const float* x, int n, int k, int* idx);
+
+}  // namespace ms::cpu

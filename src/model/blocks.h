@@ -1,0 +1,26 @@
+#pragma once
+// The blocks of a decoder layer. Each reads the normed hidden states x [T, hidden] of T
+// consecutive tokens and writes its contribution out [T, hidden] (the caller adds the residual).
+#include "model/state.h"
+#include "model/weights.h"
+
+namespace ms {
+
+// Grouped-query attention with per-head q/k RMSNorm and (partial) RoPE over the KV cache;
+// Qwen3-Next's variant also gates the output with sigmoid(gate) from q_proj.
+void attention_block(const ModelConfig& cfg, const AttentionWeights& w, const float* x, int T, KVCache& cache, int pos0,
+                     float* out);
+
+// Gated DeltaNet: projections, causal conv1d, delta-rule recurrence, gated RMSNorm, out_proj.
+void deltanet_block(const ModelConfig& cfg, const DeltaNetWeights& w, const float* x, int T, LinearState& state,
+                    float* out);
+
+// Dense SwiGLU MLP, or the MoE: router softmax -> top-k -> routed experts (+ gated shared
+// expert). routes, when given, receives the T*top_k routed expert ids in top-k order.
+void ffn_block(const ModelConfig& cfg, const FfnWeights& w, bool moe, const float* x, int T, float* out,
+               int* routes = nullptr);
+
+// out[T, inter -> hidden] = down(silu(gate x) * up x)
+void mlp_forward(const MlpWeights& w, const float* x, int T, float* out);
+
+}  // namespace ms

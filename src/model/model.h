@@ -1,0 +1,55 @@
+#pragma once
+// A loaded model (Qwen3-MoE or Qwen3-Next) and its forward pass.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "format/config.h"
+#include "format/safetensors.h"
+#include "model/state.h"
+#include "model/weights.h"
+
+namespace ms {
+
+struct ForwardOptions {
+  bool all_logits = false;  // logits of every position, not only the last
+  bool hidden = false;      // keep the last hidden states (before and after the final norm)
+  bool routes = false;      // keep the routed expert ids of every MoE layer
+};
+
+struct ForwardResult {
+  std::vector<float> logits;                // [all_logits ? T : 1, vocab]
+  std::vector<float> hidden_pre_norm;       // [T, hidden]
+  std::vector<float> hidden_post_norm;      // [T, hidden]
+  std::vector<std::vector<int>> routes;     // [layer][T * top_k], empty for dense layers
+};
+
+class Model {
+ public:
+  static std::unique_ptr<Model> load(const std::string& dir);
+
+  const ModelConfig& config() const { return cfg_; }
+  const ModelWeights& weights() const { return w_; }
+  State new_state() const { return State(cfg_); }
+
+  // Runs T tokens at the state's position through the model and advances the state.
+  ForwardResult forward(const int* ids, int T, State& state, const ForwardOptions& opt = {}) const;
+
+  bool has_mtp() const { return w_.mtp != nullptr; }
+  // MTP head over T rows: row i takes hidden[i] (the main model's hidden state at position
+  // pos0 + i) and the embedding of next_ids[i] (the token at pos0 + i + 1), and predicts the
+  // token at pos0 + i + 2. Uses and extends the state's MTP KV cache. Returns [T, vocab].
+  std::vector<float> mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state) const;
+
+ private:
+  Model(TensorStore store, ModelConfig cfg);
+  void embed(const int* ids, int T, float* out) const;
+  void decoder_layer(const LayerWeights& lw, const float* x_in, int T, KVCache& kv, LinearState* lin, int pos0, float* x,
+                     int* routes) const;
+
+  TensorStore store_;
+  ModelConfig cfg_;
+  ModelWeights w_;
+};
+
+}  // namespace ms

@@ -1,0 +1,53 @@
+#include "model/state.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace ms {
+
+void KVCache::reserve(int n) {
+  const size_t per_pos = size_t(n_kv) * size_t(head_dim);
+  if (k.size() >= size_t(n) * per_pos) return;
+  const size_t cap = std::max(size_t(n), k.size() / std::max<size_t>(1, per_pos) * 2);
+  k.resize(cap * per_pos);
+  v.resize(cap * per_pos);
+}
+
+State::State(const ModelConfig& cfg) : kv_(size_t(cfg.n_layers)), linear_(size_t(cfg.n_layers)) {
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    if (cfg.layer_types[size_t(l)] == LayerType::FullAttention) {
+      kv_[size_t(l)].n_kv = cfg.n_kv_heads;
+      kv_[size_t(l)].head_dim = cfg.head_dim;
+    } else {
+      const int conv_dim = 2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim;
+      linear_[size_t(l)].conv.assign(size_t(conv_dim) * size_t(cfg.conv_kernel - 1), 0.f);
+      linear_[size_t(l)].recurrent.assign(size_t(cfg.lin_v_heads) * size_t(cfg.lin_k_dim) * size_t(cfg.lin_v_dim), 0.f);
+    }
+  }
+  mtp_kv_.n_kv = cfg.n_kv_heads;
+  mtp_kv_.head_dim = cfg.head_dim;
+}
+
+size_t State::bytes() const {
+  size_t b = mtp_kv_.bytes();
+  for (auto& c : kv_) b += c.bytes();
+  for (auto& s : linear_) b += (s.conv.size() + s.recurrent.size()) * sizeof(float);
+  return b;
+}
+
+void State::restore(const Checkpoint& c) {
+  if (c.pos > pos_) fail("cannot restore a checkpoint at position {} ahead of the current position {}", c.pos, pos_);
+  pos_ = c.pos;
+  linear_ = c.linear;
+}
+
+void State::reset() {
+  pos_ = 0;
+  for (auto& s : linear_) {
+    std::fill(s.conv.begin(), s.conv.end(), 0.f);
+    std::fill(s.recurrent.begin(), s.recurrent.end(), 0.f);
+  }
+}
+
+}  // namespace ms

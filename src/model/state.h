@@ -1,0 +1,55 @@
+#pragma once
+// Everything a sequence carries between forward calls: the KV cache of full-attention layers,
+// the conv and recurrent state of Gated DeltaNet layers, and the position. A checkpoint can be
+// taken at any position and restored later (speculative decoding rolls back rejected drafts).
+#include <vector>
+
+#include "format/config.h"
+
+namespace ms {
+
+struct KVCache {
+  int n_kv = 0, head_dim = 0, length = 0;
+  std::vector<float> k, v;  // [capacity, n_kv, head_dim]
+
+  // Makes room for positions [0, n); grows geometrically.
+  void reserve(int n);
+  float* k_at(int pos) { return k.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
+  float* v_at(int pos) { return v.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
+  size_t bytes() const { return (k.capacity() + v.capacity()) * sizeof(float); }
+};
+
+struct LinearState {
+  std::vector<float> conv;       // [conv_dim, kernel - 1]: the last inputs, oldest first
+  std::vector<float> recurrent;  // [linear_num_value_heads, key_head_dim, value_head_dim]
+};
+
+class State {
+ public:
+  explicit State(const ModelConfig& cfg);
+
+  int position() const { return pos_; }
+  KVCache& kv(int layer) { return kv_[size_t(layer)]; }
+  LinearState& linear(int layer) { return linear_[size_t(layer)]; }
+  KVCache& mtp_kv() { return mtp_kv_; }
+  void advance(int n) { pos_ += n; }
+  size_t bytes() const;
+
+  struct Checkpoint {
+    int pos = 0;
+    std::vector<LinearState> linear;
+  };
+  // KV entries past a restored position are simply overwritten later, so a checkpoint needs
+  // only the position and the (small, fixed-size) linear-attention states.
+  Checkpoint checkpoint() const { return {pos_, linear_}; }
+  void restore(const Checkpoint& c);
+  void reset();
+
+ private:
+  int pos_ = 0;
+  std::vector<KVCache> kv_;
+  std::vector<LinearState> linear_;
+  KVCache mtp_kv_;
+};
+
+}  // namespace ms

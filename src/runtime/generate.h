@@ -1,0 +1,23 @@
+#pragma once
+// Token generation on top of the model's forward pass: one batched prefill, then cached decode.
+#include <functional>
+#include <vector>
+
+#include "model/model.h"
+
+namespace ms {
+
+struct GenerateOptions {
+  int max_tokens = 32;
+  bool stop_at_eos = true;
+};
+
+// The index of the largest logit (lowest index on ties).
+int argmax(const float* logits, int n);
+
+// Greedy continuation of `prompt` from the state's position. on_token (optional) sees each
+// token as it is made. Returns the generated ids (an end-of-sequence id included).
+std::vector<int> generate_greedy(const Model& model, State& state, const std::vector<int>& prompt,
+                                 const GenerateOptions& opt, const std::function<void(int)>& on_token = {});
+
+}  // namespace ms

@@ -1,0 +1,100 @@
+// The forward pass against what Hugging Face transformers computes for the fixtures
+// (../shared/fixtures/*/reference.safetensors): logits of every position, the routed expert
+// set of every token at every layer, and the greedy continuation through cached decode.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cmath>
+#include <set>
+
+#include "model/model.h"
+#include "runtime/generate.h"
+#include "test_support.h"
+
+namespace ms {
+namespace {
+
+struct Case {
+  const char* fixture;
+  const char* prompt;
+};
+
+std::vector<int> ids_of(const TensorView& t) {
+  std::vector<int> ids;
+  if (t.dtype == DType::I64)
+    for (int64_t i = 0; i < t.numel(); ++i) ids.push_back(int(t.as<int64_t>()[i]));
+  else
+    for (int64_t i = 0; i < t.numel(); ++i) ids.push_back(t.as<int32_t>()[i]);
+  return ids;
+}
+
+float max_abs_diff(const std::vector<float>& a, const TensorView& ref) {
+  EXPECT_EQ(int64_t(a.size()), ref.numel());
+  float m = 0.f;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - ref.as<float>()[i]));
+  return m;
+}
+
+class FixtureReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FixtureReference, LogitsRoutesAndGreedyMatchTransformers) {
+  const Case c = GetParam();
+  MS_REQUIRE_SHARED(std::string("fixtures/") + c.fixture, dir);
+  auto model = Model::load(dir);
+  TensorStore ref = TensorStore::open(dir + "/reference.safetensors");
+  const std::string p = c.prompt;
+  std::vector<int> ids = ids_of(ref.get(p + ".input_ids"));
+  const int T = int(ids.size());
+  const ModelConfig& cfg = model->config();
+
+  State state = model->new_state();
+  ForwardResult r = model->forward(ids.data(), T, state, {.all_logits = true, .hidden = true, .routes = true});
+  const float logit_err = max_abs_diff(r.logits, ref.get(p + ".logits"));
+  std::printf("%s %s: max |logit - reference| = %.3g\n", c.fixture, c.prompt, logit_err);
+  EXPECT_LE(logit_err, 1e-3f);
+  EXPECT_LE(max_abs_diff(r.hidden_pre_norm, ref.get(p + ".hidden_pre_final_norm")), 1e-3f);
+  EXPECT_LE(max_abs_diff(r.hidden_post_norm, ref.get(p + ".hidden_post_final_norm")), 1e-3f);
+
+  int mismatched = 0;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const TensorView& want = ref.get(p + ".route." + std::to_string(l));
+    ASSERT_EQ(want.numel(), int64_t(T) * cfg.top_k);
+    for (int t = 0; t < T; ++t) {
+      const int* got = r.routes[size_t(l)].data() + size_t(t) * size_t(cfg.top_k);
+      const int32_t* exp = want.as<int32_t>() + size_t(t) * size_t(cfg.top_k);
+      std::set<int> a(got, got + cfg.top_k), b(exp, exp + cfg.top_k);
+      if (a != b) ++mismatched;
+    }
+  }
+  EXPECT_EQ(mismatched, 0) << "(layer, token) pairs whose routed expert set differs";
+
+  if (model->has_mtp()) {
+    for (const char* variant : {"pre", "post"}) {
+      const auto& h = std::string(variant) == "pre" ? r.hidden_pre_norm : r.hidden_post_norm;
+      State s = model->new_state();
+      std::vector<float> m = model->mtp_forward(h.data(), ids.data() + 1, T - 1, 0, s);
+      const float mtp_err = max_abs_diff(m, ref.get(p + ".mtp_logits_" + variant + "_norm_hidden"));
+      std::printf("%s %s: max |mtp logit - reference| (%s-norm hidden) = %.3g\n", c.fixture, c.prompt, variant, mtp_err);
+      EXPECT_LE(mtp_err, 1e-3f) << variant;
+    }
+  }
+
+  std::vector<int> want = ids_of(ref.get(p + ".greedy"));
+  State gen_state = model->new_state();
+  std::vector<int> got = generate_greedy(*model, gen_state, ids, {.max_tokens = int(want.size()), .stop_at_eos = false});
+  EXPECT_EQ(got, want);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureReference,
+                         ::testing::Values(Case{"qwen3-moe-tiny", "p0"}, Case{"qwen3-moe-tiny", "p1"},
+                                           Case{"qwen3-moe-tiny", "p2"}, Case{"qwen3-next-tiny", "p0"},
+                                           Case{"qwen3-next-tiny", "p1"}, Case{"qwen3-next-tiny", "p2"}),
+                         [](const auto& info) {
+                           std::string n = std::string(info.param.fixture) + "_" + info.param.prompt;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace ms
