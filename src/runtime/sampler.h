@@ -1,0 +1,35 @@
+#pragma once
+// Turning logits into the next token: penalties, temperature, top-k, top-p, min-p, a seeded RNG.
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace ms {
+
+struct SamplingParams {
+  float temperature = 0.f;  // 0: greedy
+  int top_k = 0;            // 0: off
+  float top_p = 1.f;        // 1: off
+  float min_p = 0.f;        // 0: off
+  float repetition_penalty = 1.f;  // HF-style: logit / p if > 0, logit * p otherwise, per seen token
+  float presence_penalty = 0.f;    // OpenAI-style: minus once per seen token
+  float frequency_penalty = 0.f;   // minus per occurrence
+  uint64_t seed = 0;
+
+  void validate() const;  // throws naming the parameter that is out of range
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p);
+  // `seen` holds the tokens the penalties look at (prompt and generated so far).
+  int sample(const float* logits, int vocab, const std::vector<int>& seen);
+
+ private:
+  SamplingParams p_;
+  std::mt19937_64 rng_;
+  std::vector<float> work_;
+  std::vector<int> order_;
+};
+
+}  // namespace ms
