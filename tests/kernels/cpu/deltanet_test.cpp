@@ -1,0 +1,373 @@
+#include "kernels/cpu/deltanet.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace {
+
+using Vec = std::vector<float>;
+
+struct Rng {
+  explicit Rng(unsigned seed) : gen(seed) {}
+  float normal(float sd = 1.0f) { return std::normal_distribution<float>(0.0f, sd)(gen); }
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
+  Vec normals(size_t n, float sd = 1.0f) {
+    Vec v(n);
+    for (auto& x : v) x = normal(sd);
+    return v;
+  }
+  std::mt19937 gen;
+};
+
+float max_abs(const Vec& a) {
+  float m = 0.0f;
+  for (float x : a) m = std::max(m, std::abs(x));
+  return m;
+}
+
+float max_abs_diff(const float* a, const float* b, size_t n) {
+  float m = 0.0f;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+float max_abs_diff(const Vec& a, const Vec& b) { return max_abs_diff(a.data(), b.data(), a.size()); }
+
+double softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// Each row of dim scaled to unit length, computed independently of the kernel under test.
+void normalise_rows(Vec& x, int dim, double scale) {
+  for (size_t r = 0; r < x.size() / dim; ++r) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
+    for (int i = 0; i < dim; ++i) x[r * dim + i] = float(x[r * dim + i] / std::sqrt(ss) * scale);
+  }
+}
+
+// One gated delta rule call's inputs, distributed as in a Qwen3-Next layer: unit q and k (q
+// scaled by 1/sqrt(dk)), g = -exp(A_log) * softplus(a + dt_bias) with exp(A_log) up to 16, a few
+// nearly closed gates (g down to -200), beta = sigmoid(b).
+struct DeltaCase {
+  int T, hk, hv, dk, dv;
+  Vec q, k, v, g, beta, state;
+};
+
+DeltaCase make_case(int T, int hk, int hv, int dk, int dv, bool random_state, unsigned seed) {
+  Rng rng(seed);
+  DeltaCase c{T, hk, hv, dk, dv, {}, {}, {}, {}, {}, {}};
+  c.q = rng.normals(size_t(T) * hk * dk);
+  c.k = rng.normals(size_t(T) * hk * dk);
+  normalise_rows(c.q, dk, 1.0 / std::sqrt(double(dk)));
+  normalise_rows(c.k, dk, 1.0);
+  c.v = rng.normals(size_t(T) * hv * dv);
+  c.g.resize(size_t(T) * hv);
+  c.beta.resize(size_t(T) * hv);
+  for (size_t i = 0; i < c.g.size(); ++i) {
+    const double A = std::exp(rng.uniform(-3.0f, std::log(16.0f)));
+    c.g[i] = float(-A * softplus(rng.normal(2.0f)));
+    if (rng.uniform(0, 1) < 0.03f) c.g[i] = -rng.uniform(20, 200);
+    c.beta[i] = float(sigmoid(rng.normal(2.0f)));
+  }
+  c.state = random_state ? rng.normals(size_t(hv) * dk * dv, 0.5f) : Vec(size_t(hv) * dk * dv, 0.0f);
+  return c;
+}
+
+struct DeltaResult {
+  Vec out, state;
+};
+
+DeltaResult run_chunked(const DeltaCase& c) {
+  DeltaResult r{Vec(size_t(c.T) * c.hv * c.dv), c.state};
+  ms::cpu::gated_delta_rule(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.T, c.hk, c.hv, c.dk,
+                            c.dv, r.state.data(), r.out.data());
+  return r;
+}
+
+DeltaResult run_reference(const DeltaCase& c) {
+  DeltaResult r{Vec(size_t(c.T) * c.hv * c.dv), c.state};
+  ms::cpu::gated_delta_rule_reference(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.T, c.hk,
+                                      c.hv, c.dk, c.dv, r.state.data(), r.out.data());
+  return r;
+}
+
+// The same recurrence in double precision, written out separately: the float reference's own
+// rounding error is measured against it, which is what the chunked kernel's tolerance rests on.
+DeltaResult run_double(const DeltaCase& c) {
+  const int group = c.hv / c.hk;
+  std::vector<double> S(c.state.begin(), c.state.end());
+  Vec out(size_t(c.T) * c.hv * c.dv);
+  for (int t = 0; t < c.T; ++t)
+    for (int h = 0; h < c.hv; ++h) {
+      const float* q = &c.q[(size_t(t) * c.hk + h / group) * c.dk];
+      const float* k = &c.k[(size_t(t) * c.hk + h / group) * c.dk];
+      const float* v = &c.v[(size_t(t) * c.hv + h) * c.dv];
+      double* s = &S[size_t(h) * c.dk * c.dv];
+      const double decay = std::exp(double(c.g[size_t(t) * c.hv + h])), b = c.beta[size_t(t) * c.hv + h];
+      for (int j = 0; j < c.dv; ++j) {
+        double kv = 0;
+        for (int i = 0; i < c.dk; ++i) kv += k[i] * s[i * c.dv + j] * decay;
+        const double delta = (v[j] - kv) * b;
+        double o = 0;
+        for (int i = 0; i < c.dk; ++i) {
+          s[i * c.dv + j] = s[i * c.dv + j] * decay + k[i] * delta;
+          o += q[i] * s[i * c.dv + j];
+        }
+        out[(size_t(t) * c.hv + h) * c.dv + j] = float(o);
+      }
+    }
+  return {out, Vec(S.begin(), S.end())};
+}
+
+// Chunked and recurrent forms agree to float32 rounding, relative to the largest magnitude of the
+// quantity compared (output or state). Both are contractions (|k| = 1, beta < 1, decay <= 1) of
+// O(1) values, each step a sum of at most dk + 64 float32 products, and both measure within
+// ~2e-7 of the exact (double) recurrence on these cases; 1e-5 leaves room for longer sequences
+// and other SIMD targets while a wrong decay or solve term (errors of 1e-3 and up) cannot pass.
+constexpr float kRelTol = 1e-5f;
+
+void expect_close(const DeltaResult& got, const DeltaResult& want, const char* what) {
+  const float out_scale = std::max(1.0f, max_abs(want.out)), state_scale = std::max(1.0f, max_abs(want.state));
+  EXPECT_LE(max_abs_diff(got.out, want.out), kRelTol * out_scale) << what << ": output";
+  EXPECT_LE(max_abs_diff(got.state, want.state), kRelTol * state_scale) << what << ": final state";
+}
+
+TEST(GatedDeltaRule, ChunkedMatchesReference) {
+  struct Heads {
+    int hk, hv;
+  };
+  struct Dims {
+    int dk, dv;
+  };
+  const Heads heads[] = {{1, 1}, {1, 2}, {2, 4}, {2, 8}};
+  const Dims dims[] = {{16, 16}, {32, 64}, {64, 32}, {128, 128}, {128, 16}};
+  float worst_chunked = 0, worst_reference = 0;
+  unsigned seed = 1;
+  for (int T : {1, 2, 63, 64, 65, 130, 200})
+    for (const Heads& hd : heads)
+      for (const Dims& dd : dims)
+        for (bool random_state : {false, true}) {
+          if (T > 100 && dd.dk * dd.dv * hd.hv > 128 * 128 * 2) continue;  // keeps the test quick
+          SCOPED_TRACE(testing::Message() << "T=" << T << " hk=" << hd.hk << " hv=" << hd.hv << " dk=" << dd.dk
+                                          << " dv=" << dd.dv << " state=" << random_state);
+          const DeltaCase c = make_case(T, hd.hk, hd.hv, dd.dk, dd.dv, random_state, seed++);
+          const DeltaResult chunked = run_chunked(c), ref = run_reference(c), exact = run_double(c);
+          expect_close(chunked, ref, "chunked vs reference");
+          expect_close(ref, exact, "reference vs double");
+          const float scale = std::max({1.0f, max_abs(exact.out), max_abs(exact.state)});
+          worst_chunked = std::max({worst_chunked, max_abs_diff(chunked.out, exact.out) / scale,
+                                    max_abs_diff(chunked.state, exact.state) / scale});
+          worst_reference = std::max({worst_reference, max_abs_diff(ref.out, exact.out) / scale,
+                                      max_abs_diff(ref.state, exact.state) / scale});
+        }
+  std::printf("worst relative error against the double recurrence: chunked %.3g, reference %.3g\n",
+              worst_chunked, worst_reference);
+}
+
+// A prompt split across calls (prefill pieces, then token-by-token decode) continues from the
+// carried state exactly as one call would.
+TEST(GatedDeltaRule, SplitCallsMatchOneCall) {
+  const DeltaCase c = make_case(150, 2, 4, 64, 32, true, 77);
+  const DeltaResult whole = run_chunked(c);
+  for (const std::vector<int>& pieces : std::vector<std::vector<int>>{
+           {70, 80}, {64, 86}, {1, 149}, {100, 1, 1, 1, 1, 46}, std::vector<int>(150, 1)}) {
+    SCOPED_TRACE(testing::Message() << pieces.size() << " pieces, first " << pieces[0]);
+    DeltaResult split{Vec(whole.out.size()), c.state};
+    int t0 = 0;
+    for (int n : pieces) {
+      const size_t qk = size_t(t0) * c.hk * c.dk, vo = size_t(t0) * c.hv * c.dv, gb = size_t(t0) * c.hv;
+      ms::cpu::gated_delta_rule(&c.q[qk], &c.k[qk], &c.v[vo], &c.g[gb], &c.beta[gb], n, c.hk, c.hv, c.dk, c.dv,
+                                split.state.data(), &split.out[vo]);
+      t0 += n;
+    }
+    expect_close(split, whole, "split vs one call");
+  }
+}
+
+// Value head h reads key head h / (hv / hk) (HF repeat_interleave): head 3 of 4 sharing 2 key
+// heads behaves as a one-head layer given key head 1.
+TEST(GatedDeltaRule, ValueHeadsShareKeyHeadsInGroups) {
+  const DeltaCase c = make_case(70, 2, 4, 32, 16, true, 5);
+  const DeltaResult all = run_chunked(c);
+  const int h = 3, kh = 1, T = c.T, dk = c.dk, dv = c.dv;
+  DeltaCase one{T, 1, 1, dk, dv, {}, {}, {}, {}, {}, {}};
+  for (int t = 0; t < T; ++t) {
+    auto take = [&](const Vec& src, Vec& dst, size_t row, int n) {
+      dst.insert(dst.end(), src.begin() + row * n, src.begin() + (row + 1) * n);
+    };
+    take(c.q, one.q, size_t(t) * c.hk + kh, dk);
+    take(c.k, one.k, size_t(t) * c.hk + kh, dk);
+    take(c.v, one.v, size_t(t) * c.hv + h, dv);
+    one.g.push_back(c.g[size_t(t) * c.hv + h]);
+    one.beta.push_back(c.beta[size_t(t) * c.hv + h]);
+  }
+  one.state.assign(c.state.begin() + h * dk * dv, c.state.begin() + (h + 1) * dk * dv);
+  const DeltaResult single = run_chunked(one);
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < dv; ++j)
+      ASSERT_EQ(all.out[(size_t(t) * c.hv + h) * dv + j], single.out[size_t(t) * dv + j]) << "t=" << t;
+  EXPECT_EQ(0.0f, max_abs_diff(&all.state[size_t(h) * dk * dv], single.state.data(), size_t(dk) * dv));
+}
+
+TEST(GatedDeltaRule, RejectsUngroupedHeads) {
+  float x = 0;
+  EXPECT_THROW(ms::cpu::gated_delta_rule(&x, &x, &x, &x, &x, 1, 2, 3, 1, 1, &x, &x), ms::Error);
+}
+
+// ---- causal conv1d + SiLU ----
+
+struct ConvResult {
+  Vec out, state;
+};
+
+ConvResult conv_naive(const Vec& x, int T, int C, const Vec& w, int K, Vec state) {
+  const int H = K - 1;
+  auto xx = [&](int u, int c) { return u < H ? state[size_t(c) * H + u] : x[size_t(u - H) * C + c]; };
+  ConvResult r{Vec(size_t(T) * C), Vec(size_t(C) * H)};
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < C; ++c) {
+      double s = 0;
+      for (int j = 0; j < K; ++j) s += double(w[size_t(c) * K + j]) * xx(t + j, c);
+      r.out[size_t(t) * C + c] = float(s / (1 + std::exp(-s)));
+    }
+  for (int c = 0; c < C; ++c)
+    for (int j = 0; j < H; ++j) r.state[size_t(c) * H + j] = xx(T + j, c);
+  return r;
+}
+
+ConvResult conv_kernel(const Vec& x, int T, int C, const Vec& w, int K, Vec state) {
+  ConvResult r{Vec(size_t(T) * C), std::move(state)};
+  ms::cpu::causal_conv1d_silu(x.data(), T, C, w.data(), K, r.state.data(), r.out.data());
+  return r;
+}
+
+TEST(CausalConv1dSilu, MatchesNaive) {
+  unsigned seed = 100;
+  for (int K : {1, 2, 4})
+    for (int C : {1, 5, 37, 1100})
+      for (int T : {1, 2, 3, 7, 100})
+        for (bool random_state : {false, true}) {
+          SCOPED_TRACE(testing::Message() << "K=" << K << " C=" << C << " T=" << T << " state=" << random_state);
+          Rng rng(seed++);
+          const Vec x = rng.normals(size_t(T) * C), w = rng.normals(size_t(C) * K, 0.5f);
+          const Vec state = random_state ? rng.normals(size_t(C) * (K - 1)) : Vec(size_t(C) * (K - 1), 0.0f);
+          const ConvResult got = conv_kernel(x, T, C, w, K, state), want = conv_naive(x, T, C, w, K, state);
+          // A sum of K products, then SiLU: a few float32 roundings.
+          for (size_t i = 0; i < want.out.size(); ++i)
+            ASSERT_NEAR(got.out[i], want.out[i], 2e-6f * std::max(1.0f, std::abs(want.out[i]))) << "i=" << i;
+          EXPECT_EQ(got.state, want.state);
+        }
+}
+
+TEST(CausalConv1dSilu, SplitCallsMatchOneCall) {
+  const int T = 9, C = 700, K = 4;
+  Rng rng(3);
+  const Vec x = rng.normals(size_t(T) * C), w = rng.normals(size_t(C) * K, 0.5f), state0 = rng.normals(size_t(C) * 3);
+  const ConvResult whole = conv_kernel(x, T, C, w, K, state0);
+  for (const std::vector<int>& pieces :
+       std::vector<std::vector<int>>{{1, 8}, {2, 7}, {5, 4}, {1, 1, 1, 6}, std::vector<int>(T, 1)}) {
+    Vec state = state0, out(size_t(T) * C);
+    int t0 = 0;
+    for (int n : pieces) {
+      ms::cpu::causal_conv1d_silu(&x[size_t(t0) * C], n, C, w.data(), K, state.data(), &out[size_t(t0) * C]);
+      t0 += n;
+    }
+    EXPECT_EQ(out, whole.out) << pieces.size() << " pieces, first " << pieces[0];
+    EXPECT_EQ(state, whole.state) << pieces.size() << " pieces, first " << pieces[0];
+  }
+}
+
+// ---- norms ----
+
+TEST(L2NormHeads, MatchesNaive) {
+  const int rows = 37, dim = 128;
+  const float eps = 1e-6f;
+  Rng rng(11);
+  Vec x = rng.normals(size_t(rows) * dim);
+  std::fill_n(x.begin(), dim, 0.0f);  // an all-zero row stays zero: eps keeps it finite
+  Vec want = x;
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += double(x[size_t(r) * dim + i]) * x[size_t(r) * dim + i];
+    for (int i = 0; i < dim; ++i) want[size_t(r) * dim + i] = float(x[size_t(r) * dim + i] / std::sqrt(ss + eps));
+  }
+  ms::cpu::l2norm_heads(x.data(), rows, dim, eps);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], want[i], 1e-6f) << "i=" << i;
+}
+
+TEST(RmsNormGated, MatchesNaive) {
+  const int rows = 41, dim = 128;
+  const float eps = 1e-6f;
+  Rng rng(12);
+  const Vec x = rng.normals(size_t(rows) * dim, 3.0f), z = rng.normals(size_t(rows) * dim, 2.0f),
+            w = rng.normals(dim);
+  Vec want(x.size()), got(x.size());
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += double(x[size_t(r) * dim + i]) * x[size_t(r) * dim + i];
+    const double inv = 1 / std::sqrt(ss / dim + eps);
+    for (int i = 0; i < dim; ++i) {
+      const size_t e = size_t(r) * dim + i;
+      want[e] = float(w[i] * x[e] * inv * (z[e] * sigmoid(z[e])));
+    }
+  }
+  ms::cpu::rmsnorm_gated(x.data(), z.data(), w.data(), rows, dim, eps, got.data());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-5f * std::max(1.0f, std::abs(want[i]))) << "i=" << i;
+}
+
+// ---- timing (run with --gtest_also_run_disabled_tests) ----
+
+template <class F>
+double seconds(F&& f, int reps) {
+  f();  // warm up
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+TEST(GatedDeltaRule, DISABLED_Timing) {
+  struct Shape {
+    int hk, hv;
+  };
+  const int threads = ms::ThreadPool::global().size();
+  for (Shape s : {Shape{16, 16}, Shape{16, 32}}) {
+    const DeltaCase c = make_case(512, s.hk, s.hv, 128, 128, true, 9);
+    DeltaResult r{Vec(size_t(c.T) * c.hv * c.dv), c.state};
+    auto chunked = [&] {
+      ms::cpu::gated_delta_rule(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.T, c.hk, c.hv,
+                                c.dk, c.dv, r.state.data(), r.out.data());
+    };
+    auto stepwise = [&] {
+      for (int t = 0; t < c.T; ++t) {
+        const size_t qk = size_t(t) * c.hk * c.dk, vo = size_t(t) * c.hv * c.dv, gb = size_t(t) * c.hv;
+        ms::cpu::gated_delta_rule(&c.q[qk], &c.k[qk], &c.v[vo], &c.g[gb], &c.beta[gb], 1, c.hk, c.hv, c.dk, c.dv,
+                                  r.state.data(), &r.out[vo]);
+      }
+    };
+    auto reference = [&] {
+      ms::cpu::gated_delta_rule_reference(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.T,
+                                          c.hk, c.hv, c.dk, c.dv, r.state.data(), r.out.data());
+    };
+    const double t_chunked_n = seconds(chunked, 5), t_step_n = seconds(stepwise, 3);
+    ms::ThreadPool::set_global_threads(1);
+    const double t_chunked_1 = seconds(chunked, 3), t_step_1 = seconds(stepwise, 2), t_ref = seconds(reference, 1);
+    ms::ThreadPool::set_global_threads(threads);
+    const double flops = 2.0 * 3 * c.T * c.hv * c.dk * c.dv;  // the three [T, dk] x [dk, dv] products
+    std::printf(
+        "T=512 hk=%d hv=%d dk=dv=128: reference %.1f ms (1 thread); chunked %.1f ms (1 thread, %.1f GFLOP/s), "
+        "%.1f ms (%d threads); recurrent T=1 calls %.1f ms (1 thread), %.1f ms (%d threads)\n",
+        s.hk, s.hv, t_ref * 1e3, t_chunked_1 * 1e3, flops / t_chunked_1 * 1e-9, t_chunked_n * 1e3, threads,
+        t_step_1 * 1e3, t_step_n * 1e3, threads);
+  }
+}
+
+}  // namespace
