@@ -65,25 +65,30 @@ HWY_INLINE hn::Vec<DU> LoadLanes(DU du, const uint8_t* HWY_RESTRICT p) {
   }
 }
 
-template <int kBits, size_t... J, class DF, class Emit>
-HWY_INLINE void EmitValues(DF df, hn::Vec<hn::RebindToUnsigned<DF>> lanes, Emit& emit, std::index_sequence<J...>) {
-  const hn::RebindToUnsigned<DF> du;
-  const hn::RebindToSigned<DF> di;
-  const auto mask = hn::Set(du, (1u << kBits) - 1);
-  // The top value of a lane needs no mask: nothing lies above it.
-  auto value = [&](auto j) {
-    const auto v = hn::ShiftRight<kBits * decltype(j)::value>(lanes);
-    return decltype(j)::value + 1 == sizeof...(J) ? v : hn::And(v, mask);
-  };
-  (emit(J, hn::ConvertTo(df, hn::BitCast(di, value(std::integral_constant<size_t, J>())))), ...);
+// fn(integral_constant<size_t, I>) for I < kCount, unrolled: the indices are compile-time.
+template <size_t kCount, class Fn>
+HWY_INLINE void Unrolled(Fn&& fn) {
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    (fn(std::integral_constant<size_t, I>()), ...);
+  }(std::make_index_sequence<kCount>());
 }
 
 // One decode step: Lanes(df)·vpl values from Lanes(df)·BytesPerLane bytes at p. Calls
-// emit(j, values) for j < vpl, lane l of `values` holding value l·vpl + j of the step.
+// emit(j, values) for j < vpl (j an integral_constant), lane l of `values` holding value
+// l·vpl + j of the step.
 template <int kBits, class DF, class Emit>
 HWY_INLINE void DecodeStep(DF df, const uint8_t* HWY_RESTRICT p, Emit&& emit) {
   const hn::RebindToUnsigned<DF> du;
-  EmitValues<kBits>(df, LoadLanes<kBits>(du, p), emit, std::make_index_sequence<ValuesPerLane(kBits)>());
+  const hn::RebindToSigned<DF> di;
+  const auto lanes = LoadLanes<kBits>(du, p);
+  const auto mask = hn::Set(du, (1u << kBits) - 1);
+  constexpr size_t kVpl = ValuesPerLane(kBits);
+  Unrolled<kVpl>([&](auto j) {
+    const auto v = hn::ShiftRight<kBits * decltype(j)::value>(lanes);
+    // The top value of a lane needs no mask: nothing lies above it.
+    const auto q = decltype(j)::value + 1 == kVpl ? v : hn::And(v, mask);
+    emit(j, hn::ConvertTo(df, hn::BitCast(di, q)));
+  });
 }
 
 // xp[t] = x[t] in decode order; gsum[t, g] = Σ x[t] over group g (unchanged by the permutation,
@@ -123,12 +128,12 @@ float RowDot(RowRef row, int groups, const float* HWY_RESTRICT xp, const float* 
   for (int g = 0; g < groups; ++g) {
     auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);  // two chains hide FMA latency
     for (size_t i = 0; i < size_t(kGroup); i += step) {
-      DecodeStep<kBits>(df, q, [&](size_t j, auto qf) {
+      DecodeStep<kBits>(df, q, [&](auto j, auto qf) {
         const auto xv = hn::LoadU(df, xp + j * N);
-        if (((i / step + j) & 1) == 0) {
-          acc0 = hn::MulAdd(qf, xv, acc0);
-        } else {
+        if constexpr (decltype(j)::value & 1) {
           acc1 = hn::MulAdd(qf, xv, acc1);
+        } else {
+          acc0 = hn::MulAdd(qf, xv, acc0);
         }
       });
       q += N * BytesPerLane(kBits);
@@ -157,24 +162,50 @@ void DequantizeRow(RowRef row, int groups, float* HWY_RESTRICT tile) {
   }
 }
 
-// y[t·y_stride] = tile · xp[t] for kT tokens at once: each tile load feeds kT FMAs.
-template <int kT, class DF>
+// Rows dequantized together for T > 1. Their kRowBlock × 4 accumulators plus kRowBlock + 1
+// operands fit the register file (32 vectors on AVX-512, 16 on AVX2), and x, which may not
+// fit L1, is streamed once per block instead of once per row.
+constexpr size_t kRowBlock = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
+
+// y[t·rows + r] = tile[r] · xp[t] for kT tokens and kR rows: each load feeds kT or kR FMAs.
+template <int kT, int kR, class DF>
 void TileDots(DF df, const float* HWY_RESTRICT tile, int cols, const float* HWY_RESTRICT xp, float* y,
-              size_t y_stride) {
+              size_t rows) {
   const size_t N = hn::Lanes(df);
-  hn::Vec<DF> acc[kT];
-  for (int t = 0; t < kT; ++t) acc[t] = hn::Zero(df);
+  hn::Vec<DF> acc[kT][kR];
+  for (auto& per_token : acc)
+    for (auto& a : per_token) a = hn::Zero(df);
   for (size_t c = 0; c < size_t(cols); c += N) {
-    const auto w = hn::LoadU(df, tile + c);
-    for (int t = 0; t < kT; ++t) acc[t] = hn::MulAdd(w, hn::LoadU(df, xp + size_t(t) * size_t(cols) + c), acc[t]);
+    hn::Vec<DF> w[kR];
+    for (int r = 0; r < kR; ++r) w[r] = hn::LoadU(df, tile + size_t(r) * size_t(cols) + c);
+    for (int t = 0; t < kT; ++t) {
+      const auto xv = hn::LoadU(df, xp + size_t(t) * size_t(cols) + c);
+      for (int r = 0; r < kR; ++r) acc[t][r] = hn::MulAdd(w[r], xv, acc[t][r]);
+    }
   }
-  for (int t = 0; t < kT; ++t) y[size_t(t) * y_stride] = hn::GetLane(hn::SumOfLanes(df, acc[t]));
+  for (int t = 0; t < kT; ++t)
+    for (int r = 0; r < kR; ++r) y[size_t(t) * rows + size_t(r)] = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
+}
+
+// All T tokens against kR dequantized rows, four tokens at a time.
+template <int kR, class DF>
+void TokenBlocks(DF df, const float* tile, int cols, const float* xp, int T, float* y, size_t rows) {
+  for (int t = 0; t < T; t += 4) {
+    const float* xt = xp + size_t(t) * size_t(cols);
+    float* yt = y + size_t(t) * rows;
+    switch (std::min(4, T - t)) {
+      case 4: TileDots<4, kR>(df, tile, cols, xt, yt, rows); break;
+      case 3: TileDots<3, kR>(df, tile, cols, xt, yt, rows); break;
+      case 2: TileDots<2, kR>(df, tile, cols, xt, yt, rows); break;
+      default: TileDots<1, kR>(df, tile, cols, xt, yt, rows); break;
+    }
+  }
 }
 
 template <int kBits, int kGroup>
 void MatmulQuantTyped(const float* x, int T, const QuantMat& W, float* y) {
   const int cols = W.cols, groups = W.groups_per_row();
-  const size_t row_bytes = W.row_bytes();
+  const size_t rows = size_t(W.rows), row_bytes = W.row_bytes();
   thread_local std::vector<float> xp, gsum;
   xp.resize(size_t(T) * size_t(cols));
   gsum.resize(size_t(T) * size_t(groups));
@@ -184,37 +215,38 @@ void MatmulQuantTyped(const float* x, int T, const QuantMat& W, float* y) {
   const float* sums = gsum.data();
 
   auto rows_fn = [&](size_t r0, size_t r1) {
-    const GroupTag<kBits, kGroup> df;
-    thread_local std::vector<float> tile;
     thread_local std::vector<uint8_t> padded;
-    if (T > 1) tile.resize(size_t(cols));
-    for (size_t r = r0; r < r1; ++r) {
+    auto row_at = [&](size_t r) {
       RowRef row{W.q + r * row_bytes, W.scales + r * size_t(groups), W.biases + r * size_t(groups)};
-      if (kBits == 3 && r + 1 == size_t(W.rows)) {  // LoadUnits3 reads 4 bytes past the row
+      if (kBits == 3 && r + 1 == rows) {  // LoadUnits3 reads 4 bytes past the row
         padded.assign(row.q, row.q + row_bytes);
         padded.resize(row_bytes + 4);
         row.q = padded.data();
       }
-      if (T == 1) {
-        y[r] = RowDot<kBits, kGroup>(row, groups, xs, sums);
-        continue;
+      return row;
+    };
+    if (T == 1) {
+      for (size_t r = r0; r < r1; ++r) y[r] = RowDot<kBits, kGroup>(row_at(r), groups, xs, sums);
+      return;
+    }
+    const GroupTag<kBits, kGroup> df;
+    thread_local std::vector<float> tile;
+    tile.resize(kRowBlock * size_t(cols));
+    for (size_t r = r0; r < r1;) {
+      const size_t nr = r1 - r >= kRowBlock ? kRowBlock : 1;
+      for (size_t i = 0; i < nr; ++i)
+        DequantizeRow<kBits, kGroup>(row_at(r + i), groups, tile.data() + i * size_t(cols));
+      if (nr == kRowBlock) {
+        TokenBlocks<kRowBlock>(df, tile.data(), cols, xs, T, y + r, rows);
+      } else {
+        TokenBlocks<1>(df, tile.data(), cols, xs, T, y + r, rows);
       }
-      DequantizeRow<kBits, kGroup>(row, groups, tile.data());
-      for (int t = 0; t < T; t += 4) {
-        const float* xt = xs + size_t(t) * size_t(cols);
-        float* yt = y + size_t(t) * size_t(W.rows) + r;
-        switch (std::min(4, T - t)) {
-          case 4: TileDots<4>(df, tile.data(), cols, xt, yt, size_t(W.rows)); break;
-          case 3: TileDots<3>(df, tile.data(), cols, xt, yt, size_t(W.rows)); break;
-          case 2: TileDots<2>(df, tile.data(), cols, xt, yt, size_t(W.rows)); break;
-          default: TileDots<1>(df, tile.data(), cols, xt, yt, size_t(W.rows)); break;
-        }
-      }
+      r += nr;
     }
   };
   // Enough weights per chunk that scheduling stays negligible next to the row work.
   const size_t grain = std::max<size_t>(1, size_t(1 << 15) / size_t(cols));
-  ThreadPool::global().parallel_for(size_t(W.rows), rows_fn, grain);
+  ThreadPool::global().parallel_for(rows, rows_fn, grain);
 }
 
 template <int kBits>
