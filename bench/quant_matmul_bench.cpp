@@ -1,0 +1,133 @@
+// Decode-matvec throughput of matmul_quant, in GB/s of weight bytes consumed (packed q +
+// scales + biases), against the machine's streaming-read bandwidth measured in the same run.
+//
+// "cold": the matrix is one of many copies that together far exceed the caches, cycled through,
+// as experts streamed into RAM are; this is what decode sees. "hot": one matrix repeated, so it
+// stays in cache; the gap between the two shows whether the kernel or memory is the limit.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/quant_matmul.h"
+#include "quant/affine.h"
+#include "util/thread_pool.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kColdBytes = size_t(256) << 20;
+constexpr int kRuns = 7;
+
+template <class Fn>
+double median_seconds(Fn&& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < kRuns; ++i) {
+    auto t0 = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Streaming read over the same threads the kernel uses: the bandwidth ceiling for "cold".
+double stream_read_gbs(const std::vector<uint64_t>& buf) {
+  std::vector<uint64_t> sums(buf.size() / 4096 + 1);
+  double s = median_seconds([&] {
+    ms::ThreadPool::global().parallel_for(
+        buf.size() / 4096,
+        [&](size_t b, size_t e) {
+          for (size_t blk = b; blk < e; ++blk) {
+            const uint64_t* p = buf.data() + blk * 4096;
+            uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+            for (size_t i = 0; i < 4096; i += 4) a0 += p[i], a1 += p[i + 1], a2 += p[i + 2], a3 += p[i + 3];
+            sums[blk] = a0 + a1 + a2 + a3;
+          }
+        },
+        16);
+  });
+  return double(buf.size() * 8) / s / 1e9;
+}
+
+double memcpy_gbs(std::vector<uint64_t>& dst, const std::vector<uint64_t>& src) {
+  double s = median_seconds([&] { std::memcpy(dst.data(), src.data(), src.size() * 8); });
+  return double(src.size() * 8) / s / 1e9;  // bytes copied (each read once and written once)
+}
+
+struct Copies {
+  std::vector<uint8_t> q;
+  std::vector<uint16_t> scales, biases;
+  std::vector<ms::QuantMat> mats;
+};
+
+// n copies of one quantized matrix at distinct addresses.
+Copies replicate(const ms::QuantBuffer& qb, size_t n) {
+  Copies c;
+  c.q.resize(qb.q.size() * n);
+  c.scales.resize(qb.scales.size() * n);
+  c.biases.resize(qb.biases.size() * n);
+  for (size_t i = 0; i < n; ++i) {
+    std::copy(qb.q.begin(), qb.q.end(), c.q.begin() + long(i * qb.q.size()));
+    std::copy(qb.scales.begin(), qb.scales.end(), c.scales.begin() + long(i * qb.scales.size()));
+    std::copy(qb.biases.begin(), qb.biases.end(), c.biases.begin() + long(i * qb.biases.size()));
+    c.mats.push_back({c.q.data() + i * qb.q.size(), c.scales.data() + i * qb.scales.size(),
+                      c.biases.data() + i * qb.biases.size(), qb.rows, qb.cols, qb.bits, qb.group});
+  }
+  return c;
+}
+
+size_t weight_bytes(const ms::QuantBuffer& qb) { return qb.q.size() + 2 * qb.scales.size() + 2 * qb.biases.size(); }
+
+}  // namespace
+
+int main() {
+  const int threads = ms::ThreadPool::global().size();
+  std::vector<uint64_t> buf(kColdBytes / 8, 1), dst(kColdBytes / 8, 0);
+  const double read_bw = stream_read_gbs(buf);
+  const double copy_bw = memcpy_gbs(dst, buf);
+  std::printf("matmul_quant target %s, %d threads, medians of %d runs\n", ms::cpu::matmul_quant_target(), threads,
+              kRuns);
+  std::printf("memory: streaming read %.1f GB/s (%d threads), memcpy %.1f GB/s (1 thread)\n\n", read_bw, threads,
+              copy_bw);
+  buf = {};
+  dst = {};
+
+  struct Shape {
+    int rows, cols;
+    const char* what;
+  };
+  const Shape shapes[] = {{512, 2048, "expert gate/up"}, {2048, 512, "expert down"}, {8192, 2048, "dense"}};
+  std::printf("%-16s %-11s %4s %5s %9s %9s %9s %9s\n", "matrix", "rows x cols", "bits", "group", "MB", "hot GB/s",
+              "cold GB/s", "cold/read");
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (const Shape& sh : shapes) {
+    std::vector<float> w(size_t(sh.rows) * sh.cols), x(size_t(sh.cols)), y(size_t(sh.rows));
+    for (auto& v : w) v = normal(rng);
+    for (auto& v : x) v = normal(rng);
+    for (int bits : {2, 3, 4, 8}) {
+      const int group = 64;
+      ms::QuantBuffer qb = ms::quantize(w.data(), sh.rows, sh.cols, bits, group);
+      const size_t bytes = weight_bytes(qb);
+      const size_t n = std::max<size_t>(2, kColdBytes / bytes);
+      Copies copies = replicate(qb, n);
+      const ms::QuantMat hot_mat = qb.view();
+      double hot = median_seconds([&] {
+        for (size_t i = 0; i < n; ++i) ms::cpu::matmul_quant(x.data(), 1, hot_mat, y.data());
+      });
+      double cold = median_seconds([&] {
+        for (const ms::QuantMat& m : copies.mats) ms::cpu::matmul_quant(x.data(), 1, m, y.data());
+      });
+      const double hot_gbs = double(bytes * n) / hot / 1e9, cold_gbs = double(bytes * n) / cold / 1e9;
+      char dims[32];
+      std::snprintf(dims, sizeof dims, "%dx%d", sh.rows, sh.cols);
+      std::printf("%-16s %-11s %4d %5d %9.2f %9.1f %9.1f %9.2f\n", sh.what, dims, bits, group, double(bytes) / 1e6,
+                  hot_gbs, cold_gbs, cold_gbs / read_bw);
+    }
+  }
+  return 0;
+}

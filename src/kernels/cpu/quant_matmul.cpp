@@ -1,0 +1,292 @@
+// Quantized matmul. Per group of a row, Σ_c x_c·(s·q_c + b) = s·Σ_c x_c·q_c + b·Σ_c x_c, so the
+// decode matvec needs one FMA per weight on the raw integers and Σ x per group once per token.
+// For T > 1 a row is dequantized once into a small tile that all tokens then read.
+//
+// Unpacking: a u32 lane takes one byte (2/4/8 bits: 8/bits values) or one 3-byte unit (3 bits:
+// 8 values); shifting the lanes by bits·j gives a vector whose lane l is value l·vpl + j. Rather
+// than shuffle the weights back into order, x is permuted once per call into that order.
+#include "kernels/cpu/quant_matmul.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "util/error.h"
+#include "util/half.h"
+#include "util/thread_pool.h"
+
+// AVX-512, AVX2 and the portable fallback (HWY_SCALAR with GCC < 12.3, else EMU128); the SSE
+// targets would only add build time.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/quant_matmul.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace ms::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr int ValuesPerLane(int bits) { return bits == 3 ? 8 : 8 / bits; }
+constexpr int BytesPerLane(int bits) { return bits == 3 ? 3 : 1; }
+
+// Vectors no wider than one group's worth of lanes, so a decode step never spans two groups.
+template <int kBits, int kGroup>
+using GroupTag = hn::CappedTag<float, kGroup / ValuesPerLane(kBits)>;
+
+// Lane l = bytes 3l, 3l+1, 3l+2 of p. Each 128-bit block reads 16 bytes for its 12, so the
+// last block reads 4 bytes past the units it decodes.
+template <class DU>
+HWY_INLINE hn::Vec<DU> LoadUnits3(DU du, const uint8_t* HWY_RESTRICT p) {
+#if HWY_TARGET == HWY_SCALAR  // one lane, and no byte shuffles
+  return hn::Set(du, uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16);
+#else
+  if constexpr (hn::MaxLanes(du) > 4) {
+    const hn::Half<DU> dh;
+    return hn::Combine(du, LoadUnits3(dh, p + 3 * hn::Lanes(dh)), LoadUnits3(dh, p));
+  } else {
+    const hn::Repartition<uint8_t, DU> d8;
+    constexpr uint8_t Z = 0x80;  // TableLookupBytesOr0 writes 0 for this index
+    alignas(16) static constexpr uint8_t kUnits[16] = {0, 1, 2, Z, 3, 4, 5, Z, 6, 7, 8, Z, 9, 10, 11, Z};
+    return hn::BitCast(du, hn::TableLookupBytesOr0(hn::LoadU(d8, p), hn::Load(d8, kUnits)));
+  }
+#endif
+}
+
+template <int kBits, class DU>
+HWY_INLINE hn::Vec<DU> LoadLanes(DU du, const uint8_t* HWY_RESTRICT p) {
+  if constexpr (kBits == 3) {
+    return LoadUnits3(du, p);
+  } else {
+    return hn::PromoteTo(du, hn::LoadU(hn::Rebind<uint8_t, DU>(), p));
+  }
+}
+
+// fn(integral_constant<size_t, I>) for I < kCount, unrolled: the indices are compile-time.
+template <size_t kCount, class Fn>
+HWY_INLINE void Unrolled(Fn&& fn) {
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    (fn(std::integral_constant<size_t, I>()), ...);
+  }(std::make_index_sequence<kCount>());
+}
+
+// One decode step: Lanes(df)·vpl values from Lanes(df)·BytesPerLane bytes at p. Calls
+// emit(j, values) for j < vpl (j an integral_constant), lane l of `values` holding value
+// l·vpl + j of the step.
+template <int kBits, class DF, class Emit>
+HWY_INLINE void DecodeStep(DF df, const uint8_t* HWY_RESTRICT p, Emit&& emit) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const auto lanes = LoadLanes<kBits>(du, p);
+  const auto mask = hn::Set(du, (1u << kBits) - 1);
+  constexpr size_t kVpl = ValuesPerLane(kBits);
+  Unrolled<kVpl>([&](auto j) {
+    const auto v = hn::ShiftRight<kBits * decltype(j)::value>(lanes);
+    // The top value of a lane needs no mask: nothing lies above it.
+    const auto q = decltype(j)::value + 1 == kVpl ? v : hn::And(v, mask);
+    emit(j, hn::ConvertTo(df, hn::BitCast(di, q)));
+  });
+}
+
+// xp[t] = x[t] in decode order; gsum[t, g] = Σ x[t] over group g (unchanged by the permutation,
+// which stays inside a step and hence inside a group).
+template <int kBits, int kGroup>
+void PermuteTokens(const float* x, int T, int cols, float* xp, float* gsum) {
+  const GroupTag<kBits, kGroup> df;
+  const size_t N = hn::Lanes(df), vpl = ValuesPerLane(kBits), step = N * vpl;
+  for (int t = 0; t < T; ++t) {
+    const float* xt = x + size_t(t) * size_t(cols);
+    float* pt = xp + size_t(t) * size_t(cols);
+    for (size_t base = 0; base < size_t(cols); base += step)
+      for (size_t l = 0; l < N; ++l)
+        for (size_t j = 0; j < vpl; ++j) pt[base + j * N + l] = xt[base + l * vpl + j];
+    for (int g = 0; g < cols / kGroup; ++g) {
+      double s = 0;
+      for (int i = 0; i < kGroup; ++i) s += xt[g * kGroup + i];
+      gsum[size_t(t) * size_t(cols / kGroup) + size_t(g)] = float(s);
+    }
+  }
+}
+
+struct RowRef {
+  const uint8_t* q;
+  const uint16_t* scales;
+  const uint16_t* biases;
+};
+
+// Σ_c xp[c]·deq(row)[c] for one token, straight from the packed row.
+template <int kBits, int kGroup>
+float RowDot(RowRef row, int groups, const float* HWY_RESTRICT xp, const float* HWY_RESTRICT gsum) {
+  const GroupTag<kBits, kGroup> df;
+  const size_t N = hn::Lanes(df), step = N * ValuesPerLane(kBits);
+  const uint8_t* q = row.q;
+  auto total = hn::Zero(df);
+  float bias_part = 0;
+  for (int g = 0; g < groups; ++g) {
+    auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);  // two chains hide FMA latency
+    for (size_t i = 0; i < size_t(kGroup); i += step) {
+      DecodeStep<kBits>(df, q, [&](auto j, auto qf) {
+        const auto xv = hn::LoadU(df, xp + j * N);
+        if constexpr (decltype(j)::value & 1) {
+          acc1 = hn::MulAdd(qf, xv, acc1);
+        } else {
+          acc0 = hn::MulAdd(qf, xv, acc0);
+        }
+      });
+      q += N * BytesPerLane(kBits);
+      xp += step;
+    }
+    total = hn::MulAdd(hn::Set(df, bf16_to_f32(row.scales[g])), hn::Add(acc0, acc1), total);
+    bias_part += bf16_to_f32(row.biases[g]) * gsum[g];
+  }
+  return hn::GetLane(hn::SumOfLanes(df, total)) + bias_part;
+}
+
+// tile[c] = deq(row)[c], in decode order.
+template <int kBits, int kGroup>
+void DequantizeRow(RowRef row, int groups, float* HWY_RESTRICT tile) {
+  const GroupTag<kBits, kGroup> df;
+  const size_t N = hn::Lanes(df), step = N * ValuesPerLane(kBits);
+  const uint8_t* q = row.q;
+  for (int g = 0; g < groups; ++g) {
+    const auto scale = hn::Set(df, bf16_to_f32(row.scales[g]));
+    const auto bias = hn::Set(df, bf16_to_f32(row.biases[g]));
+    for (size_t i = 0; i < size_t(kGroup); i += step) {
+      DecodeStep<kBits>(df, q, [&](size_t j, auto qf) { hn::StoreU(hn::MulAdd(qf, scale, bias), df, tile + j * N); });
+      q += N * BytesPerLane(kBits);
+      tile += step;
+    }
+  }
+}
+
+// Rows dequantized together for T > 1. Their kRowBlock × 4 accumulators plus kRowBlock + 1
+// operands fit the register file (32 vectors on AVX-512, 16 on AVX2), and x, which may not
+// fit L1, is streamed once per block instead of once per row.
+constexpr size_t kRowBlock = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
+
+// y[t·rows + r] = tile[r] · xp[t] for kT tokens and kR rows: each load feeds kT or kR FMAs.
+template <int kT, int kR, class DF>
+void TileDots(DF df, const float* HWY_RESTRICT tile, int cols, const float* HWY_RESTRICT xp, float* y,
+              size_t rows) {
+  const size_t N = hn::Lanes(df);
+  hn::Vec<DF> acc[kT][kR];
+  for (auto& per_token : acc)
+    for (auto& a : per_token) a = hn::Zero(df);
+  for (size_t c = 0; c < size_t(cols); c += N) {
+    hn::Vec<DF> w[kR];
+    for (int r = 0; r < kR; ++r) w[r] = hn::LoadU(df, tile + size_t(r) * size_t(cols) + c);
+    for (int t = 0; t < kT; ++t) {
+      const auto xv = hn::LoadU(df, xp + size_t(t) * size_t(cols) + c);
+      for (int r = 0; r < kR; ++r) acc[t][r] = hn::MulAdd(w[r], xv, acc[t][r]);
+    }
+  }
+  for (int t = 0; t < kT; ++t)
+    for (int r = 0; r < kR; ++r) y[size_t(t) * rows + size_t(r)] = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
+}
+
+// All T tokens against kR dequantized rows, four tokens at a time.
+template <int kR, class DF>
+void TokenBlocks(DF df, const float* tile, int cols, const float* xp, int T, float* y, size_t rows) {
+  for (int t = 0; t < T; t += 4) {
+    const float* xt = xp + size_t(t) * size_t(cols);
+    float* yt = y + size_t(t) * rows;
+    switch (std::min(4, T - t)) {
+      case 4: TileDots<4, kR>(df, tile, cols, xt, yt, rows); break;
+      case 3: TileDots<3, kR>(df, tile, cols, xt, yt, rows); break;
+      case 2: TileDots<2, kR>(df, tile, cols, xt, yt, rows); break;
+      default: TileDots<1, kR>(df, tile, cols, xt, yt, rows); break;
+    }
+  }
+}
+
+template <int kBits, int kGroup>
+void MatmulQuantTyped(const float* x, int T, const QuantMat& W, float* y) {
+  const int cols = W.cols, groups = W.groups_per_row();
+  const size_t rows = size_t(W.rows), row_bytes = W.row_bytes();
+  thread_local std::vector<float> xp, gsum;
+  xp.resize(size_t(T) * size_t(cols));
+  gsum.resize(size_t(T) * size_t(groups));
+  PermuteTokens<kBits, kGroup>(x, T, cols, xp.data(), gsum.data());
+  // Plain pointers: inside rows_fn the names xp/gsum would denote the worker's own copies.
+  const float* xs = xp.data();
+  const float* sums = gsum.data();
+
+  auto rows_fn = [&](size_t r0, size_t r1) {
+    thread_local std::vector<uint8_t> padded;
+    auto row_at = [&](size_t r) {
+      RowRef row{W.q + r * row_bytes, W.scales + r * size_t(groups), W.biases + r * size_t(groups)};
+      if (kBits == 3 && r + 1 == rows) {  // LoadUnits3 reads 4 bytes past the row
+        padded.assign(row.q, row.q + row_bytes);
+        padded.resize(row_bytes + 4);
+        row.q = padded.data();
+      }
+      return row;
+    };
+    if (T == 1) {
+      for (size_t r = r0; r < r1; ++r) y[r] = RowDot<kBits, kGroup>(row_at(r), groups, xs, sums);
+      return;
+    }
+    const GroupTag<kBits, kGroup> df;
+    thread_local std::vector<float> tile;
+    tile.resize(kRowBlock * size_t(cols));
+    for (size_t r = r0; r < r1;) {
+      const size_t nr = r1 - r >= kRowBlock ? kRowBlock : 1;
+      for (size_t i = 0; i < nr; ++i)
+        DequantizeRow<kBits, kGroup>(row_at(r + i), groups, tile.data() + i * size_t(cols));
+      if (nr == kRowBlock) {
+        TokenBlocks<kRowBlock>(df, tile.data(), cols, xs, T, y + r, rows);
+      } else {
+        TokenBlocks<1>(df, tile.data(), cols, xs, T, y + r, rows);
+      }
+      r += nr;
+    }
+  };
+  // Enough weights per chunk that scheduling stays negligible next to the row work.
+  const size_t grain = std::max<size_t>(1, size_t(1 << 15) / size_t(cols));
+  ThreadPool::global().parallel_for(rows, rows_fn, grain);
+}
+
+template <int kBits>
+void MatmulQuantBits(const float* x, int T, const QuantMat& W, float* y) {
+  switch (W.group) {
+    case 32: return MatmulQuantTyped<kBits, 32>(x, T, W, y);
+    case 64: return MatmulQuantTyped<kBits, 64>(x, T, W, y);
+    default: return MatmulQuantTyped<kBits, 128>(x, T, W, y);
+  }
+}
+
+void MatmulQuantImpl(const float* x, int T, const QuantMat& W, float* y) {
+  switch (W.bits) {
+    case 2: return MatmulQuantBits<2>(x, T, W, y);
+    case 3: return MatmulQuantBits<3>(x, T, W, y);
+    case 4: return MatmulQuantBits<4>(x, T, W, y);
+    default: return MatmulQuantBits<8>(x, T, W, y);
+  }
+}
+
+const char* MatmulQuantTarget() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace ms::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace ms::cpu {
+
+HWY_EXPORT(MatmulQuantImpl);
+HWY_EXPORT(MatmulQuantTarget);
+
+void matmul_quant(const float* x, int T, const QuantMat& W, float* y) {
+  check_quant_shape(W.rows, W.cols, W.bits, W.group, "matmul_quant: weight matrix");
+  if (T < 1) fail("matmul_quant: token count must be ≥ 1, got {}", T);
+  if (W.rows == 0) return;
+  HWY_DYNAMIC_DISPATCH(MatmulQuantImpl)(x, T, W, y);
+}
+
+const char* matmul_quant_target() { return HWY_DYNAMIC_DISPATCH(MatmulQuantTarget)(); }
+
+}  // namespace ms::cpu
+#endif  // HWY_ONCE

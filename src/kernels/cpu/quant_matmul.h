@@ -1,0 +1,16 @@
+#pragma once
+// Matmul on affine-quantized weights (quant/affine.h), computed on the packed bit streams:
+// the weights are never dequantized as a whole.
+#include "quant/affine.h"
+
+namespace ms::cpu {
+
+// y[t, r] = Σ_c x[t, c] · deq(W)[r, c] for t < T; x [T, W.cols], y [T, W.rows], row-major.
+// T = 1 is the decode matvec; for small T (prefill, verify) each unpacked row is reused by
+// all T tokens. Runtime-dispatched SIMD (AVX-512, AVX2, portable fallback), threaded over rows.
+void matmul_quant(const float* x, int T, const QuantMat& W, float* y);
+
+// The SIMD target matmul_quant dispatches to on this CPU ("AVX3", "AVX2", "SCALAR" or "EMU128").
+const char* matmul_quant_target();
+
+}  // namespace ms::cpu

@@ -1,0 +1,119 @@
+#include "kernels/cpu/quant_matmul.h"
+
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "quant/affine.h"
+#include "util/error.h"
+#include "util/half.h"
+
+namespace ms {
+namespace {
+
+// The targets matmul_quant is built for that this CPU runs; each test runs on all of them.
+std::vector<int64_t> kernel_targets() {
+  std::vector<int64_t> out;
+  for (int64_t t : {int64_t(HWY_AVX3), int64_t(HWY_AVX2), int64_t(HWY_BASELINE_SCALAR)})
+    if (hwy::SupportedTargets() & t) out.push_back(t);
+  return out;
+}
+
+struct Case {
+  int bits, group, rows, cols, T;
+};
+
+// Naive reference: dequantize each row (quant/affine), dot in double. Also returns
+// mag[t, r] = Σ_c |x_c|·(|s·q_c| + |b|), the size of the terms the kernel rounds (its split
+// s·Σx·q + b·Σx can cancel, so Σ|x||w| alone understates them).
+void reference(const std::vector<float>& x, int T, const QuantMat& W, std::vector<double>* y,
+               std::vector<double>* mag) {
+  y->assign(size_t(T) * W.rows, 0.0);
+  mag->assign(y->size(), 0.0);
+  std::vector<float> w(size_t(W.cols));
+  for (int r = 0; r < W.rows; ++r) {
+    dequantize_row(W, r, w.data());
+    for (int t = 0; t < T; ++t) {
+      double acc = 0, m = 0;
+      for (int c = 0; c < W.cols; ++c) {
+        double bias = bf16_to_f32(W.biases[size_t(r) * W.groups_per_row() + size_t(c / W.group)]);
+        double xc = x[size_t(t) * W.cols + size_t(c)];
+        acc += xc * w[size_t(c)];
+        m += std::fabs(xc) * (std::fabs(w[size_t(c)] - bias) + std::fabs(bias));
+      }
+      (*y)[size_t(t) * W.rows + size_t(r)] = acc;
+      (*mag)[size_t(t) * W.rows + size_t(r)] = m;
+    }
+  }
+}
+
+void check_case(const Case& k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(size_t(k.rows) * k.cols), x(size_t(k.T) * k.cols);
+  for (auto& v : w) v = 0.05f * normal(rng) + 0.01f;  // a small offset so biases are not ~ −max
+  for (auto& v : x) v = normal(rng);
+  QuantBuffer qb = quantize(w.data(), k.rows, k.cols, k.bits, k.group);
+  std::vector<double> want, mag;
+  reference(x, k.T, qb.view(), &want, &mag);
+  // Float rounding: products summed within a group (≤ group terms, split over lanes), group
+  // results summed over the row (cols/group terms), plus scale·, bias· and Σx: a worst-case
+  // relative bound γ_n ≈ n·2^-24 with n = group + cols/group + 8.
+  const double eps = std::numeric_limits<float>::epsilon() / 2;
+  const double rel = (k.group + k.cols / k.group + 8) * eps;
+  for (int64_t target : kernel_targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    ASSERT_EQ(std::string(cpu::matmul_quant_target()), hwy::TargetName(target));
+    std::vector<float> y(want.size(), NAN);
+    cpu::matmul_quant(x.data(), k.T, qb.view(), y.data());
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_LE(std::fabs(y[i] - want[i]), rel * mag[i])
+          << hwy::TargetName(target) << " bits " << k.bits << " group " << k.group << " rows " << k.rows
+          << " cols " << k.cols << " T " << k.T << " at t " << i / size_t(k.rows) << " r " << i % size_t(k.rows)
+          << ": got " << y[i] << " want " << want[i];
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(MatmulQuant, RunsOnSeveralTargets) {
+  auto targets = kernel_targets();
+  ASSERT_FALSE(targets.empty());
+  std::string names;
+  for (int64_t t : targets) names += std::string(hwy::TargetName(t)) + " ";
+  std::printf("[ targets  ] %s\n", names.c_str());
+}
+
+TEST(MatmulQuant, MatchesReferenceEveryBitsGroupAndT) {
+  uint32_t seed = 1;
+  for (int bits : {2, 3, 4, 8})
+    for (int group : {32, 64, 128})
+      for (int T : {1, 2, 5, 16, 33})
+        // Rows not a multiple of any block or chunk size; cols = group·k for k = 1, 3, 8.
+        for (auto [rows, k] : {std::pair{1, 1}, std::pair{37, 3}, std::pair{131, 8}})
+          check_case({bits, group, rows, group * k, T}, seed++);
+}
+
+TEST(MatmulQuant, LargeMatrixThreaded) {
+  check_case({4, 64, 1000, 2048, 1}, 99);
+  check_case({3, 32, 515, 1024, 3}, 100);
+}
+
+TEST(MatmulQuant, RejectsBadShapes) {
+  QuantBuffer qb;
+  qb.rows = 4, qb.cols = 96, qb.bits = 4, qb.group = 64;
+  std::vector<float> x(96), y(4);
+  EXPECT_THROW(cpu::matmul_quant(x.data(), 1, qb.view(), y.data()), Error);
+  qb.cols = 128, qb.bits = 5;
+  EXPECT_THROW(cpu::matmul_quant(x.data(), 1, qb.view(), y.data()), Error);
+  std::vector<float> w(4 * 128, 1.0f);
+  QuantBuffer ok = quantize(w.data(), 4, 128, 4, 64);
+  EXPECT_THROW(cpu::matmul_quant(x.data(), 0, ok.view(), y.data()), Error);
+}
+
+}  // namespace
+}  // namespace ms
