@@ -338,9 +338,17 @@ Value f_capitalize(const Value& v, Args& a) {
   return capitalize(to_str(v));
 }
 
+// Jinja2's title filter, unlike str.title, starts words only after whitespace and -({[<.
 Value f_title(const Value& v, Args& a) {
   Params(a, "title", {});
-  return title(to_str(v));
+  std::u32string u = decode(to_str(v));
+  bool word_start = true;
+  for (auto& c : u) {
+    bool separator = is_py_space(c) || std::u32string_view(U"-({[<").find(c) != std::u32string_view::npos;
+    c = separator ? c : word_start ? to_upper(c) : to_lower(c);
+    word_start = separator;
+  }
+  return encode(u);
 }
 
 Value f_length(const Value& v, Args& a) {
