@@ -513,7 +513,9 @@ Value f_indent(const Value& v, Args& a) {
   std::string out;
   for (size_t i = 0; i < lines.size(); ++i) {
     bool indent_it = (i > 0 || first) && (blank || !lines[i].empty());
-    out += (i ? "\n" : "") + (indent_it ? pad : "") + lines[i];
+    if (i) out += '\n';
+    if (indent_it) out += pad;
+    out += lines[i];
   }
   return out;
 }
@@ -623,10 +625,8 @@ Value get_attr(const Value& obj, const std::string& name) {
     if (!obj.object().is_namespace)
       if (Value method = dict_method(obj, name); !method.is_undefined()) return method;
     if (const Value* v = obj.object().find(name)) return *v;
-    return Undefined{"'" + std::string(obj.object().is_namespace ? "Namespace" : "dict") + " object' has no attribute '" +
-                     name + "'"};
   }
-  return Undefined{"'" + type_name(obj) + " object' has no attribute '" + name + "'"};
+  return Undefined{fmt::format("'{} object' has no attribute '{}'", type_name(obj), name)};
 }
 
 Value get_item(const Value& obj, const Value& key) {
@@ -636,7 +636,7 @@ Value get_item(const Value& obj, const Value& key) {
       if (const Value* v = obj.object().find(key.str())) return *v;
       return get_attr(obj, key.str());
     }
-    return Undefined{"'dict object' has no attribute " + to_repr(key)};
+    return Undefined{fmt::format("'dict object' has no attribute {}", to_repr(key))};
   }
   if ((obj.is_array() || obj.is_string()) && (key.is_int() || key.is_bool())) {
     int64_t i = key.as_int();
@@ -653,7 +653,7 @@ Value get_item(const Value& obj, const Value& key) {
     return Undefined{type_name(obj) + " index " + std::to_string(key.as_int()) + " out of range"};
   }
   if (key.is_string()) return get_attr(obj, key.str());
-  return Undefined{"'" + type_name(obj) + " object' has no item " + to_repr(key)};
+  return Undefined{fmt::format("'{} object' has no item {}", type_name(obj), to_repr(key))};
 }
 
 Value get_slice(const Value& obj, std::optional<int64_t> start, std::optional<int64_t> stop,

@@ -139,7 +139,7 @@ std::string float_repr(double d) {
   std::string out = negative ? "-" : "";
   if (exp10 < -4 || exp10 >= 16) {
     out += digits.substr(0, 1);
-    if (digits.size() > 1) out += "." + digits.substr(1);
+    if (digits.size() > 1) out.append(".").append(digits, 1);
     out += fmt::format("e{}{:02d}", exp10 < 0 ? '-' : '+', std::abs(exp10));
   } else if (exp10 < 0) {
     out += "0." + std::string(size_t(-exp10 - 1), '0') + digits;
