@@ -1,0 +1,441 @@
+#include "tokenizer/jinja.h"
+
+#include <cmath>
+#include <ctime>
+
+#include "tokenizer/jinja_ast.h"
+#include "util/error.h"
+
+namespace ms::jinja {
+namespace {
+
+// An error that already names its template line; outer nodes let it through unchanged.
+struct LocatedError : Error {
+  using Error::Error;
+};
+
+// Runs f, giving any error from it the template line of the innermost node that failed.
+template <class F>
+auto at_line(int line, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const LocatedError&) {
+    throw;
+  } catch (const Error& e) {
+    throw LocatedError(fmt::format("chat template line {}: {}", line, e.what()));
+  }
+}
+
+[[noreturn]] void fail_undefined(const Value& v) { fail("{}", std::get<Undefined>(v.v).reason); }
+
+// Variables visible at one point: a frame per for-loop iteration and per macro call, as in Jinja2.
+struct Scope {
+  const Scope* parent = nullptr;
+  std::vector<std::pair<std::string, Value>> vars;
+
+  const Value* find(std::string_view name) const {
+    for (const Scope* s = this; s; s = s->parent)
+      for (const auto& [k, v] : s->vars)
+        if (k == name) return &v;
+    return nullptr;
+  }
+  void set(const std::string& name, Value value) {
+    for (auto& [k, v] : vars)
+      if (k == name) {
+        v = std::move(value);
+        return;
+      }
+    vars.emplace_back(name, std::move(value));
+  }
+};
+
+enum class Flow { Normal, Break, Continue };
+
+int64_t checked_int(const Value& v, std::string_view what) {
+  if (!v.is_int() && !v.is_bool()) fail("{} must be an integer, got {}", what, type_name(v));
+  return v.as_int();
+}
+
+// Python's arithmetic on ints, floats, strings and lists.
+Value arithmetic(const std::string& op, const Value& a, const Value& b) {
+  if (a.is_undefined()) fail_undefined(a);
+  if (b.is_undefined()) fail_undefined(b);
+  auto unsupported = [&]() -> Value {
+    fail("unsupported operand type(s) for {}: '{}' and '{}'", op, type_name(a), type_name(b));
+  };
+  if (a.is_number() && b.is_number()) {
+    bool ints = !a.is_float() && !b.is_float();
+    int64_t x = ints ? a.as_int() : 0, y = ints ? b.as_int() : 0;
+    double dx = a.as_double(), dy = b.as_double();
+    if (op == "+") return ints ? Value(x + y) : Value(dx + dy);
+    if (op == "-") return ints ? Value(x - y) : Value(dx - dy);
+    if (op == "*") return ints ? Value(x * y) : Value(dx * dy);
+    if (op == "/") {
+      if (dy == 0) fail("division by zero");
+      return dx / dy;
+    }
+    if (op == "//" || op == "%") {
+      if (dy == 0) fail("integer division or modulo by zero");
+      if (ints) {
+        int64_t q = x / y, r = x % y;
+        if (r != 0 && ((r < 0) != (y < 0))) {  // Python floors toward negative infinity
+          --q;
+          r += y;
+        }
+        return op == "//" ? Value(q) : Value(r);
+      }
+      double q = std::floor(dx / dy);
+      return op == "//" ? Value(q) : Value(dx - q * dy);
+    }
+    if (op == "**") {
+      if (ints && y >= 0) {
+        int64_t r = 1;
+        for (int64_t i = 0; i < y; ++i) r *= x;
+        return r;
+      }
+      return std::pow(dx, dy);
+    }
+    return unsupported();
+  }
+  if (op == "+" && a.is_string() && b.is_string()) return a.str() + b.str();
+  if (op == "+" && a.is_array() && b.is_array()) {
+    Array out = a.array();
+    out.insert(out.end(), b.array().begin(), b.array().end());
+    return Value(std::move(out));
+  }
+  if (op == "*" && (a.is_string() || a.is_array()) && (b.is_int() || b.is_bool())) {
+    if (a.is_string()) {
+      std::string out;
+      for (int64_t i = 0; i < b.as_int(); ++i) out += a.str();
+      return out;
+    }
+    Array out;
+    for (int64_t i = 0; i < b.as_int(); ++i) out.insert(out.end(), a.array().begin(), a.array().end());
+    return Value(std::move(out));
+  }
+  if (op == "*" && (b.is_string() || b.is_array()) && (a.is_int() || a.is_bool())) return arithmetic(op, b, a);
+  return unsupported();
+}
+
+bool compare_op(const std::string& op, const Value& a, const Value& b) {
+  if (op == "==") return equals(a, b);
+  if (op == "!=") return !equals(a, b);
+  if (op == "in") return contains(b, a);
+  if (op == "not in") return !contains(b, a);
+  if (a.is_undefined()) fail_undefined(a);
+  if (b.is_undefined()) fail_undefined(b);
+  int c = compare(a, b);
+  if (op == "<") return c < 0;
+  if (op == ">") return c > 0;
+  if (op == "<=") return c <= 0;
+  return c >= 0;
+}
+
+// ---- globals ----
+
+Value g_range(Args& a) {
+  Params p(a, "range", {"start", "stop", "step"});
+  if (!p.get(0)) fail("range expected at least 1 argument");
+  int64_t start = 0, stop, step = p.get(2) ? checked_int(*p.get(2), "range step") : 1;
+  if (p.get(1)) {
+    start = checked_int(*p.get(0), "range start");
+    stop = checked_int(*p.get(1), "range stop");
+  } else {
+    stop = checked_int(*p.get(0), "range stop");
+  }
+  if (step == 0) fail("range() arg 3 must not be zero");
+  Array out;
+  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(i);
+  return Value(std::move(out));
+}
+
+Value g_namespace(Args& a) {
+  auto ns = std::make_shared<Object>();
+  ns->is_namespace = true;
+  if (a.positional.size() > 1) fail("namespace takes at most one positional argument");
+  if (!a.positional.empty()) {
+    if (!a.positional[0].is_object()) fail("namespace expects a dict, got {}", type_name(a.positional[0]));
+    ns->items = a.positional[0].object().items;
+  }
+  for (auto& [k, v] : a.keyword) ns->set(k, v);
+  return Value(std::move(ns));
+}
+
+Value g_dict(Args& a) {
+  Value d = make_object();
+  for (auto& [k, v] : a.keyword) d.object().set(k, v);
+  if (!a.positional.empty()) fail("dict() with positional arguments is not supported");
+  return d;
+}
+
+Value g_raise_exception(Args& a) {
+  Params p(a, "raise_exception", {"message"});
+  fail("raise_exception: {}", p.get(0) ? to_str(*p.get(0)) : "");
+}
+
+Value g_strftime_now(Args& a) {
+  Params p(a, "strftime_now", {"format"});
+  if (!p.get(0) || !p.get(0)->is_string()) fail("strftime_now expects a format string");
+  std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buf[256];
+  size_t n = std::strftime(buf, sizeof buf, p.get(0)->str().c_str(), &local);
+  return std::string(buf, n);
+}
+
+class Renderer {
+ public:
+  explicit Renderer(const Scope& root) : root_(&root) {}
+
+  Flow exec(const Body& body, Scope& scope, std::string& out) {
+    for (const auto& node : body) {
+      Flow flow = at_line(node->line, [&] { return exec_node(*node, scope, out); });
+      if (flow != Flow::Normal) return flow;
+    }
+    return Flow::Normal;
+  }
+
+ private:
+  const Scope* root_;  // macros see the template's top level, not their caller's locals
+
+  Flow exec_node(const Node& n, Scope& scope, std::string& out) {
+    switch (n.kind) {
+      case Node::Kind::Text: out += n.text; return Flow::Normal;
+      case Node::Kind::Output: out += to_str(eval(*n.expr, scope)); return Flow::Normal;
+      case Node::Kind::If:
+        for (size_t i = 0; i < n.conditions.size(); ++i)
+          if (truthy(eval(*n.conditions[i], scope))) return exec(n.bodies[i], scope, out);
+        return exec(n.else_body, scope, out);
+      case Node::Kind::For: exec_for(n, scope, out); return Flow::Normal;
+      case Node::Kind::Set: exec_set(n, eval(*n.expr, scope), scope); return Flow::Normal;
+      case Node::Kind::SetBlock: {
+        std::string captured;
+        exec(n.bodies[0], scope, captured);
+        scope.set(n.targets[0], std::move(captured));
+        return Flow::Normal;
+      }
+      case Node::Kind::Macro:
+        scope.set(n.name, Value(Function{n.name, [this, &n](Args& a) { return call_macro(n, a); }}));
+        return Flow::Normal;
+      case Node::Kind::Break: return Flow::Break;
+      case Node::Kind::Continue: return Flow::Continue;
+      case Node::Kind::Block: return exec(n.bodies[0], scope, out);
+    }
+    return Flow::Normal;
+  }
+
+  static void bind_targets(const std::vector<std::string>& targets, const Value& value, Scope& scope) {
+    if (targets.size() == 1) {
+      scope.set(targets[0], value);
+      return;
+    }
+    Array items = iterate(value);
+    if (items.size() != targets.size())
+      fail("cannot unpack {} values into {} names", items.size(), targets.size());
+    for (size_t i = 0; i < targets.size(); ++i) scope.set(targets[i], items[i]);
+  }
+
+  void exec_set(const Node& n, Value value, Scope& scope) {
+    if (n.attribute.empty()) {
+      bind_targets(n.targets, value, scope);
+      return;
+    }
+    const Value* ns = scope.find(n.targets[0]);
+    if (!ns || !ns->is_object() || !ns->object().is_namespace)
+      fail("cannot assign attribute '{}' of '{}': it is not a namespace()", n.attribute, n.targets[0]);
+    ns->object().set(n.attribute, std::move(value));
+  }
+
+  void exec_for(const Node& n, Scope& scope, std::string& out) {
+    Value iterable = eval(*n.expr, scope);
+    if (iterable.is_none()) fail("'NoneType' object is not iterable");
+    Array items = iterate(iterable);
+    if (n.condition) {  // `for x in xs if cond`: loop.* counts only the items kept
+      Array kept;
+      for (auto& item : items) {
+        Scope filter_scope{&scope, {}};
+        bind_targets(n.targets, item, filter_scope);
+        if (truthy(eval(*n.condition, filter_scope))) kept.push_back(std::move(item));
+      }
+      items = std::move(kept);
+    }
+    for (size_t i = 0; i < items.size(); ++i) {
+      Scope iteration{&scope, {}};
+      iteration.set("loop", loop_object(items, i));
+      bind_targets(n.targets, items[i], iteration);
+      if (exec(n.bodies[0], iteration, out) == Flow::Break) break;
+    }
+    if (items.empty()) exec(n.else_body, scope, out);
+  }
+
+  static Value loop_object(const Array& items, size_t i) {
+    int64_t n = int64_t(items.size()), index = int64_t(i);
+    Value loop = make_object({{"index", index + 1},
+                              {"index0", index},
+                              {"revindex", n - index},
+                              {"revindex0", n - index - 1},
+                              {"first", i == 0},
+                              {"last", index == n - 1},
+                              {"length", n},
+                              {"depth", 1},
+                              {"depth0", 0}});
+    Object& o = loop.object();
+    if (i > 0) o.set("previtem", items[i - 1]);
+    if (index + 1 < n) o.set("nextitem", items[i + 1]);
+    o.set("cycle", Value(Function{"loop.cycle", [i](Args& a) -> Value {
+                                    if (a.positional.empty()) fail("loop.cycle needs at least one value");
+                                    return a.positional[i % a.positional.size()];
+                                  }}));
+    return loop;
+  }
+
+  Value call_macro(const Node& macro, Args& args) {
+    if (args.positional.size() > macro.params.size())
+      fail("macro '{}' takes {} arguments, got {}", macro.name, macro.params.size(), args.positional.size());
+    Scope frame{root_, {}};
+    std::vector<bool> bound(macro.params.size(), false);
+    for (size_t i = 0; i < args.positional.size(); ++i) {
+      frame.set(macro.params[i].name, args.positional[i]);
+      bound[i] = true;
+    }
+    for (auto& [key, value] : args.keyword) {
+      auto it = std::find_if(macro.params.begin(), macro.params.end(), [&](const MacroParam& p) { return p.name == key; });
+      if (it == macro.params.end()) fail("macro '{}' got an unexpected argument '{}'", macro.name, key);
+      frame.set(key, value);
+      bound[size_t(it - macro.params.begin())] = true;
+    }
+    for (size_t i = 0; i < macro.params.size(); ++i) {
+      if (bound[i]) continue;
+      const MacroParam& p = macro.params[i];
+      frame.set(p.name, p.default_value ? eval(*p.default_value, frame) : Value(Undefined{"'" + p.name + "' is undefined"}));
+    }
+    std::string out;
+    exec(macro.bodies[0], frame, out);
+    return out;
+  }
+
+  Args eval_args(const Expr& e, size_t first, Scope& scope) {
+    Args args;
+    for (size_t i = first; i < e.operands.size(); ++i) args.positional.push_back(eval(*e.operands[i], scope));
+    for (const auto& [k, v] : e.keywords) args.keyword.emplace_back(k, eval(*v, scope));
+    return args;
+  }
+
+  std::optional<int64_t> slice_bound(const ExprPtr& e, Scope& scope) {
+    if (!e) return std::nullopt;
+    Value v = eval(*e, scope);
+    if (v.is_none()) return std::nullopt;
+    return checked_int(v, "slice index");
+  }
+
+  Value eval(const Expr& e, Scope& scope) {
+    return at_line(e.line, [&] { return eval_node(e, scope); });
+  }
+
+  Value eval_node(const Expr& e, Scope& scope) {
+    switch (e.kind) {
+      case Expr::Kind::Literal: return e.literal;
+      case Expr::Kind::Name: {
+        const Value* v = scope.find(e.name);
+        return v ? *v : Value(Undefined{"'" + e.name + "' is undefined"});
+      }
+      case Expr::Kind::List: {
+        Array items;
+        for (const auto& op : e.operands) items.push_back(eval(*op, scope));
+        return Value(std::move(items));
+      }
+      case Expr::Kind::Dict: {
+        Value d = make_object();
+        for (size_t i = 0; i < e.operands.size(); i += 2) {
+          Value key = eval(*e.operands[i], scope);
+          if (!key.is_string()) fail("dict keys must be strings, got {}", type_name(key));
+          d.object().set(key.str(), eval(*e.operands[i + 1], scope));
+        }
+        return d;
+      }
+      case Expr::Kind::Attr: return get_attr(eval(*e.operands[0], scope), e.name);
+      case Expr::Kind::Item: {
+        Value obj = eval(*e.operands[0], scope);
+        return get_item(obj, eval(*e.operands[1], scope));
+      }
+      case Expr::Kind::Slice: {
+        Value obj = eval(*e.operands[0], scope);
+        if (obj.is_undefined()) fail_undefined(obj);
+        auto start = slice_bound(e.operands[1], scope), stop = slice_bound(e.operands[2], scope),
+             step = slice_bound(e.operands[3], scope);
+        return get_slice(obj, start, stop, step);
+      }
+      case Expr::Kind::Call: {
+        Value callee = eval(*e.operands[0], scope);
+        if (callee.is_undefined()) fail_undefined(callee);
+        if (!callee.is_function()) fail("'{}' object is not callable", type_name(callee));
+        Args args = eval_args(e, 1, scope);
+        return callee.function().call(args);
+      }
+      case Expr::Kind::Filter: {
+        Value input = eval(*e.operands[0], scope);
+        Args args = eval_args(e, 1, scope);
+        return e.filter(input, args);
+      }
+      case Expr::Kind::Test: {
+        Value subject = eval(*e.operands[0], scope);
+        Args args = eval_args(e, 1, scope);
+        return e.test(subject, args) != e.negated;
+      }
+      case Expr::Kind::Unary: {
+        Value v = eval(*e.operands[0], scope);
+        if (e.name == "not") return !truthy(v);
+        if (v.is_undefined()) fail_undefined(v);
+        if (!v.is_number()) fail("bad operand type for unary {}: '{}'", e.name, type_name(v));
+        if (e.name == "+") return v.is_float() ? v : Value(v.as_int());
+        return v.is_float() ? Value(-v.as_double()) : Value(-v.as_int());
+      }
+      case Expr::Kind::Binary: {
+        Value left = eval(*e.operands[0], scope);
+        if (e.name == "and") return truthy(left) ? eval(*e.operands[1], scope) : left;
+        if (e.name == "or") return truthy(left) ? left : eval(*e.operands[1], scope);
+        Value right = eval(*e.operands[1], scope);
+        if (e.name == "~") return to_str(left) + to_str(right);
+        return arithmetic(e.name, left, right);
+      }
+      case Expr::Kind::Compare: {
+        Value left = eval(*e.operands[0], scope);
+        for (size_t i = 0; i < e.ops.size(); ++i) {
+          Value right = eval(*e.operands[i + 1], scope);
+          if (!compare_op(e.ops[i], left, right)) return false;
+          left = std::move(right);
+        }
+        return true;
+      }
+      case Expr::Kind::Condition:
+        if (truthy(eval(*e.operands[1], scope))) return eval(*e.operands[0], scope);
+        return e.operands[2] ? eval(*e.operands[2], scope) : Value(Undefined{"the if-expression has no else"});
+    }
+    return Value();
+  }
+};
+
+}  // namespace
+
+Template::Template(std::string_view source) : body_(std::make_unique<Body>(parse_template(source))) {}
+Template::Template(Template&&) noexcept = default;
+Template& Template::operator=(Template&&) noexcept = default;
+Template::~Template() = default;
+
+std::string Template::render(const nlohmann::ordered_json& context) const {
+  if (!context.is_object()) fail("chat template context must be a JSON object, got {}", context.type_name());
+  Scope globals;
+  globals.set("range", Value(Function{"range", g_range}));
+  globals.set("namespace", Value(Function{"namespace", g_namespace}));
+  globals.set("dict", Value(Function{"dict", g_dict}));
+  globals.set("raise_exception", Value(Function{"raise_exception", g_raise_exception}));
+  globals.set("strftime_now", Value(Function{"strftime_now", g_strftime_now}));
+  Scope root{&globals, {}};
+  for (const auto& [k, v] : context.items()) root.set(k, from_json(v));
+  std::string out;
+  Renderer(root).exec(*body_, root, out);
+  return out;
+}
+
+}  // namespace ms::jinja
