@@ -66,7 +66,7 @@ void expect_usage_error(const std::string& args, const std::string& reason) {
 TEST(Cli, WrongArgumentsExitTwoWithOneLine) {
   // A model directory that exists, so nothing but the arguments can be at fault.
   const std::string m = "--model " + test::scratch_dir("cli-args");
-  expect_usage_error("", "subcommand");
+  expect_usage_error("", "command is required");
   expect_usage_error("frobnicate", "frobnicate");
   expect_usage_error("logits " + m + " --ids 3,4 --out x.safetensors --bogus", "--bogus");
   expect_usage_error("generate --ids 3,4", "--model");
@@ -76,7 +76,8 @@ TEST(Cli, WrongArgumentsExitTwoWithOneLine) {
   expect_usage_error("generate " + m + " --ids 3,x,5", "'x'");
   expect_usage_error("generate " + m + " --ids 3,,5", "--ids");
   expect_usage_error("generate " + m + " --ids -3", "--ids");
-  expect_usage_error("generate " + m + " --ids 3 --max-tokens -1", "--max-tokens");
+  expect_usage_error("generate " + m + " --ids 3 --max-tokens -1", "--max-tokens: Value -1 not in range 1 to");
+  expect_usage_error("generate " + m + " --ids 3 --max-tokens 0", "--max-tokens");
   expect_usage_error("generate " + m + " --ids 3 --max-tokens many", "--max-tokens");
   expect_usage_error("logits " + m + " --ids 3,4 --out x.safetensors --mtp-hidden middle", "--mtp-hidden");
 }
