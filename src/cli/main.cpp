@@ -7,11 +7,17 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"moestream: Mixture-of-Experts inference that streams experts from disk"};
-  app.require_subcommand(1);
+  // At most one command; "none" is checked after parsing so that an unknown command is
+  // reported by name rather than as a missing one.
+  app.require_subcommand(0, 1);
   app.set_help_all_flag("--help-all", "Help for every command");
   ms::cli::register_model_commands(app);
   try {
     app.parse(argc, argv);
+    if (app.get_subcommands().empty()) {
+      std::fprintf(stderr, "moestream: a command is required (see --help)\n");
+      return 2;
+    }
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

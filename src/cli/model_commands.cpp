@@ -81,7 +81,7 @@ void add_generate(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("--model", a->model, "Model directory")->required();
   cmd->add_option("--ids", a->ids, "Comma-separated prompt token ids")->required();
-  cmd->add_option("--max-tokens", a->max_tokens, "Tokens to generate")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-tokens", a->max_tokens, "Tokens to generate")->check(CLI::Range(1, INT32_MAX));
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past an end-of-sequence token");
   cmd->callback([a] {
     std::vector<int> ids = parse_ids(a->ids);

@@ -1,6 +1,9 @@
 #include "format/config.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,6 +18,12 @@ const char* arch_name(Arch a) { return a == Arch::Qwen3Moe ? "Qwen3MoeForCausalL
 
 namespace {
 
+// An integer that get<int>() returns unchanged (no silent wrap-around of large values).
+bool is_int(const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= uint64_t(INT32_MAX);
+  return v.is_number_integer() && v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+}
+
 // Typed field access that names the file and field on any mismatch.
 class Fields {
  public:
@@ -24,7 +33,7 @@ class Fields {
 
   int integer(const char* key) const {
     const json& v = need(key);
-    if (!v.is_number_integer()) wrong(key, v, "an integer");
+    if (!is_int(v)) wrong(key, v, "a 32-bit integer");
     return v.get<int>();
   }
   int integer(const char* key, int dflt) const { return has(key) ? integer(key) : dflt; }
@@ -64,10 +73,10 @@ std::vector<int> int_list(const Fields& f, const char* key) {
   std::vector<int> r;
   if (!f.has(key)) return r;
   const json& v = f.raw()[key];
-  if (v.is_number_integer()) return {v.get<int>()};
+  if (is_int(v)) return {v.get<int>()};
   if (!v.is_array()) f.wrong(key, v, "an integer or a list of integers");
   for (auto& e : v) {
-    if (!e.is_number_integer()) f.wrong(key, v, "a list of integers");
+    if (!is_int(e)) f.wrong(key, v, "a list of integers");
     r.push_back(e.get<int>());
   }
   return r;
@@ -121,7 +130,7 @@ ModelConfig load_config(const std::string& where) {
   namespace fs = std::filesystem;
   std::string path = fs::is_directory(where) ? (fs::path(where) / "config.json").string() : where;
   std::ifstream in(path);
-  if (!in) fail("{}: cannot open", path);
+  if (!in) fail("{}: cannot open: {}", path, std::strerror(errno));
   json j;
   try {
     j = json::parse(in);
@@ -150,6 +159,8 @@ ModelConfig load_config(const std::string& where) {
   c.head_dim = f.integer("head_dim", c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   read_rope(f, c);
 
+  if (!f.has("num_experts") && !f.has("num_local_experts"))
+    fail("{}: required field 'num_local_experts' (or 'num_experts') is missing", path);
   c.n_experts = f.has("num_experts") ? f.integer("num_experts") : f.integer("num_local_experts");
   c.top_k = f.integer("num_experts_per_tok");
   c.moe_inter = f.integer("moe_intermediate_size");

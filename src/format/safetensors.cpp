@@ -150,9 +150,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
       fail("{}: tensor '{}': unknown dtype {}", path, name, v["dtype"].dump());
     const json& shape = v["shape"];
     if (!shape.is_array()) fail("{}: tensor '{}': shape is not an array", path, name);
+    size_t want = dtype_size(t.dtype);
     for (auto& d : shape) {
       if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape {} is not a list of sizes", path, name, shape.dump());
-      t.shape.push_back(d.get<int64_t>());
+      const uint64_t n = d.get<uint64_t>();
+      // A byte count that overflowed could wrap around to match the data_offsets.
+      if (n > uint64_t(INT64_MAX) || __builtin_mul_overflow(want, n, &want) || want > uint64_t(INT64_MAX))
+        fail("{}: tensor '{}': shape {} is too large", path, name, shape.dump());
+      t.shape.push_back(int64_t(n));
     }
     const json& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
@@ -162,13 +167,13 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
       fail("{}: tensor '{}': data_offsets [{}, {}] out of bounds (data section is {} bytes)", path, name, begin, end,
            data_size);
     t.nbytes = end - begin;
-    size_t want = size_t(t.numel()) * dtype_size(t.dtype);
     if (t.nbytes != want)
       fail("{}: tensor '{}': {} {} needs {} bytes, data_offsets give {}", path, name, dtype_name(t.dtype),
            shape_str(t.shape), want, t.nbytes);
     t.data = map_.data() + data_begin + begin;
     auto [it, inserted] = tensors_.emplace(name, std::move(t));
-    extents.push_back({begin, &it->second});
+    // A 0-byte tensor owns no bytes; writers give it the offset where the next tensor begins.
+    if (it->second.nbytes > 0) extents.push_back({begin, &it->second});
   }
   std::sort(extents.begin(), extents.end(), [](auto& a, auto& b) { return a.first < b.first; });
   for (size_t i = 1; i < extents.size(); ++i) {
