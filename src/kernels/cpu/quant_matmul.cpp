@@ -1,6 +1,6 @@
 // Quantized matmul. Per group of a row, Σ_c x_c·(s·q_c + b) = s·Σ_c x_c·q_c + b·Σ_c x_c, so the
 // decode matvec needs one FMA per weight on the raw integers and Σ x per group once per token.
-// For T > 1 a row is dequantized once into a small tile that all tokens then read.
+// For T > 1 a block of rows is unpacked once into a small tile that all tokens then read.
 //
 // Unpacking: a u32 lane takes one byte (2/4/8 bits: 8/bits values) or one 3-byte unit (3 bits:
 // 8 values); shifting the lanes by bits·j gives a vector whose lane l is value l·vpl + j. Rather
@@ -8,6 +8,7 @@
 #include "kernels/cpu/quant_matmul.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -117,6 +118,12 @@ struct RowRef {
   const uint16_t* biases;
 };
 
+// RowDot and TileDots round identically, so y[t, r] is the same bits whatever T is and
+// whichever rows share a block: the MoE may regroup tokens without changing the answer.
+// Per group: one FMA chain over the group's vectors in decode order (consecutive groups are
+// independent, so out-of-order execution overlaps them), then total += scale·chain and,
+// in scalar, bias_part = fma(bias, Σx, bias_part).
+
 // Σ_c xp[c]·deq(row)[c] for one token, straight from the packed row.
 template <int kBits, int kGroup>
 float RowDot(RowRef row, int groups, const float* HWY_RESTRICT xp, const float* HWY_RESTRICT gsum) {
@@ -126,78 +133,87 @@ float RowDot(RowRef row, int groups, const float* HWY_RESTRICT xp, const float* 
   auto total = hn::Zero(df);
   float bias_part = 0;
   for (int g = 0; g < groups; ++g) {
-    auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);  // two chains hide FMA latency
+    auto acc = hn::Zero(df);
     for (size_t i = 0; i < size_t(kGroup); i += step) {
-      DecodeStep<kBits>(df, q, [&](auto j, auto qf) {
-        const auto xv = hn::LoadU(df, xp + j * N);
-        if constexpr (decltype(j)::value & 1) {
-          acc1 = hn::MulAdd(qf, xv, acc1);
-        } else {
-          acc0 = hn::MulAdd(qf, xv, acc0);
-        }
-      });
+      DecodeStep<kBits>(df, q, [&](size_t j, auto qf) { acc = hn::MulAdd(qf, hn::LoadU(df, xp + j * N), acc); });
       q += N * BytesPerLane(kBits);
       xp += step;
     }
-    total = hn::MulAdd(hn::Set(df, bf16_to_f32(row.scales[g])), hn::Add(acc0, acc1), total);
-    bias_part += bf16_to_f32(row.biases[g]) * gsum[g];
+    total = hn::MulAdd(hn::Set(df, bf16_to_f32(row.scales[g])), acc, total);
+    bias_part = std::fma(bf16_to_f32(row.biases[g]), gsum[g], bias_part);
   }
   return hn::GetLane(hn::SumOfLanes(df, total)) + bias_part;
 }
 
-// tile[c] = deq(row)[c], in decode order.
+// tile[c] = q[c] as float, in decode order.
 template <int kBits, int kGroup>
-void DequantizeRow(RowRef row, int groups, float* HWY_RESTRICT tile) {
+void UnpackRow(RowRef row, int cols, float* HWY_RESTRICT tile) {
   const GroupTag<kBits, kGroup> df;
   const size_t N = hn::Lanes(df), step = N * ValuesPerLane(kBits);
   const uint8_t* q = row.q;
-  for (int g = 0; g < groups; ++g) {
-    const auto scale = hn::Set(df, bf16_to_f32(row.scales[g]));
-    const auto bias = hn::Set(df, bf16_to_f32(row.biases[g]));
-    for (size_t i = 0; i < size_t(kGroup); i += step) {
-      DecodeStep<kBits>(df, q, [&](size_t j, auto qf) { hn::StoreU(hn::MulAdd(qf, scale, bias), df, tile + j * N); });
-      q += N * BytesPerLane(kBits);
-      tile += step;
-    }
+  for (size_t i = 0; i < size_t(cols); i += step) {
+    DecodeStep<kBits>(df, q, [&](size_t j, auto qf) { hn::StoreU(qf, df, tile + j * N); });
+    q += N * BytesPerLane(kBits);
+    tile += step;
   }
 }
 
-// Rows dequantized together for T > 1. Their kRowBlock × 4 accumulators plus kRowBlock + 1
-// operands fit the register file (32 vectors on AVX-512, 16 on AVX2), and x, which may not
-// fit L1, is streamed once per block instead of once per row.
+// Rows unpacked together for T > 1: x (T·cols floats, often beyond L1) is streamed once per
+// block instead of once per row, which is what limits this path. On AVX-512 4 rows measured
+// 1.5-2× faster than 2 even though 4 × 4 × 2 accumulators spill some registers.
 constexpr size_t kRowBlock = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 
-// y[t·rows + r] = tile[r] · xp[t] for kT tokens and kR rows: each load feeds kT or kR FMAs.
-template <int kT, int kR, class DF>
-void TileDots(DF df, const float* HWY_RESTRICT tile, int cols, const float* HWY_RESTRICT xp, float* y,
-              size_t rows) {
+// y[t·rows + r] = RowDot(row r, xp[t]) for kT tokens and kR rows from unpacked tiles: each
+// load feeds kT or kR FMAs.
+template <int kT, int kR, int kGroup, class DF>
+void TileDots(DF df, const float* HWY_RESTRICT tile, const RowRef* row, int cols, const float* HWY_RESTRICT xp,
+              const float* HWY_RESTRICT gsum, float* y, size_t rows) {
   const size_t N = hn::Lanes(df);
-  hn::Vec<DF> acc[kT][kR];
-  for (auto& per_token : acc)
-    for (auto& a : per_token) a = hn::Zero(df);
-  for (size_t c = 0; c < size_t(cols); c += N) {
-    hn::Vec<DF> w[kR];
-    for (int r = 0; r < kR; ++r) w[r] = hn::LoadU(df, tile + size_t(r) * size_t(cols) + c);
-    for (int t = 0; t < kT; ++t) {
-      const auto xv = hn::LoadU(df, xp + size_t(t) * size_t(cols) + c);
-      for (int r = 0; r < kR; ++r) acc[t][r] = hn::MulAdd(w[r], xv, acc[t][r]);
+  const int groups = cols / kGroup;
+  hn::Vec<DF> total[kT][kR];
+  float bias_part[kT][kR];
+  for (int t = 0; t < kT; ++t)
+    for (int r = 0; r < kR; ++r) total[t][r] = hn::Zero(df), bias_part[t][r] = 0;
+  for (int g = 0; g < groups; ++g) {
+    hn::Vec<DF> acc[kT][kR];
+    for (auto& per_token : acc)
+      for (auto& a : per_token) a = hn::Zero(df);
+    for (size_t c = size_t(g) * kGroup; c < size_t(g + 1) * kGroup; c += N) {
+      hn::Vec<DF> w[kR];
+      for (int r = 0; r < kR; ++r) w[r] = hn::LoadU(df, tile + size_t(r) * size_t(cols) + c);
+      for (int t = 0; t < kT; ++t) {
+        const auto xv = hn::LoadU(df, xp + size_t(t) * size_t(cols) + c);
+        for (int r = 0; r < kR; ++r) acc[t][r] = hn::MulAdd(w[r], xv, acc[t][r]);
+      }
+    }
+    for (int r = 0; r < kR; ++r) {
+      const auto scale = hn::Set(df, bf16_to_f32(row[r].scales[g]));
+      const float bias = bf16_to_f32(row[r].biases[g]);
+      for (int t = 0; t < kT; ++t) {
+        total[t][r] = hn::MulAdd(scale, acc[t][r], total[t][r]);
+        bias_part[t][r] = std::fma(bias, gsum[size_t(t) * size_t(groups) + size_t(g)], bias_part[t][r]);
+      }
     }
   }
   for (int t = 0; t < kT; ++t)
-    for (int r = 0; r < kR; ++r) y[size_t(t) * rows + size_t(r)] = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
+    for (int r = 0; r < kR; ++r)
+      y[size_t(t) * rows + size_t(r)] = hn::GetLane(hn::SumOfLanes(df, total[t][r])) + bias_part[t][r];
 }
 
-// All T tokens against kR dequantized rows, four tokens at a time.
-template <int kR, class DF>
-void TokenBlocks(DF df, const float* tile, int cols, const float* xp, int T, float* y, size_t rows) {
+// All T tokens against kR unpacked rows, four tokens at a time.
+template <int kR, int kGroup, class DF>
+void TokenBlocks(DF df, const float* tile, const RowRef* row, int cols, const float* xp, const float* gsum, int T,
+                 float* y, size_t rows) {
+  const size_t groups = size_t(cols / kGroup);
   for (int t = 0; t < T; t += 4) {
     const float* xt = xp + size_t(t) * size_t(cols);
+    const float* st = gsum + size_t(t) * groups;
     float* yt = y + size_t(t) * rows;
     switch (std::min(4, T - t)) {
-      case 4: TileDots<4, kR>(df, tile, cols, xt, yt, rows); break;
-      case 3: TileDots<3, kR>(df, tile, cols, xt, yt, rows); break;
-      case 2: TileDots<2, kR>(df, tile, cols, xt, yt, rows); break;
-      default: TileDots<1, kR>(df, tile, cols, xt, yt, rows); break;
+      case 4: TileDots<4, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows); break;
+      case 3: TileDots<3, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows); break;
+      case 2: TileDots<2, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows); break;
+      default: TileDots<1, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows); break;
     }
   }
 }
@@ -234,12 +250,15 @@ void MatmulQuantTyped(const float* x, int T, const QuantMat& W, float* y) {
     tile.resize(kRowBlock * size_t(cols));
     for (size_t r = r0; r < r1;) {
       const size_t nr = r1 - r >= kRowBlock ? kRowBlock : 1;
-      for (size_t i = 0; i < nr; ++i)
-        DequantizeRow<kBits, kGroup>(row_at(r + i), groups, tile.data() + i * size_t(cols));
+      RowRef block[kRowBlock];
+      for (size_t i = 0; i < nr; ++i) {
+        block[i] = row_at(r + i);
+        UnpackRow<kBits, kGroup>(block[i], cols, tile.data() + i * size_t(cols));
+      }
       if (nr == kRowBlock) {
-        TokenBlocks<kRowBlock>(df, tile.data(), cols, xs, T, y + r, rows);
+        TokenBlocks<kRowBlock, kGroup>(df, tile.data(), block, cols, xs, sums, T, y + r, rows);
       } else {
-        TokenBlocks<1>(df, tile.data(), cols, xs, T, y + r, rows);
+        TokenBlocks<1, kGroup>(df, tile.data(), block, cols, xs, sums, T, y + r, rows);
       }
       r += nr;
     }

@@ -98,6 +98,32 @@ TEST(MatmulQuant, MatchesReferenceEveryBitsGroupAndT) {
           check_case({bits, group, rows, group * k, T}, seed++);
 }
 
+// The MoE regroups tokens per expert: a token's output must not depend on its batch.
+TEST(MatmulQuant, OutputBitsIndependentOfBatch) {
+  const int T = 7;
+  for (int bits : {2, 3, 4, 8}) {
+    const int rows = 45, cols = 256, group = 64;
+    std::mt19937 rng{uint32_t(bits)};
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> w(size_t(rows) * cols), x(size_t(T) * cols);
+    for (auto& v : w) v = normal(rng);
+    for (auto& v : x) v = normal(rng);
+    QuantBuffer qb = quantize(w.data(), rows, cols, bits, group);
+    for (int64_t target : kernel_targets()) {
+      hwy::SetSupportedTargetsForTest(target);
+      std::vector<float> batch(size_t(T) * rows), one(static_cast<size_t>(rows));
+      cpu::matmul_quant(x.data(), T, qb.view(), batch.data());
+      for (int t = 0; t < T; ++t) {
+        cpu::matmul_quant(x.data() + size_t(t) * cols, 1, qb.view(), one.data());
+        for (int r = 0; r < rows; ++r)
+          ASSERT_EQ(one[size_t(r)], batch[size_t(t) * rows + size_t(r)])
+              << hwy::TargetName(target) << " bits " << bits << " t " << t << " r " << r;
+      }
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
+}
+
 TEST(MatmulQuant, LargeMatrixThreaded) {
   check_case({4, 64, 1000, 2048, 1}, 99);
   check_case({3, 32, 515, 1024, 3}, 100);
