@@ -189,6 +189,22 @@ TEST(GatedDeltaRule, ChunkedMatchesReference) {
               worst_chunked, worst_reference);
 }
 
+// Worst cases for the chunk's triangular solve: no decay, beta near 1, and keys that repeat or
+// nearly repeat, so that A = beta k_r·k_s is close to all ones below the diagonal.
+TEST(GatedDeltaRule, ChunkedMatchesReferenceWithRepeatedKeys) {
+  for (float spread : {0.0f, 0.01f, 0.3f}) {
+    SCOPED_TRACE(testing::Message() << "spread=" << spread);
+    DeltaCase c = make_case(150, 1, 2, 32, 32, true, 21);
+    Rng rng(22);
+    for (size_t i = 0; i < c.k.size(); ++i) c.k[i] = c.k[i % 32] + spread * rng.normal();
+    normalise_rows(c.k, 32, 1.0);
+    std::fill(c.g.begin(), c.g.end(), 0.0f);
+    std::fill(c.beta.begin(), c.beta.end(), 0.999f);
+    const DeltaResult ref = run_reference(c);
+    for_each_simd_target([&] { expect_close(run_chunked(c), ref, "chunked vs reference"); });
+  }
+}
+
 // A prompt split across calls (prefill pieces, then token-by-token decode) continues from the
 // carried state exactly as one call would.
 TEST(GatedDeltaRule, SplitCallsMatchOneCall) {
