@@ -1,10 +1,12 @@
-// Gated DeltaNet kernels. The hot loops are plain C++ compiled once per SIMD target by Highway's
-// foreach_target (so the compiler vectorises them for AVX2 / AVX-512 as well as the baseline) and
-// picked at run time; the references below them stay scalar and obvious.
+// Gated DeltaNet kernels. The hot loops are compiled once per SIMD target by Highway's
+// foreach_target and picked at run time: plain C++ that the compiler vectorises for each target,
+// except the matmul tile, written with Highway ops. The references stay scalar and obvious.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/deltanet.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+// Highway's vector exp; after foreach_target so that it is compiled for each target.
+#include <hwy/contrib/math/math-inl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,8 +22,6 @@ namespace ms::cpu::deltanet_detail {
 
 constexpr int kChunk = 64;  // tokens per chunk of the chunked delta rule (HF's chunk_size)
 
-inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
-
 // Value heads share key heads in groups (HF repeat_interleave): value head h reads key head h / group.
 inline int key_head_group(int n_k_heads, int n_v_heads) {
   if (n_k_heads <= 0 || n_v_heads <= 0 || n_v_heads % n_k_heads != 0)
@@ -36,34 +36,83 @@ HWY_BEFORE_NAMESPACE();
 namespace ms::cpu::HWY_NAMESPACE {
 using namespace ms::cpu::deltanet_detail;
 
-// Register tile of the small matmuls: kTileRows rows by two vectors' worth of columns.
-constexpr int kTileRows = 4;
-constexpr int kTileCols = 2 * int(HWY_MAX_BYTES / sizeof(float));
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
 
-// C[R, cols] += alpha * A[R, P] · B[P, cols], A(r, p) = a[r * a_rs + p * a_cs]. With cols ==
-// kTileCols the accumulators are a fixed-size array the compiler keeps in vector registers.
-template <int R, bool kFull>
+// silu(x) = x * sigmoid(x), from e = exp(-|x|) <= 1 so that nothing overflows:
+// sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) for x < 0.
+hn::Vec<DF> Silu(DF d, hn::Vec<DF> x) {
+  const auto e = hn::Exp(d, hn::Neg(hn::Abs(x)));
+  const auto r = hn::Div(hn::Set(d, 1.0f), hn::Add(hn::Set(d, 1.0f), e));
+  return hn::Mul(x, hn::IfThenElse(hn::Lt(x, hn::Zero(d)), hn::Mul(e, r), r));
+}
+
+// out[i] = silu(in[i]); the tail goes through the same vector code (padded), so a value's
+// result does not depend on where in a row it sits. in may equal out.
+void SiluRow(const float* in, float* out, size_t n) {
+  const DF d;
+  const size_t L = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(Silu(d, hn::LoadU(d, in + i)), d, out + i);
+  if (i < n) {
+    HWY_ALIGN float pad[HWY_LANES(float)] = {};
+    std::copy(in + i, in + n, pad);
+    hn::Store(Silu(d, hn::Load(d, pad)), d, pad);
+    std::copy_n(pad, n - i, out + i);
+  }
+}
+
+// Register tile of the small matmuls: kTileRows rows by two vectors of columns. Written with
+// Highway ops because the compiler's own vectorisation of it differs by target (for AVX2 it
+// chose shuffles across p and ran 10x slower than AVX-512).
+constexpr int kTileRows = 4;
+constexpr int kTileCols = 2 * int(HWY_LANES(float));
+
+// C[R, kTileCols] += alpha * A[R, P] · B[P, kTileCols], A(r, p) = a[r * a_rs + p * a_cs].
+template <int R>
 void MatmulTile(const float* a, size_t a_rs, size_t a_cs, int P, const float* b, size_t ldb, float alpha,
-                float* c, size_t ldc, int cols) {
-  const int n = kFull ? kTileCols : cols;
-  float acc[R][kTileCols] = {};
+                float* c, size_t ldc) {
+  const DF d;
+  const size_t L = hn::Lanes(d);
+  hn::Vec<DF> acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = hn::Zero(d);
   for (int p = 0; p < P; ++p) {
     const float* bp = b + size_t(p) * ldb;
+    const auto b0 = hn::LoadU(d, bp), b1 = hn::LoadU(d, bp + L);
     for (int r = 0; r < R; ++r) {
-      const float ar = a[size_t(r) * a_rs + size_t(p) * a_cs];
-      for (int j = 0; j < n; ++j) acc[r][j] += ar * bp[j];
+      const auto ar = hn::Set(d, a[size_t(r) * a_rs + size_t(p) * a_cs]);
+      acc[r][0] = hn::MulAdd(ar, b0, acc[r][0]);
+      acc[r][1] = hn::MulAdd(ar, b1, acc[r][1]);
     }
   }
+  const auto va = hn::Set(d, alpha);
+  for (int r = 0; r < R; ++r) {
+    float* cr = c + size_t(r) * ldc;
+    hn::StoreU(hn::MulAdd(va, acc[r][0], hn::LoadU(d, cr)), d, cr);
+    hn::StoreU(hn::MulAdd(va, acc[r][1], hn::LoadU(d, cr + L)), d, cr + L);
+  }
+}
+
+// The same for cols <= kTileCols columns, plainly (the last columns of a row block).
+template <int R>
+void MatmulTileTail(const float* a, size_t a_rs, size_t a_cs, int P, const float* b, size_t ldb, float alpha,
+                    float* c, size_t ldc, int cols) {
+  float acc[R][kTileCols] = {};
+  for (int p = 0; p < P; ++p)
+    for (int r = 0; r < R; ++r) {
+      const float ar = a[size_t(r) * a_rs + size_t(p) * a_cs];
+      for (int j = 0; j < cols; ++j) acc[r][j] += ar * b[size_t(p) * ldb + j];
+    }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < n; ++j) c[size_t(r) * ldc + j] += alpha * acc[r][j];
+    for (int j = 0; j < cols; ++j) c[size_t(r) * ldc + j] += alpha * acc[r][j];
 }
 
 template <int R>
 void MatmulRowBlock(const float* a, size_t a_rs, size_t a_cs, int P, const float* b, size_t ldb, float alpha,
                     float* c, size_t ldc, int N) {
   int j = 0;
-  for (; j + kTileCols <= N; j += kTileCols) MatmulTile<R, true>(a, a_rs, a_cs, P, b + j, ldb, alpha, c + j, ldc, 0);
-  if (j < N) MatmulTile<R, false>(a, a_rs, a_cs, P, b + j, ldb, alpha, c + j, ldc, N - j);
+  for (; j + kTileCols <= N; j += kTileCols) MatmulTile<R>(a, a_rs, a_cs, P, b + j, ldb, alpha, c + j, ldc);
+  if (j < N) MatmulTileTail<R>(a, a_rs, a_cs, P, b + j, ldb, alpha, c + j, ldc, N - j);
 }
 
 // C[M, N] += alpha * A[M, P] · B[P, N]; A(i, p) = a[i * a_rs + p * a_cs] (strides let a transposed
@@ -71,6 +120,15 @@ void MatmulRowBlock(const float* a, size_t a_rs, size_t a_cs, int P, const float
 // lower triangular (A(i, p) == 0 for p > i), and those terms are skipped.
 void Matmul(const float* a, size_t a_rs, size_t a_cs, const float* b, size_t ldb, float* c, size_t ldc, int M,
             int P, int N, float alpha, bool lower) {
+#if HWY_TARGET == HWY_SCALAR
+  // GCC 12's SLP vectoriser turns the 4 x 2 register tile of this (SSE2-only) target into loads
+  // one row of B past the last row (a segfault at a page end), so it takes plain loops instead.
+  for (int i = 0; i < M; ++i)
+    for (int p = 0; p < (lower ? std::min(P, i + 1) : P); ++p) {
+      const float ap = alpha * a[size_t(i) * a_rs + size_t(p) * a_cs];
+      for (int j = 0; j < N; ++j) c[size_t(i) * ldc + j] += ap * b[size_t(p) * ldb + j];
+    }
+#else
   for (int i = 0; i < M; i += kTileRows) {
     const int rows = std::min(kTileRows, M - i);
     const int depth = lower ? std::min(P, i + rows) : P;
@@ -83,6 +141,7 @@ void Matmul(const float* a, size_t a_rs, size_t a_cs, const float* b, size_t ldb
       default: MatmulRowBlock<1>(ai, a_rs, a_cs, depth, b, ldb, alpha, ci, ldc, N); break;
     }
   }
+#endif
 }
 
 // One chunk's working set for one value head (C = kChunk rows at most, n rows used).
@@ -90,12 +149,13 @@ struct ChunkScratch {
   ChunkScratch(int dk, int dv)
       : q(size_t(kChunk) * dk), k(size_t(kChunk) * dk), kt(size_t(dk) * kChunk), kk(size_t(kChunk) * kChunk),
         qk(size_t(kChunk) * kChunk), tinv(size_t(kChunk) * kChunk), rhs(size_t(kChunk) * (dv + dk)),
-        uw(size_t(kChunk) * (dv + dk)), G(kChunk) {}
+        uw(size_t(kChunk) * (dv + dk)), G(kChunk), gamma(kChunk) {}
   std::vector<float> q, k, kt;  // the chunk's q and k rows, and k transposed [dk, C]
   std::vector<float> kk, qk;    // k_r·k_s and q_r·k_s, [C, C]
   std::vector<float> tinv;      // (I + A)^-1, unit lower triangular [C, C]
   std::vector<float> rhs, uw;   // [beta v | beta gamma k] and T times it: [U | W], rows of dv + dk
   std::vector<double> G;        // cumulative log-decay within the chunk
+  std::vector<float> gamma;     // exp(G)
 };
 
 // Tokens [t0, t0 + n) of value head h: with S the state before the chunk, G_r the cumulative
@@ -118,6 +178,7 @@ void DeltaChunk(const float* q, const float* k, const float* v, const float* g, 
     std::copy_n(k + (t * n_k_heads + kh) * dk, dk, &w.k[size_t(r) * dk]);
     for (int i = 0; i < dk; ++i) w.kt[size_t(i) * C + r] = w.k[size_t(r) * dk + i];
     w.G[r] = (r ? w.G[r - 1] : 0.0) + double(g[t * n_v_heads + h]);
+    w.gamma[r] = float(std::exp(w.G[r]));
   }
 
   // k_r·k_s and q_r·k_s for all r, s (the upper triangles are computed but never read).
@@ -135,7 +196,7 @@ void DeltaChunk(const float* q, const float* k, const float* v, const float* g, 
     std::fill_n(t_r, C, 0.0f);
     t_r[r] = 1.0f;
     for (int p = 0; p < r; ++p) {
-      const float decay = float(std::exp(w.G[r] - w.G[p]));
+      const float decay = std::exp(float(w.G[r] - w.G[p]));
       qk_r[p] *= decay;
       const float a = b * decay * w.kk[size_t(r) * C + p];
       const float* t_p = &w.tinv[size_t(p) * C];
@@ -144,7 +205,7 @@ void DeltaChunk(const float* q, const float* k, const float* v, const float* g, 
     std::fill(qk_r + r + 1, qk_r + C, 0.0f);
 
     // rhs row r = [beta v_r | beta gamma_r k_r]
-    const float gamma = float(std::exp(w.G[r]));
+    const float gamma = w.gamma[r];
     const float* v_r = v + (size_t(t0 + r) * n_v_heads + h) * dv;
     float* rhs_r = &w.rhs[size_t(r) * W];
     for (int j = 0; j < dv; ++j) rhs_r[j] = b * v_r[j];
@@ -160,8 +221,7 @@ void DeltaChunk(const float* q, const float* k, const float* v, const float* g, 
   const size_t ldo = size_t(n_v_heads) * dv;
   float* o = out + (size_t(t0) * n_v_heads + h) * dv;
   for (int r = 0; r < n; ++r) {
-    const float gamma = float(std::exp(w.G[r]));
-    for (int i = 0; i < dk; ++i) w.q[size_t(r) * dk + i] *= gamma;
+    for (int i = 0; i < dk; ++i) w.q[size_t(r) * dk + i] *= w.gamma[r];
     std::fill_n(o + r * ldo, dv, 0.0f);
   }
   Matmul(w.q.data(), dk, 1, S, dv, o, ldo, n, dk, dv, 1.0f, false);
@@ -173,7 +233,7 @@ void DeltaChunk(const float* q, const float* k, const float* v, const float* g, 
     const float decay = float(std::exp(G_last - w.G[r]));
     for (int i = 0; i < dk; ++i) w.k[size_t(r) * dk + i] *= decay;
   }
-  const float gamma_last = float(std::exp(G_last));
+  const float gamma_last = w.gamma[n - 1];
   for (size_t e = 0; e < size_t(dk) * dv; ++e) S[e] *= gamma_last;
   Matmul(w.k.data(), 1, dk, w.uw.data(), W, S, dv, dk, n, dv, 1.0f, false);
 }
@@ -241,12 +301,25 @@ void ConvChannels(const float* x, int T, int C, const float* w, int K, float* st
       const float* wr = &wt[size_t(j) * nc];
       for (int c = 0; c < nc; ++c) acc[size_t(c)] += wr[c] * xr[c];
     }
-    float* o = out + size_t(t) * C + c0;
-    for (int c = 0; c < nc; ++c) o[c] = silu(acc[size_t(c)]);
+    SiluRow(acc.data(), out + size_t(t) * C + c0, size_t(nc));
   }
   for (int j = 0; j < H; ++j) {
     const float* xr = row(T + j);
     for (int c = 0; c < nc; ++c) state[size_t(c0 + c) * H + j] = xr[c];
+  }
+}
+
+// Rows [r0, r1) of rmsnorm_gated.
+void RmsNormGatedRows(const float* x, const float* z, const float* w, int dim, float eps, float* out, size_t r0,
+                      size_t r1) {
+  for (size_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * dim;
+    float* o = out + r * dim;
+    double ss = 0.0;
+    for (int i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+    const float inv = float(1.0 / std::sqrt(ss / dim + double(eps)));
+    SiluRow(z + r * dim, o, size_t(dim));
+    for (int i = 0; i < dim; ++i) o[i] *= w[i] * (xr[i] * inv);
   }
 }
 
@@ -259,6 +332,7 @@ using namespace deltanet_detail;
 
 HWY_EXPORT(DeltaHeads);
 HWY_EXPORT(ConvChannels);
+HWY_EXPORT(RmsNormGatedRows);
 
 void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* state, float* out) {
   if (K < 1) fail("causal_conv1d_silu: kernel size {} < 1", K);
@@ -341,17 +415,7 @@ void l2norm_heads(float* x, int rows, int dim, float eps) {
 void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) {
   ThreadPool::global().parallel_for(
       size_t(std::max(0, rows)),
-      [&](size_t r0, size_t r1) {
-        for (size_t r = r0; r < r1; ++r) {
-          const float* xr = x + r * dim;
-          const float* zr = z + r * dim;
-          float* o = out + r * dim;
-          double ss = 0.0;
-          for (int i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
-          const float inv = float(1.0 / std::sqrt(ss / dim + double(eps)));
-          for (int i = 0; i < dim; ++i) o[i] = w[i] * (xr[i] * inv) * silu(zr[i]);
-        }
-      },
+      [&](size_t r0, size_t r1) { HWY_DYNAMIC_DISPATCH(RmsNormGatedRows)(x, z, w, dim, eps, out, r0, r1); },
       norm_grain(dim));
 }
 

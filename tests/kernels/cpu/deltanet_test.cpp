@@ -1,11 +1,13 @@
 #include "kernels/cpu/deltanet.h"
 
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <random>
 #include <vector>
 
@@ -40,6 +42,18 @@ float max_abs_diff(const float* a, const float* b, size_t n) {
   return m;
 }
 float max_abs_diff(const Vec& a, const Vec& b) { return max_abs_diff(a.data(), b.data(), a.size()); }
+
+// Runs body once for each SIMD target compiled in and supported by this CPU (the kernels'
+// loops are compiled once per target, so each gets tested), then restores normal dispatch.
+template <class F>
+void for_each_simd_target(F&& body) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    body();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
 
 double softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
@@ -159,17 +173,36 @@ TEST(GatedDeltaRule, ChunkedMatchesReference) {
           SCOPED_TRACE(testing::Message() << "T=" << T << " hk=" << hd.hk << " hv=" << hd.hv << " dk=" << dd.dk
                                           << " dv=" << dd.dv << " state=" << random_state);
           const DeltaCase c = make_case(T, hd.hk, hd.hv, dd.dk, dd.dv, random_state, seed++);
-          const DeltaResult chunked = run_chunked(c), ref = run_reference(c), exact = run_double(c);
-          expect_close(chunked, ref, "chunked vs reference");
+          const DeltaResult ref = run_reference(c), exact = run_double(c);
           expect_close(ref, exact, "reference vs double");
           const float scale = std::max({1.0f, max_abs(exact.out), max_abs(exact.state)});
-          worst_chunked = std::max({worst_chunked, max_abs_diff(chunked.out, exact.out) / scale,
-                                    max_abs_diff(chunked.state, exact.state) / scale});
+          for_each_simd_target([&] {
+            const DeltaResult chunked = run_chunked(c);
+            expect_close(chunked, ref, "chunked vs reference");
+            worst_chunked = std::max({worst_chunked, max_abs_diff(chunked.out, exact.out) / scale,
+                                      max_abs_diff(chunked.state, exact.state) / scale});
+          });
           worst_reference = std::max({worst_reference, max_abs_diff(ref.out, exact.out) / scale,
                                       max_abs_diff(ref.state, exact.state) / scale});
         }
   std::printf("worst relative error against the double recurrence: chunked %.3g, reference %.3g\n",
               worst_chunked, worst_reference);
+}
+
+// Worst cases for the chunk's triangular solve: no decay, beta near 1, and keys that repeat or
+// nearly repeat, so that A = beta k_r·k_s is close to all ones below the diagonal.
+TEST(GatedDeltaRule, ChunkedMatchesReferenceWithRepeatedKeys) {
+  for (float spread : {0.0f, 0.01f, 0.3f}) {
+    SCOPED_TRACE(testing::Message() << "spread=" << spread);
+    DeltaCase c = make_case(150, 1, 2, 32, 32, true, 21);
+    Rng rng(22);
+    for (size_t i = 0; i < c.k.size(); ++i) c.k[i] = c.k[i % 32] + spread * rng.normal();
+    normalise_rows(c.k, 32, 1.0);
+    std::fill(c.g.begin(), c.g.end(), 0.0f);
+    std::fill(c.beta.begin(), c.beta.end(), 0.999f);
+    const DeltaResult ref = run_reference(c);
+    for_each_simd_target([&] { expect_close(run_chunked(c), ref, "chunked vs reference"); });
+  }
 }
 
 // A prompt split across calls (prefill pieces, then token-by-token decode) continues from the
@@ -259,12 +292,32 @@ TEST(CausalConv1dSilu, MatchesNaive) {
           Rng rng(seed++);
           const Vec x = rng.normals(size_t(T) * C), w = rng.normals(size_t(C) * K, 0.5f);
           const Vec state = random_state ? rng.normals(size_t(C) * (K - 1)) : Vec(size_t(C) * (K - 1), 0.0f);
-          const ConvResult got = conv_kernel(x, T, C, w, K, state), want = conv_naive(x, T, C, w, K, state);
-          // A sum of K products, then SiLU: a few float32 roundings.
-          for (size_t i = 0; i < want.out.size(); ++i)
-            ASSERT_NEAR(got.out[i], want.out[i], 2e-6f * std::max(1.0f, std::abs(want.out[i]))) << "i=" << i;
-          EXPECT_EQ(got.state, want.state);
+          const ConvResult want = conv_naive(x, T, C, w, K, state);
+          for_each_simd_target([&] {
+            const ConvResult got = conv_kernel(x, T, C, w, K, state);
+            // A sum of K products, then SiLU: a few float32 roundings.
+            for (size_t i = 0; i < want.out.size(); ++i)
+              ASSERT_NEAR(got.out[i], want.out[i], 2e-6f * std::max(1.0f, std::abs(want.out[i]))) << "i=" << i;
+            EXPECT_EQ(got.state, want.state);
+          });
         }
+}
+
+// SiLU over the whole float range (K = 1, w = 1 makes the conv the identity): large |x| must
+// neither overflow nor lose accuracy, and every position of a row is computed alike.
+TEST(CausalConv1dSilu, SiluAccurateOverFullRange) {
+  Vec x;
+  for (float v = -120.0f; v <= 120.0f; v += 0.037f) x.push_back(v);
+  for (float v : {-3e38f, -1e4f, -88.8f, -1e-30f, 0.0f, 1e-30f, 88.8f, 1e4f, 3e38f}) x.push_back(v);
+  const int C = int(x.size());
+  const Vec w(size_t(C), 1.0f);
+  for_each_simd_target([&] {
+    const ConvResult got = conv_kernel(x, 1, C, w, 1, {});
+    for (int c = 0; c < C; ++c) {
+      const double want = x[c] / (1.0 + std::exp(-double(x[c])));
+      ASSERT_NEAR(got.out[c], want, 4e-7 * std::max(1e-30, std::abs(want)) + 1e-38) << "x=" << x[c];
+    }
+  });
 }
 
 TEST(CausalConv1dSilu, SplitCallsMatchOneCall) {
@@ -326,12 +379,20 @@ TEST(RmsNormGated, MatchesNaive) {
 
 // ---- timing (run with --gtest_also_run_disabled_tests) ----
 
+// Seconds per call: wall time, and the process's CPU time (the steadier measure of one thread on
+// a shared machine).
+struct Timing {
+  double wall, cpu;
+};
+
 template <class F>
-double seconds(F&& f, int reps) {
+Timing time_calls(F&& f, int reps) {
   f();  // warm up
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto w0 = std::chrono::steady_clock::now();
+  const std::clock_t c0 = std::clock();
   for (int i = 0; i < reps; ++i) f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+  return {std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() / reps,
+          double(std::clock() - c0) / CLOCKS_PER_SEC / reps};
 }
 
 TEST(GatedDeltaRule, DISABLED_Timing) {
@@ -357,16 +418,17 @@ TEST(GatedDeltaRule, DISABLED_Timing) {
       ms::cpu::gated_delta_rule_reference(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.T,
                                           c.hk, c.hv, c.dk, c.dv, r.state.data(), r.out.data());
     };
-    const double t_chunked_n = seconds(chunked, 5), t_step_n = seconds(stepwise, 3);
+    const Timing chunked_n = time_calls(chunked, 10);
     ms::ThreadPool::set_global_threads(1);
-    const double t_chunked_1 = seconds(chunked, 3), t_step_1 = seconds(stepwise, 2), t_ref = seconds(reference, 1);
+    const Timing chunked_1 = time_calls(chunked, 10), step_1 = time_calls(stepwise, 3),
+                 ref_1 = time_calls(reference, 2);
     ms::ThreadPool::set_global_threads(threads);
     const double flops = 2.0 * 3 * c.T * c.hv * c.dk * c.dv;  // the three [T, dk] x [dk, dv] products
     std::printf(
-        "T=512 hk=%d hv=%d dk=dv=128: reference %.1f ms (1 thread); chunked %.1f ms (1 thread, %.1f GFLOP/s), "
-        "%.1f ms (%d threads); recurrent T=1 calls %.1f ms (1 thread), %.1f ms (%d threads)\n",
-        s.hk, s.hv, t_ref * 1e3, t_chunked_1 * 1e3, flops / t_chunked_1 * 1e-9, t_chunked_n * 1e3, threads,
-        t_step_1 * 1e3, t_step_n * 1e3, threads);
+        "T=512 hk=%d hv=%d dk=dv=128, one thread (CPU ms): reference %.1f, recurrent T=1 calls %.1f, chunked %.1f "
+        "(%.1f GFLOP/s); chunked on %d threads: %.1f ms wall\n",
+        s.hk, s.hv, ref_1.cpu * 1e3, step_1.cpu * 1e3, chunked_1.cpu * 1e3, flops / chunked_1.cpu * 1e-9, threads,
+        chunked_n.wall * 1e3);
   }
 }
 
