@@ -1,14 +1,31 @@
 #include "tokenizer/bpe.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace ms {
 
 namespace {
 
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-constexpr size_t kCacheMaxWords = size_t(1) << 17;
+constexpr size_t kCacheSlots = size_t(1) << 18;  // at most half of them are filled
 constexpr size_t kCacheMaxWordBytes = 256;
+
+uint64_t hash_word(std::string_view w) {
+  uint64_t h = 0x243F6A8885A308D3ull ^ w.size();
+  size_t i = 0;
+  for (; i + 8 <= w.size(); i += 8) {
+    uint64_t v;
+    std::memcpy(&v, w.data() + i, 8);
+    h = (h ^ v) * kGolden;
+    h ^= h >> 32;
+  }
+  uint64_t tail = 0;
+  std::memcpy(&tail, w.data() + i, w.size() - i);
+  h = (h ^ tail) * kGolden;
+  h ^= h >> 29;
+  return h | 1;  // never 0, which marks an empty slot
+}
 
 uint64_t pair_key(int left, int right) {
   return (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
@@ -118,26 +135,47 @@ void Bpe::encode_word(std::string_view word, std::vector<int>& out) const {
       return;
     }
   }
-  bool cacheable = word.size() <= kCacheMaxWordBytes;
-  if (cacheable) {
-    std::lock_guard lock(cache_mutex_);
-    auto it = cache_.find(word);
-    if (it != cache_.end()) {
-      auto [offset, count] = it->second;
-      out.insert(out.end(), cache_ids_.begin() + offset, cache_ids_.begin() + offset + count);
-      return;
-    }
+  if (word.size() > kCacheMaxWordBytes) {
+    merge_word(word, out);
+    return;
   }
+  uint64_t hash = hash_word(word);
+  if (cache_lookup(word, hash, out)) return;
   size_t first = out.size();
   merge_word(word, out);
-  if (cacheable) {
-    std::lock_guard lock(cache_mutex_);
-    if (cache_.size() < kCacheMaxWords) {
-      auto [it, inserted] = cache_.try_emplace(std::string(word), uint32_t(cache_ids_.size()),
-                                               uint32_t(out.size() - first));
-      if (inserted) cache_ids_.insert(cache_ids_.end(), out.begin() + long(first), out.end());
+  cache_insert(word, hash, out.data() + first, out.size() - first);
+}
+
+bool Bpe::cache_lookup(std::string_view word, uint64_t hash, std::vector<int>& out) const {
+  std::lock_guard lock(cache_mutex_);
+  if (cache_slots_.empty()) return false;
+  size_t mask = cache_slots_.size() - 1;
+  for (size_t i = hash & mask;; i = (i + 1) & mask) {
+    const CacheSlot& s = cache_slots_[i];
+    if (s.hash == 0) return false;
+    if (s.hash == hash && s.word_size == word.size() &&
+        std::memcmp(cache_words_.data() + s.word_offset, word.data(), word.size()) == 0) {
+      out.insert(out.end(), cache_ids_.begin() + s.ids_offset, cache_ids_.begin() + s.ids_offset + s.ids_size);
+      return true;
     }
   }
+}
+
+void Bpe::cache_insert(std::string_view word, uint64_t hash, const int* ids, size_t n) const {
+  std::lock_guard lock(cache_mutex_);
+  if (cache_slots_.empty()) cache_slots_.assign(kCacheSlots, CacheSlot{0, 0, 0, 0, 0});
+  if (cache_used_ >= kCacheSlots / 2) return;
+  size_t mask = cache_slots_.size() - 1;
+  size_t i = hash & mask;
+  for (; cache_slots_[i].hash != 0; i = (i + 1) & mask)
+    if (cache_slots_[i].hash == hash && cache_slots_[i].word_size == word.size() &&
+        std::memcmp(cache_words_.data() + cache_slots_[i].word_offset, word.data(), word.size()) == 0)
+      return;  // another thread added it meanwhile
+  cache_slots_[i] = CacheSlot{hash, uint32_t(cache_words_.size()), uint32_t(word.size()),
+                              uint32_t(cache_ids_.size()), uint32_t(n)};
+  cache_words_.append(word);
+  cache_ids_.insert(cache_ids_.end(), ids, ids + n);
+  ++cache_used_;
 }
 
 }  // namespace ms

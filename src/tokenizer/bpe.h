@@ -54,11 +54,20 @@ class Bpe {
   std::vector<Entry> table_;  // open addressing, power-of-two size
   int shift_ = 64;  // table index = (key * golden) >> shift_
 
-  // Word -> its ids, stored as a span of cache_ids_. Bounded: when full, nothing more is added.
+  // Word -> its ids: open addressing over flat arrays (words and ids live in two arenas), so a
+  // lookup touches one slot and two arena ranges. Bounded: when full, nothing more is added.
+  struct CacheSlot {
+    uint64_t hash;  // 0: empty
+    uint32_t word_offset, word_size, ids_offset, ids_size;
+  };
+  bool cache_lookup(std::string_view word, uint64_t hash, std::vector<int>& out) const;
+  void cache_insert(std::string_view word, uint64_t hash, const int* ids, size_t n) const;
+
   mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, StringHash, std::equal_to<>>
-      cache_;
+  mutable std::vector<CacheSlot> cache_slots_;
+  mutable std::string cache_words_;
   mutable std::vector<int> cache_ids_;
+  mutable size_t cache_used_ = 0;
 };
 
 }  // namespace ms

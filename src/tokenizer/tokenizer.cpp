@@ -66,14 +66,6 @@ struct Field {
   std::string type() const { return (*this)["type"].str(); }
 };
 
-// Code points below U+0300 are never changed by NFC (no composition starts there), so text
-// without a UTF-8 byte >= 0xCC is already NFC.
-bool may_change_under_nfc(std::string_view s) {
-  for (char c : s)
-    if (static_cast<unsigned char>(c) >= 0xCC) return true;
-  return false;
-}
-
 std::string nfc(std::string_view s) {
   utf8proc_uint8_t* out = nullptr;
   utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
@@ -83,6 +75,38 @@ std::string nfc(std::string_view s) {
   std::string r(reinterpret_cast<const char*>(out), size_t(n));
   std::free(out);
   return r;
+}
+
+// Characters below U+0300 (UTF-8 lead byte < 0xCC) are starters that nothing composes onto
+// from before, so NFC can be applied to the stretches between them separately: only the
+// stretches holding a character >= U+0300, each with the starter before it, are normalised.
+// Returns the normalised text (in `storage` when it differs from `s`).
+std::string_view nfc_text(std::string_view s, std::string& storage) {
+  auto lead = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  auto next_char = [&](size_t i) {
+    unsigned char b = lead(i);
+    return i + (b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4);
+  };
+  size_t i = 0;
+  while (i < s.size() && lead(i) < 0xCC) ++i;
+  if (i == s.size()) return s;
+
+  storage.clear();
+  size_t copied = 0, starter = 0;
+  for (i = 0; i < s.size();) {
+    if (lead(i) < 0xCC) {
+      starter = i;
+      i = next_char(i);
+      continue;
+    }
+    size_t end = i;
+    while (end < s.size() && lead(end) >= 0xCC) end = next_char(end);
+    storage.append(s, copied, starter - copied);
+    storage += nfc(s.substr(starter, end - starter));
+    copied = starter = i = end;
+  }
+  storage.append(s, copied);
+  return storage;
 }
 
 size_t char_length(std::string_view s, size_t i) {
@@ -118,7 +142,7 @@ constexpr std::string_view kGpt2Pattern =
 
 struct Tokenizer::Impl {
   std::string path;
-  std::unordered_map<std::string, int> spelling_to_id;  // added tokens override the model's
+  Bpe::WordMap spelling_to_id;  // added tokens override the model's
   std::vector<std::string> id_bytes;                    // what each id decodes to
   std::vector<Kind> id_kind;
   AddedTokenMatcher raw_added;         // matched in the text as given
@@ -154,6 +178,7 @@ void Tokenizer::Impl::parse_model(const Field& model) {
   Field vocab = model["vocab"];
   if (!vocab.value.is_object()) fail("{} is not an object", vocab.where());
   int max_id = -1;
+  spelling_to_id.reserve(vocab.value.size());
   for (const auto& [spelling, id] : vocab.value.items()) {
     if (!id.is_number_integer() || id.get<long long>() < 0 || id.get<long long>() > INT32_MAX)
       fail("{}[\"{}\"] is not a non-negative integer id", vocab.where(), spelling);
@@ -172,9 +197,11 @@ void Tokenizer::Impl::parse_model(const Field& model) {
     id_kind[size_t(id)] = Kind::Model;
     if (mapped && opt.ignore_merges) opt.word_ids.emplace(std::move(bytes), id);
   }
-  auto lookup = [&](const std::string& spelling, const Field& where) {
+  // Errors name "file: model.merges[i]"; the name is only built for an error.
+  auto lookup = [&](std::string_view spelling, const std::string& field, size_t i) {
     auto it = spelling_to_id.find(spelling);
-    if (it == spelling_to_id.end()) fail("{}: token '{}' is not in model.vocab", where.where(), spelling);
+    if (it == spelling_to_id.end())
+      fail("{}: {}[{}]: token '{}' is not in model.vocab", path, field, i, spelling);
     return it->second;
   };
   for (int b = 0; b < 256; ++b) {
@@ -187,26 +214,35 @@ void Tokenizer::Impl::parse_model(const Field& model) {
   Field merges = model["merges"];
   const json::array_t& list = merges.array();
   opt.merges.reserve(list.size());
+  std::string joined;
   for (size_t i = 0; i < list.size(); ++i) {
-    Field m = merges[i];
-    std::string left, right;
-    if (m.value.is_string()) {  // "left right"
-      const std::string& s = m.str();
+    const json& m = list[i];
+    std::string_view left, right;
+    if (m.is_string()) {  // "left right"
+      std::string_view s = m.get_ref<const std::string&>();
       size_t space = s.find(' ');
       if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
-        fail("{} is '{}'; expected two tokens separated by one space", m.where(), s);
+        fail("{}[{}] is '{}'; expected two tokens separated by one space", merges.where(), i, s);
       left = s.substr(0, space);
       right = s.substr(space + 1);
-    } else if (m.value.is_array() && m.value.size() == 2) {  // ["left", "right"]
-      left = m[size_t(0)].str();
-      right = m[size_t(1)].str();
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["left", "right"]
+      left = m[0].get_ref<const std::string&>();
+      right = m[1].get_ref<const std::string&>();
     } else {
-      fail("{} is neither \"left right\" nor [\"left\", \"right\"]", m.where());
+      fail("{}[{}] is neither \"left right\" nor [\"left\", \"right\"]", merges.where(), i);
     }
-    opt.merges.push_back({lookup(left, m), lookup(right, m), lookup(left + right, m)});
+    joined.assign(left);
+    joined += right;
+    opt.merges.push_back({lookup(left, "model.merges", i), lookup(right, "model.merges", i),
+                          lookup(joined, "model.merges", i)});
   }
 
-  if (model.has("unk_token")) opt.unk_id = lookup(model["unk_token"].str(), model["unk_token"]);
+  if (model.has("unk_token")) {
+    const std::string& unk = model["unk_token"].str();
+    auto it = spelling_to_id.find(unk);
+    if (it == spelling_to_id.end()) fail("{}: model.unk_token '{}' is not in model.vocab", path, unk);
+    opt.unk_id = it->second;
+  }
   opt.fuse_unk = model.flag("fuse_unk", false);
   bpe = std::make_unique<Bpe>(std::move(opt));
 }
@@ -339,10 +375,7 @@ void Tokenizer::Impl::encode(std::string_view text, std::vector<int>& ids) const
 // Text between two raw added tokens: normalised, then split on the normalised added tokens.
 void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<int>& ids) const {
   std::string normalized;
-  if (nfc && may_change_under_nfc(text)) {
-    normalized = ms::nfc(text);
-    text = normalized;
-  }
+  if (nfc) text = nfc_text(text, normalized);
   if (normalized_added.empty()) {
     pre_tokenize(text, 0, ids);
     return;
@@ -405,7 +438,7 @@ std::string Tokenizer::decode(const std::vector<int>& ids) const {
 }
 
 int Tokenizer::token_id(std::string_view token) const {
-  auto it = impl_->spelling_to_id.find(std::string(token));
+  auto it = impl_->spelling_to_id.find(token);
   return it == impl_->spelling_to_id.end() ? -1 : it->second;
 }
 

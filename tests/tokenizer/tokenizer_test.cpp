@@ -105,6 +105,10 @@ TEST(Tokenizer, BytesOutsideAsciiRoundTrip) {
 TEST(Tokenizer, NfcNormalisesBeforeSplitting) {
   ms::Tokenizer t = load(tiny_tokenizer({}, json::array()));
   EXPECT_EQ(t.encode("e\xCC\x81"), bytes_of("\xC3\xA9"));  // e + combining acute -> é
+  // Several stretches that change, between text that does not: e+acute, Hangul jamo L+V,
+  // the Angstrom sign, A+ring.
+  EXPECT_EQ(t.encode("x e\xCC\x81 y \xE1\x84\x80\xE1\x85\xA1z\xE2\x84\xAB A\xCC\x8A."),
+            bytes_of("x \xC3\xA9 y \xEA\xB0\x80z\xC3\x85 \xC3\x85."));
 }
 
 TEST(Tokenizer, SplitPatternComesFromTheFile) {
