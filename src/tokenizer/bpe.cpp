@@ -20,8 +20,18 @@ uint64_t hash_word(std::string_view w) {
     h = (h ^ v) * kGolden;
     h ^= h >> 32;
   }
+  // The last 0..7 bytes, read with fixed-size loads (overlapping where needed).
+  const auto* p = reinterpret_cast<const unsigned char*>(w.data() + i);
+  size_t r = w.size() - i;
   uint64_t tail = 0;
-  std::memcpy(&tail, w.data() + i, w.size() - i);
+  if (r >= 4) {
+    uint32_t a, b;
+    std::memcpy(&a, p, 4);
+    std::memcpy(&b, p + r - 4, 4);
+    tail = (uint64_t(a) << 32) | b;
+  } else if (r > 0) {
+    tail = (uint64_t(p[0]) << 16) | (uint64_t(p[r / 2]) << 8) | p[r - 1];
+  }
   h = (h ^ tail) * kGolden;
   h ^= h >> 29;
   return h | 1;  // never 0, which marks an empty slot
@@ -146,6 +156,14 @@ void Bpe::encode_word(std::string_view word, std::vector<int>& out) const {
   cache_insert(word, hash, out.data() + first, out.size() - first);
 }
 
+bool Bpe::slot_holds(const CacheSlot& s, std::string_view word, uint64_t hash) const {
+  if (s.hash != hash || s.word_size != word.size()) return false;
+  if (word.size() <= kInlineWord) return std::memcmp(s.word, word.data(), word.size()) == 0;
+  uint32_t offset;
+  std::memcpy(&offset, s.word, sizeof offset);
+  return std::memcmp(cache_words_.data() + offset, word.data(), word.size()) == 0;
+}
+
 bool Bpe::cache_lookup(std::string_view word, uint64_t hash, std::vector<int>& out) const {
   std::lock_guard lock(cache_mutex_);
   if (cache_slots_.empty()) return false;
@@ -153,28 +171,41 @@ bool Bpe::cache_lookup(std::string_view word, uint64_t hash, std::vector<int>& o
   for (size_t i = hash & mask;; i = (i + 1) & mask) {
     const CacheSlot& s = cache_slots_[i];
     if (s.hash == 0) return false;
-    if (s.hash == hash && s.word_size == word.size() &&
-        std::memcmp(cache_words_.data() + s.word_offset, word.data(), word.size()) == 0) {
-      out.insert(out.end(), cache_ids_.begin() + s.ids_offset, cache_ids_.begin() + s.ids_offset + s.ids_size);
-      return true;
-    }
+    if (!slot_holds(s, word, hash)) continue;
+    if (s.ids_size == 1)
+      out.push_back(int(s.ids));
+    else
+      out.insert(out.end(), cache_ids_.begin() + s.ids, cache_ids_.begin() + s.ids + s.ids_size);
+    return true;
   }
 }
 
 void Bpe::cache_insert(std::string_view word, uint64_t hash, const int* ids, size_t n) const {
   std::lock_guard lock(cache_mutex_);
-  if (cache_slots_.empty()) cache_slots_.assign(kCacheSlots, CacheSlot{0, 0, 0, 0, 0});
+  if (cache_slots_.empty()) cache_slots_.assign(kCacheSlots, CacheSlot{});
   if (cache_used_ >= kCacheSlots / 2) return;
   size_t mask = cache_slots_.size() - 1;
   size_t i = hash & mask;
   for (; cache_slots_[i].hash != 0; i = (i + 1) & mask)
-    if (cache_slots_[i].hash == hash && cache_slots_[i].word_size == word.size() &&
-        std::memcmp(cache_words_.data() + cache_slots_[i].word_offset, word.data(), word.size()) == 0)
-      return;  // another thread added it meanwhile
-  cache_slots_[i] = CacheSlot{hash, uint32_t(cache_words_.size()), uint32_t(word.size()),
-                              uint32_t(cache_ids_.size()), uint32_t(n)};
-  cache_words_.append(word);
-  cache_ids_.insert(cache_ids_.end(), ids, ids + n);
+    if (slot_holds(cache_slots_[i], word, hash)) return;  // another thread added it meanwhile
+  CacheSlot s{};
+  s.hash = hash;
+  s.word_size = uint16_t(word.size());
+  s.ids_size = uint16_t(n);
+  if (word.size() <= kInlineWord) {
+    std::memcpy(s.word, word.data(), word.size());
+  } else {
+    auto offset = uint32_t(cache_words_.size());
+    std::memcpy(s.word, &offset, sizeof offset);
+    cache_words_.append(word);
+  }
+  if (n == 1) {
+    s.ids = uint32_t(ids[0]);
+  } else {
+    s.ids = uint32_t(cache_ids_.size());
+    cache_ids_.insert(cache_ids_.end(), ids, ids + n);
+  }
+  cache_slots_[i] = s;
   ++cache_used_;
 }
 

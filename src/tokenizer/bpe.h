@@ -54,12 +54,17 @@ class Bpe {
   std::vector<Entry> table_;  // open addressing, power-of-two size
   int shift_ = 64;  // table index = (key * golden) >> shift_
 
-  // Word -> its ids: open addressing over flat arrays (words and ids live in two arenas), so a
-  // lookup touches one slot and two arena ranges. Bounded: when full, nothing more is added.
+  // Word -> its ids: open addressing over 32-byte slots. Short words and single ids (the
+  // common case) sit in the slot itself, so a hit usually touches one cache line; longer ones
+  // live in two arenas. Bounded: when half full, nothing more is added.
+  static constexpr size_t kInlineWord = 16;
   struct CacheSlot {
     uint64_t hash;  // 0: empty
-    uint32_t word_offset, word_size, ids_offset, ids_size;
+    char word[kInlineWord];  // the word (zero-padded) when it fits, else its arena offset
+    uint32_t ids;  // the id when there is one, else the ids' arena offset
+    uint16_t word_size, ids_size;
   };
+  bool slot_holds(const CacheSlot& s, std::string_view word, uint64_t hash) const;
   bool cache_lookup(std::string_view word, uint64_t hash, std::vector<int>& out) const;
   void cache_insert(std::string_view word, uint64_t hash, const int* ids, size_t n) const;
 

@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -77,42 +78,50 @@ std::string nfc(std::string_view s) {
   return r;
 }
 
-// Characters below U+0300 (UTF-8 lead byte < 0xCC) are starters that nothing composes onto
-// from before, so NFC can be applied to the stretches between them separately: only the
-// stretches holding a character >= U+0300, each with the starter before it, are normalised.
-// Returns the normalised text (in `storage` when it differs from `s`).
-std::string_view nfc_text(std::string_view s, std::string& storage) {
-  auto lead = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
-  auto next_char = [&](size_t i) {
-    unsigned char b = lead(i);
-    return i + (b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4);
-  };
-  size_t i = 0;
-  while (i < s.size() && lead(i) < 0xCC) ++i;
-  if (i == s.size()) return s;
-
-  storage.clear();
-  size_t copied = 0, starter = 0;
-  for (i = 0; i < s.size();) {
-    if (lead(i) < 0xCC) {
-      starter = i;
-      i = next_char(i);
-      continue;
-    }
-    size_t end = i;
-    while (end < s.size() && lead(end) >= 0xCC) end = next_char(end);
-    storage.append(s, copied, starter - copied);
-    storage += nfc(s.substr(starter, end - starter));
-    copied = starter = i = end;
-  }
-  storage.append(s, copied);
-  return storage;
-}
-
 size_t char_length(std::string_view s, size_t i) {
   size_t j = i;
   utf8::next(s, j);
   return j - i;
+}
+
+// The first byte at or after `from` that starts a character >= U+0300 (lead byte >= 0xCC),
+// or npos. Skips ASCII eight bytes at a time.
+size_t find_nfc_candidate(std::string_view s, size_t from) {
+  size_t i = from;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t v;
+    std::memcpy(&v, s.data() + i, 8);
+    if (v & 0x8080808080808080ull) break;
+  }
+  for (; i < s.size(); ++i)
+    if (static_cast<unsigned char>(s[i]) >= 0xCC) return i;
+  return std::string_view::npos;
+}
+
+// Characters below U+0300 are starters that nothing composes onto from before, so NFC can be
+// applied to stretches between them separately: only the stretches of characters >= U+0300,
+// each with the starter before it, are normalised. Returns the normalised text (held in
+// `storage` when it differs from `s`).
+std::string_view nfc_text(std::string_view s, std::string& storage) {
+  size_t i = find_nfc_candidate(s, 0);
+  if (i == std::string_view::npos) return s;
+  storage.clear();
+  storage.reserve(s.size() + s.size() / 8);
+  size_t copied = 0;
+  while (i != std::string_view::npos) {
+    size_t starter = i;
+    if (starter > copied)  // step back to the start of the character before
+      do --starter;
+      while (starter > copied && (static_cast<unsigned char>(s[starter]) & 0xC0) == 0x80);
+    size_t end = i;
+    while (end < s.size() && static_cast<unsigned char>(s[end]) >= 0xCC) end += char_length(s, end);
+    storage.append(s, copied, starter - copied);
+    storage += nfc(s.substr(starter, end - starter));
+    copied = end;
+    i = find_nfc_candidate(s, end);
+  }
+  storage.append(s, copied);
+  return storage;
 }
 
 // Hugging Face's "Isolated" split: every match and every stretch between matches is a piece.

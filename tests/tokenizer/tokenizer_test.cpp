@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "test_support.h"
 #include "tokenizer/byte_level.h"
@@ -93,6 +94,18 @@ TEST(Tokenizer, LongWordsAndRepeatsAreStable) {
   EXPECT_EQ(t.encode(word), want);
   EXPECT_EQ(t.encode(word), want);  // second time from the cache
   EXPECT_EQ(t.encode("aaaa aaaa"), (std::vector<int>{257, ' ', 257}));
+}
+
+TEST(Tokenizer, ConcurrentEncodesAgreeWithSerial) {
+  ms::Tokenizer t = load(tiny_tokenizer({"ab", "abab", " ab"}, {"a b", "ab ab", sp(" ") + " ab"}));
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += "abab ab a" + std::string(size_t(i % 7), 'b') + "\n";
+  std::vector<int> serial = t.encode(text);
+  std::vector<std::vector<int>> results(4);
+  std::vector<std::thread> threads;
+  for (auto& r : results) threads.emplace_back([&] { r = t.encode(text); });
+  for (auto& th : threads) th.join();
+  for (const auto& r : results) EXPECT_EQ(r, serial);
 }
 
 TEST(Tokenizer, BytesOutsideAsciiRoundTrip) {
