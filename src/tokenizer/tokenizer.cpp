@@ -7,7 +7,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <unordered_map>
 
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
