@@ -46,10 +46,11 @@ static std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-int run_cli(const std::string& args, std::string* out, std::string* err) {
+int run_cli(const std::string& args, std::string* out, std::string* err, const std::string& stdin_path) {
   std::string dir = scratch_dir("cli");
   fs::path o = fs::path(dir) / "stdout", e = fs::path(dir) / "stderr";
-  std::string cmd = std::string(MOESTREAM_BINARY) + " " + args + " </dev/null >" + o.string() + " 2>" + e.string();
+  std::string in = stdin_path.empty() ? std::string("/dev/null") : stdin_path;
+  std::string cmd = std::string(MOESTREAM_BINARY) + " " + args + " <" + in + " >" + o.string() + " 2>" + e.string();
   int status = std::system(cmd.c_str());
   if (out) *out = slurp(o);
   if (err) *err = slurp(e);

@@ -13,7 +13,9 @@ std::string shared_path(const std::string& rel);
 // A fresh empty directory under the build's temp area, removed at process exit.
 std::string scratch_dir(const std::string& tag);
 // Runs the moestream binary with args; returns its exit status and fills stdout/stderr.
-int run_cli(const std::string& args, std::string* out = nullptr, std::string* err = nullptr);
+// Standard input is the file stdin_path (empty: /dev/null).
+int run_cli(const std::string& args, std::string* out = nullptr, std::string* err = nullptr,
+            const std::string& stdin_path = "");
 
 }  // namespace ms::test
 
