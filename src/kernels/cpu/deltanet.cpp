@@ -318,8 +318,10 @@ void RmsNormGatedRows(const float* x, const float* z, const float* w, int dim, f
     double ss = 0.0;
     for (int i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
     const float inv = float(1.0 / std::sqrt(ss / dim + double(eps)));
-    SiluRow(z + r * dim, o, size_t(dim));
-    for (int i = 0; i < dim; ++i) o[i] *= w[i] * (xr[i] * inv);
+    thread_local std::vector<float> gate;  // out may alias x: keep x intact until it is read
+    gate.resize(size_t(dim));
+    SiluRow(z + r * dim, gate.data(), size_t(dim));
+    for (int i = 0; i < dim; ++i) o[i] = gate[size_t(i)] * (w[i] * (xr[i] * inv));
   }
 }
 

@@ -29,6 +29,7 @@ void gated_delta_rule_reference(const float* q, const float* k, const float* v, 
 void l2norm_heads(float* x, int rows, int dim, float eps);
 
 // HF Qwen3NextRMSNormGated, each row of dim: out = w * (x / sqrt(mean(x^2) + eps)) * silu(z).
+// out may be x (in place).
 void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out);
 
 }  // namespace ms::cpu
