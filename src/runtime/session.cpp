@@ -1,0 +1,124 @@
+#include "runtime/session.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "util/error.h"
+
+namespace ms {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+bool has_prefix(const std::vector<int>& v, const std::vector<int>& prefix) {
+  return prefix.size() <= v.size() && std::equal(prefix.begin(), prefix.end(), v.begin());
+}
+
+// Text that is safe to emit: everything except a tail that could still grow into a stop string.
+size_t safe_length(const std::string& text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const auto& s : stops)
+    for (size_t n = std::min(s.size() - 1, text.size()); n > hold; --n)
+      if (text.compare(text.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+  return text.size() - hold;
+}
+
+}  // namespace
+
+Session::Session(const Engine& engine) : engine_(engine), state_(engine.model().new_state()) {
+  prompt_end_ = state_.checkpoint();
+}
+
+void Session::reset() {
+  state_.reset();
+  processed_.clear();
+  last_prompt_.clear();
+  prompt_end_ = state_.checkpoint();
+}
+
+int Session::reuse_prefix(const std::vector<int>& prompt) {
+  // A prompt must leave at least one token to process: the logits come from it.
+  auto usable = [&](const std::vector<int>& cached) { return cached.size() < prompt.size() && has_prefix(prompt, cached); };
+  if (!processed_.empty() && usable(processed_)) return int(processed_.size());
+  if (!last_prompt_.empty() && usable(last_prompt_)) {
+    state_.restore(prompt_end_);
+    processed_ = last_prompt_;
+    return int(processed_.size());
+  }
+  reset();
+  return 0;
+}
+
+GenerationResult Session::generate(const GenerationRequest& req, const std::function<bool(const std::string&)>& on_text) {
+  if (req.prompt.empty()) fail("the prompt is empty");
+  if (req.max_tokens < 0) fail("max_tokens must be >= 0, is {}", req.max_tokens);
+  for (const auto& s : req.stop)
+    if (s.empty()) fail("a stop string is empty");
+  const Model& model = engine_.model();
+  const int vocab = model.config().vocab;
+  Sampler sampler(req.sampling);
+
+  GenerationResult res;
+  res.prompt_tokens = int(req.prompt.size());
+  const auto start = Clock::now();
+  res.reused_tokens = reuse_prefix(req.prompt);
+  const int fresh = int(req.prompt.size()) - res.reused_tokens;
+  ForwardResult fr = model.forward(req.prompt.data() + res.reused_tokens, fresh, state_);
+  processed_ = req.prompt;
+  last_prompt_ = req.prompt;
+  prompt_end_ = state_.checkpoint();
+  res.time_to_first_token_s = seconds_since(start);
+  res.prefill_tok_s = fresh / std::max(1e-9, res.time_to_first_token_s);
+
+  StreamDecoder decoder(engine_.tokenizer());
+  std::vector<int> seen = req.prompt;
+  std::string pending;  // decoded, not yet emitted
+  bool cancelled = false;
+  auto emit = [&](size_t n) {
+    if (n == 0) return;
+    std::string piece = pending.substr(0, n);
+    pending.erase(0, n);
+    res.text += piece;
+    if (on_text && !on_text(piece)) cancelled = true;
+  };
+
+  const auto decode_start = Clock::now();
+  res.finish_reason = "length";
+  while (int(res.tokens.size()) < req.max_tokens) {
+    const int next = sampler.sample(fr.logits.data(), vocab, seen);
+    res.tokens.push_back(next);
+    seen.push_back(next);
+    if (!req.ignore_eos && engine_.is_eos(next)) {
+      res.finish_reason = "stop";
+      break;
+    }
+    pending += decoder.push(next);
+    size_t hit = std::string::npos;
+    for (const auto& s : req.stop) hit = std::min(hit, pending.find(s));
+    if (hit != std::string::npos) {
+      pending.resize(hit);
+      emit(pending.size());
+      res.finish_reason = "stop";
+      break;
+    }
+    emit(safe_length(pending, req.stop));
+    if (cancelled || int(res.tokens.size()) == req.max_tokens) break;
+    fr = model.forward(&next, 1, state_);
+    processed_.push_back(next);
+  }
+  if (cancelled) res.finish_reason = "cancelled";
+  else if (res.finish_reason == "length") {
+    pending += decoder.flush();
+    emit(pending.size());
+  }
+  const int decoded = std::max(0, int(res.tokens.size()) - 1);
+  res.decode_tok_s = decoded / std::max(1e-9, seconds_since(decode_start));
+  return res;
+}
+
+}  // namespace ms
