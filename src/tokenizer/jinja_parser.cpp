@@ -3,6 +3,7 @@
 #include <set>
 
 #include "tokenizer/jinja_ast.h"
+#include "tokenizer/utf8.h"
 #include "util/error.h"
 
 namespace ms::jinja {
@@ -237,24 +238,6 @@ class Lexer {
     }
   }
 
-  static void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xc0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      out += char(0xe0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3f));
-      out += char(0x80 | (cp & 0x3f));
-    } else {
-      out += char(0xf0 | (cp >> 18));
-      out += char(0x80 | ((cp >> 12) & 0x3f));
-      out += char(0x80 | ((cp >> 6) & 0x3f));
-      out += char(0x80 | (cp & 0x3f));
-    }
-  }
-
   // Python string-literal escapes; an unknown escape keeps its backslash, as Python does.
   void lex_string() {
     int start_line = line_;
@@ -291,7 +274,7 @@ class Lexer {
           auto res = std::from_chars(src_.data() + pos_, src_.data() + std::min(pos_ + n, src_.size()), cp, 16);
           if (res.ec != std::errc() || res.ptr != src_.data() + pos_ + n)
             fail_at(line_, "malformed \\{} escape in string literal", e);
-          append_utf8(value, cp);
+          utf8::append(value, char32_t(cp));
           pos_ += n;
           break;
         }
