@@ -6,5 +6,6 @@ namespace ms::cli {
 
 void register_model_commands(CLI::App& app);  // logits, generate, inspect
 void register_tokenize_commands(CLI::App& app);  // tokenize, detokenize
+void register_convert_commands(CLI::App& app);  // convert
 
 }  // namespace ms::cli

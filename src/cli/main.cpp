@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Help for every command");
   ms::cli::register_model_commands(app);
   ms::cli::register_tokenize_commands(app);
+  ms::cli::register_convert_commands(app);
   try {
     app.parse(argc, argv);
     if (app.get_subcommands().empty()) {
