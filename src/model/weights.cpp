@@ -11,6 +11,8 @@ class Loader {
   Loader(const ModelConfig& cfg, const TensorStore& store, const ExpertBlobs* blobs, ModelWeights& w)
       : cfg_(cfg), store_(store), blobs_(blobs), w_(w) {}
 
+  bool has_mat(const std::string& name) const { return store_.has(name) || store_.has(name + ".q"); }
+
   Mat mat(const std::string& name, int rows, int cols, bool expert = false) {
     if (store_.has(name + ".q")) return quantized_mat(name, rows, cols);
     const TensorView& t = store_.get(name);
@@ -143,7 +145,7 @@ class Loader {
   }
 
   std::unique_ptr<MtpWeights> mtp() {
-    if (!store_.has("mtp.fc.weight")) return nullptr;
+    if (!has_mat("mtp.fc.weight")) return nullptr;
     auto m = std::make_unique<MtpWeights>();
     m->fc = mat("mtp.fc.weight", cfg_.hidden, 2 * cfg_.hidden);
     m->pre_fc_norm_embedding = vec("mtp.pre_fc_norm_embedding.weight", cfg_.hidden);
@@ -169,7 +171,7 @@ ModelWeights load_weights(const ModelConfig& cfg, const TensorStore& store, cons
   for (int l = 0; l < cfg.n_layers; ++l)
     w.layers.push_back(load.layer("model.layers." + std::to_string(l), cfg.layer_types[size_t(l)], cfg.is_moe(l)));
   w.final_norm = load.vec("model.norm.weight", cfg.hidden);
-  w.lm_head = cfg.tie_embeddings && !store.has("lm_head.weight") ? w.embed : load.mat("lm_head.weight", cfg.vocab, cfg.hidden);
+  w.lm_head = cfg.tie_embeddings && !load.has_mat("lm_head.weight") ? w.embed : load.mat("lm_head.weight", cfg.vocab, cfg.hidden);
   if (cfg.arch == Arch::Qwen3Next) w.mtp = load.mtp();
   return w;
 }
