@@ -238,6 +238,33 @@ TEST(Convert, LoaderRejectsDamagedDirectory) {
   EXPECT_NE(err.find("scales_offset"), std::string::npos) << err;
 }
 
+// The embedded default model (models/pycoder-moe-q4) is exactly what converting pycoder-moe
+// today writes: a change of format or quantization cannot leave a stale copy behind.
+// Regenerate: moestream convert --from ../shared/models/pycoder-moe --out models/pycoder-moe-q4
+//             --expert-bits 4 --expert-group 64 --dense-bits 8 --dense-group 64 --force
+TEST(Convert, EmbeddedDefaultModelIsReproducedByteForByte) {
+  MS_REQUIRE_SHARED("models/pycoder-moe", dir);
+  const fs::path committed = fs::path(MOESTREAM_SOURCE_DIR) / "models/pycoder-moe-q4";
+  ASSERT_TRUE(is_engine_dir(committed.string())) << committed << " is missing";
+  const fs::path fresh =
+      convert(dir, {.expert_bits = 4, .expert_group = 64, .dense_bits = 8, .dense_group = 64}, "embedded");
+  auto files = [](const fs::path& root) {
+    std::map<std::string, std::string> m;
+    for (auto& e : fs::recursive_directory_iterator(root))
+      if (e.is_regular_file()) {
+        std::ifstream in(e.path(), std::ios::binary);
+        m[fs::relative(e.path(), root).string()] = std::string(std::istreambuf_iterator<char>(in), {});
+      }
+    return m;
+  };
+  const auto want = files(committed), got = files(fresh);
+  ASSERT_EQ(want.size(), got.size());
+  for (auto& [name, bytes] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(got.at(name) == bytes) << name << " differs from the committed copy";
+  }
+}
+
 // ---- quality gates on pycoder-moe ----
 
 struct Quality {
