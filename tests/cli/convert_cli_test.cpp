@@ -59,5 +59,19 @@ TEST(ConvertCli, FlagErrors) {
   EXPECT_FALSE(fs::exists(work + "/m"));
 }
 
+// With stderr on a terminal (a pseudo-terminal from util-linux `script`) the bar is drawn.
+TEST(ConvertCli, ProgressBarOnATerminal) {
+  MS_REQUIRE_SHARED("fixtures/qwen3-moe-tiny", dir);
+  if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "util-linux 'script' not found";
+  const std::string work = test::scratch_dir("convert-tty");
+  const std::string cmd = std::string("script -qec '") + MOESTREAM_BINARY + " convert --from " + dir + " --out " + work +
+                          "/m' /dev/null >" + work + "/tty.txt 2>&1 </dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string tty = slurp(work + "/tty.txt");
+  EXPECT_NE(tty.find("100%"), std::string::npos) << tty;
+  EXPECT_NE(tty.find("MB/s"), std::string::npos) << tty;
+  EXPECT_NE(tty.find("ETA"), std::string::npos) << tty;
+}
+
 }  // namespace
 }  // namespace ms
