@@ -106,7 +106,12 @@ ExpertLayer read_layer(const Fields& f) {
   // The layout is a function of the shapes: recompute it and require the stored one to agree,
   // so a reader never trusts an offset it could not have computed itself.
   const std::string where = fmt::format("{}: layer {}", f.file(), l.name);
-  ExpertLayer plan = plan_expert_layer(where, l.file, l.n_experts, spec);
+  ExpertLayer plan;
+  try {
+    plan = plan_expert_layer(l.name, l.file, l.n_experts, spec);
+  } catch (const Error& e) {
+    fail("{}: {}", f.file(), e.what());
+  }
   for (size_t i = 0; i < 3; ++i) {
     const json stored = projs.at(kExpertProjections[i]);
     const json want = proj_json(plan.proj[i]);
@@ -129,7 +134,6 @@ ExpertLayer read_layer(const Fields& f) {
       fail("{}: checksums[{}] is {}, expected 16 lowercase hex digits", where, e, sums[e].dump());
     plan.checksums.push_back(std::stoull(s, nullptr, 16));
   }
-  plan.name = l.name;
   return plan;
 }
 

@@ -83,7 +83,7 @@ class ExpertBlobs {
  public:
   ExpertBlobs(const std::string& dir, const EngineIndex& index);
   const EngineIndex& index() const { return index_; }
-  // Record of expert e of the layer named `name`; throws naming the layer when absent.
+  // Record of expert e of `layer`, which must be one of index().layers.
   const uint8_t* record(const ExpertLayer& layer, int e) const;
   // Recomputes expert e's checksum; throws naming file, layer and expert on a mismatch.
   void verify(const ExpertLayer& layer, int e) const;

@@ -68,14 +68,21 @@ class Loader {
                         reinterpret_cast<const uint16_t*>(rec + p.biases_offset), rows, cols, p.bits, p.group});
   }
 
-  MlpWeights expert(const std::string& p, int e) {
+  // The routed experts of MoE block p: checkpoint tensors, or records of the block's blob.
+  std::vector<MlpWeights> experts(const std::string& p) {
     const int H = cfg_.hidden, I = cfg_.moe_inter;
-    if (!blobs_) return mlp(p + ".experts." + std::to_string(e), I, true);
+    std::vector<MlpWeights> out;
+    if (!blobs_) {
+      for (int e = 0; e < cfg_.n_experts; ++e) out.push_back(mlp(p + ".experts." + std::to_string(e), I, true));
+      return out;
+    }
     const ExpertLayer* layer = blobs_->index().find(p);
     if (!layer) fail("{}: no expert layer '{}' in the index", kEngineIndexFile, p);
     if (layer->n_experts != cfg_.n_experts)
       fail("{}: layer {} has {} experts, the model config {}", kEngineIndexFile, p, layer->n_experts, cfg_.n_experts);
-    return {expert_mat(*layer, e, 0, I, H), expert_mat(*layer, e, 1, I, H), expert_mat(*layer, e, 2, H, I)};
+    for (int e = 0; e < cfg_.n_experts; ++e)
+      out.push_back({expert_mat(*layer, e, 0, I, H), expert_mat(*layer, e, 1, I, H), expert_mat(*layer, e, 2, H, I)});
+    return out;
   }
 
   std::vector<float> vec(const std::string& name, std::vector<int64_t> shape) {
@@ -124,7 +131,7 @@ class Loader {
       return f;
     }
     f.router = mat(p + ".gate.weight", cfg_.n_experts, cfg_.hidden);
-    for (int e = 0; e < cfg_.n_experts; ++e) f.experts.push_back(expert(p, e));
+    f.experts = experts(p);
     if (cfg_.shared_inter > 0) {
       f.shared_expert = mlp(p + ".shared_expert", cfg_.shared_inter);
       f.shared_expert_gate = mat(p + ".shared_expert_gate.weight", 1, cfg_.hidden);
