@@ -268,4 +268,56 @@ void write_safetensors(const std::string& path, const std::vector<TensorData>& t
   fs::rename(tmp, path);
 }
 
+size_t TensorSpec::nbytes() const {
+  size_t n = dtype_size(dtype);
+  for (auto d : shape) n *= size_t(d);
+  return n;
+}
+
+void pwrite_all(int fd, const void* data, size_t n, size_t offset, const std::string& path) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, off_t(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail("{}: write of {} bytes at offset {} failed: {}", path, n, offset, std::strerror(errno));
+    p += w, n -= size_t(w), offset += size_t(w);
+  }
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<TensorSpec>& specs) : path_(path) {
+  json header = json::object();
+  size_t offset = 0;
+  for (auto& t : specs) {
+    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes()}}};
+    begin_.push_back(offset);
+    size_.push_back(t.nbytes());
+    offset += t.nbytes();
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // keep the data section 8-byte aligned
+  for (auto& b : begin_) b += 8 + h.size();
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("{}: cannot open for writing: {}", path, std::strerror(errno));
+  const uint64_t n = h.size();
+  pwrite_all(fd_, &n, 8, 0, path_);
+  pwrite_all(fd_, h.data(), h.size(), 8, path_);
+  if (::ftruncate(fd_, off_t(8 + h.size() + offset)) != 0) fail("{}: cannot set size: {}", path, std::strerror(errno));
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsWriter::write(size_t i, size_t offset, const void* data, size_t n) {
+  if (offset + n > size_.at(i)) fail("{}: write past the end of tensor {} ({} + {} > {} bytes)", path_, i, offset, n, size_[i]);
+  pwrite_all(fd_, data, n, begin_[i] + offset, path_);
+}
+
+void SafetensorsWriter::close() {
+  if (fd_ < 0) return;
+  const int fd = fd_;
+  fd_ = -1;
+  if (::fdatasync(fd) != 0 || ::close(fd) != 0) fail("{}: cannot flush: {}", path_, std::strerror(errno));
+}
+
 }  // namespace ms

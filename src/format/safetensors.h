@@ -88,6 +88,36 @@ struct TensorData {
   std::vector<uint8_t> bytes;
 };
 
+// A tensor declared to SafetensorsWriter before any of its bytes exist.
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  size_t nbytes() const;
+};
+
+// Writes a safetensors file in bounded memory: every tensor is declared up front (the header
+// is written at once, data offsets in declaration order), then its bytes are written in
+// pieces, in any order. Output is a function of the specs and bytes only (no metadata).
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::string& path, const std::vector<TensorSpec>& specs);
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  // Writes n bytes at byte `offset` of tensor i (0-based declaration index).
+  void write(size_t i, size_t offset, const void* data, size_t n);
+  void close();  // flushes to disk; throws on failure
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::vector<size_t> begin_, size_;
+};
+
+// pwrite of all n bytes, failing with the path on error.
+void pwrite_all(int fd, const void* data, size_t n, size_t offset, const std::string& path);
+
 TensorData make_f32_tensor(const std::string& name, std::vector<int64_t> shape, const float* v);
 void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors);
 

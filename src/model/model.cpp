@@ -9,13 +9,18 @@
 
 namespace ms {
 
-Model::Model(TensorStore store, ModelConfig cfg) : store_(std::move(store)), cfg_(std::move(cfg)) {
-  w_ = load_weights(cfg_, store_);
+Model::Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertBlobs> blobs)
+    : store_(std::move(store)), cfg_(std::move(cfg)), blobs_(std::move(blobs)) {
+  w_ = load_weights(cfg_, store_, blobs_.get());
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir) {
   ModelConfig cfg = load_config(dir);
-  return std::unique_ptr<Model>(new Model(TensorStore::open(dir), std::move(cfg)));
+  if (!is_engine_dir(dir)) return std::unique_ptr<Model>(new Model(TensorStore::open(dir), std::move(cfg), nullptr));
+  // The streaming expert pool (issue 6) will replace the mmap of the blobs.
+  auto blobs = std::make_unique<ExpertBlobs>(dir, read_engine_index(dir, cfg));
+  TensorStore dense = TensorStore::open(dir + "/" + kEngineDenseFile);
+  return std::unique_ptr<Model>(new Model(std::move(dense), std::move(cfg), std::move(blobs)));
 }
 
 void Model::embed(const int* ids, int T, float* out) const {
@@ -24,7 +29,9 @@ void Model::embed(const int* ids, int T, float* out) const {
     if (ids[t] < 0 || ids[t] >= cfg_.vocab) fail("token id {} at position {} is outside the vocabulary [0, {})", ids[t], t, cfg_.vocab);
     const size_t row = size_t(ids[t]) * H;
     float* o = out + size_t(t) * H;
-    if (w_.embed.type == WeightType::BF16) {
+    if (w_.embed.type == WeightType::Affine) {
+      dequantize_row(w_.embed.quant(), ids[t], o);
+    } else if (w_.embed.type == WeightType::BF16) {
       const bf16* src = static_cast<const bf16*>(w_.embed.data) + row;
       for (size_t h = 0; h < H; ++h) o[h] = bf16_to_f32(src[h]);
     } else {

@@ -26,6 +26,8 @@ struct ForwardResult {
 
 class Model {
  public:
+  // A Hugging Face checkpoint directory or an engine directory (moestream.json, written by
+  // `moestream convert`).
   static std::unique_ptr<Model> load(const std::string& dir);
 
   const ModelConfig& config() const { return cfg_; }
@@ -42,13 +44,14 @@ class Model {
   std::vector<float> mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state) const;
 
  private:
-  Model(TensorStore store, ModelConfig cfg);
+  Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertBlobs> blobs);
   void embed(const int* ids, int T, float* out) const;
   void decoder_layer(const LayerWeights& lw, const float* x_in, int T, KVCache& kv, LinearState* lin, int pos0, float* x,
                      int* routes) const;
 
   TensorStore store_;
   ModelConfig cfg_;
+  std::unique_ptr<ExpertBlobs> blobs_;  // engine directory: routed experts, mmap'ed
   ModelWeights w_;
 };
 

@@ -8,9 +8,13 @@ namespace {
 
 class Loader {
  public:
-  Loader(const ModelConfig& cfg, const TensorStore& store, ModelWeights& w) : cfg_(cfg), store_(store), w_(w) {}
+  Loader(const ModelConfig& cfg, const TensorStore& store, const ExpertBlobs* blobs, ModelWeights& w)
+      : cfg_(cfg), store_(store), blobs_(blobs), w_(w) {}
+
+  bool has_mat(const std::string& name) const { return store_.has(name) || store_.has(name + ".q"); }
 
   Mat mat(const std::string& name, int rows, int cols, bool expert = false) {
+    if (store_.has(name + ".q")) return quantized_mat(name, rows, cols);
     const TensorView& t = store_.get(name);
     const std::vector<int64_t> want{rows, cols};
     Mat m{WeightType::F32, t.data, rows, cols};
@@ -27,6 +31,58 @@ class Loader {
     (expert ? w_.expert_bytes : w_.dense_bytes) += t.nbytes;
     (expert ? w_.expert_params : w_.dense_params) += size_t(rows) * size_t(cols);
     return m;
+  }
+
+  // NAME.q U8 [rows, cols·bits/8], NAME.scales and NAME.biases BF16 [rows, cols/group]: bits
+  // and group follow from the shapes, given the [rows, cols] the architecture expects.
+  Mat quantized_mat(const std::string& name, int rows, int cols) {
+    const TensorView& q = store_.get(name + ".q");
+    const TensorView& s = store_.get(name + ".scales");
+    const TensorView& b = store_.get(name + ".biases");
+    q.expect(DType::U8, {rows, -1});
+    s.expect(DType::BF16, {rows, -1});
+    b.expect(DType::BF16, s.shape);
+    const int64_t row_bytes = q.dim(1), groups = s.dim(1);
+    if (row_bytes * 8 % cols != 0 || groups <= 0 || cols % groups != 0)
+      fail("{}: tensor '{}.q' [{}, {}] with {} scale groups per row does not fit a [{}, {}] matrix", q.file, name, rows,
+           row_bytes, groups, rows, cols);
+    const QuantMat m{q.as<uint8_t>(), s.as<uint16_t>(), b.as<uint16_t>(), rows, cols, int(row_bytes * 8 / cols),
+                     int(cols / groups)};
+    check_quant_shape(rows, cols, m.bits, m.group, (q.file + ": " + name).c_str());
+    w_.dense_bytes += q.nbytes + s.nbytes + b.nbytes;
+    w_.dense_params += size_t(rows) * size_t(cols);
+    return Mat::affine(m);
+  }
+
+  // Projection i of expert e from its record in an expert blob.
+  Mat expert_mat(const ExpertLayer& layer, int e, size_t i, int rows, int cols) {
+    const ProjLayout& p = layer.proj[i];
+    if (p.rows != rows || p.cols != cols)
+      fail("{}: layer {}: projection {} is [{}, {}], the model config needs [{}, {}]", kEngineIndexFile, layer.name,
+           kExpertProjections[i], p.rows, p.cols, rows, cols);
+    const uint8_t* rec = blobs_->record(layer, e);
+    w_.expert_bytes += p.q_bytes + 2 * p.scales_bytes;
+    w_.expert_params += size_t(rows) * size_t(cols);
+    if (p.bits == kRawBits) return {WeightType::BF16, rec + p.q_offset, rows, cols};
+    return Mat::affine({rec + p.q_offset, reinterpret_cast<const uint16_t*>(rec + p.scales_offset),
+                        reinterpret_cast<const uint16_t*>(rec + p.biases_offset), rows, cols, p.bits, p.group});
+  }
+
+  // The routed experts of MoE block p: checkpoint tensors, or records of the block's blob.
+  std::vector<MlpWeights> experts(const std::string& p) {
+    const int H = cfg_.hidden, I = cfg_.moe_inter;
+    std::vector<MlpWeights> out;
+    if (!blobs_) {
+      for (int e = 0; e < cfg_.n_experts; ++e) out.push_back(mlp(p + ".experts." + std::to_string(e), I, true));
+      return out;
+    }
+    const ExpertLayer* layer = blobs_->index().find(p);
+    if (!layer) fail("{}: no expert layer '{}' in the index", kEngineIndexFile, p);
+    if (layer->n_experts != cfg_.n_experts)
+      fail("{}: layer {} has {} experts, the model config {}", kEngineIndexFile, p, layer->n_experts, cfg_.n_experts);
+    for (int e = 0; e < cfg_.n_experts; ++e)
+      out.push_back({expert_mat(*layer, e, 0, I, H), expert_mat(*layer, e, 1, I, H), expert_mat(*layer, e, 2, H, I)});
+    return out;
   }
 
   std::vector<float> vec(const std::string& name, std::vector<int64_t> shape) {
@@ -75,7 +131,7 @@ class Loader {
       return f;
     }
     f.router = mat(p + ".gate.weight", cfg_.n_experts, cfg_.hidden);
-    for (int e = 0; e < cfg_.n_experts; ++e) f.experts.push_back(mlp(p + ".experts." + std::to_string(e), cfg_.moe_inter, true));
+    f.experts = experts(p);
     if (cfg_.shared_inter > 0) {
       f.shared_expert = mlp(p + ".shared_expert", cfg_.shared_inter);
       f.shared_expert_gate = mat(p + ".shared_expert_gate.weight", 1, cfg_.hidden);
@@ -96,7 +152,7 @@ class Loader {
   }
 
   std::unique_ptr<MtpWeights> mtp() {
-    if (!store_.has("mtp.fc.weight")) return nullptr;
+    if (!has_mat("mtp.fc.weight")) return nullptr;
     auto m = std::make_unique<MtpWeights>();
     m->fc = mat("mtp.fc.weight", cfg_.hidden, 2 * cfg_.hidden);
     m->pre_fc_norm_embedding = vec("mtp.pre_fc_norm_embedding.weight", cfg_.hidden);
@@ -109,19 +165,20 @@ class Loader {
  private:
   const ModelConfig& cfg_;
   const TensorStore& store_;
+  const ExpertBlobs* blobs_;
   ModelWeights& w_;
 };
 
 }  // namespace
 
-ModelWeights load_weights(const ModelConfig& cfg, const TensorStore& store) {
+ModelWeights load_weights(const ModelConfig& cfg, const TensorStore& store, const ExpertBlobs* experts) {
   ModelWeights w;
-  Loader load(cfg, store, w);
+  Loader load(cfg, store, experts, w);
   w.embed = load.mat("model.embed_tokens.weight", cfg.vocab, cfg.hidden);
   for (int l = 0; l < cfg.n_layers; ++l)
     w.layers.push_back(load.layer("model.layers." + std::to_string(l), cfg.layer_types[size_t(l)], cfg.is_moe(l)));
   w.final_norm = load.vec("model.norm.weight", cfg.hidden);
-  w.lm_head = cfg.tie_embeddings && !store.has("lm_head.weight") ? w.embed : load.mat("lm_head.weight", cfg.vocab, cfg.hidden);
+  w.lm_head = cfg.tie_embeddings && !load.has_mat("lm_head.weight") ? w.embed : load.mat("lm_head.weight", cfg.vocab, cfg.hidden);
   if (cfg.arch == Arch::Qwen3Next) w.mtp = load.mtp();
   return w;
 }

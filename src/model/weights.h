@@ -1,6 +1,7 @@
 #pragma once
 // The weights of a Qwen3-MoE / Qwen3-Next model as the forward pass reads them. Matrices are
-// borrowed from the mmap'ed checkpoint (no copy); norms and small vectors are float32 copies.
+// borrowed from the mmap'ed checkpoint or engine directory (no copy); norms and small vectors
+// are float32 copies.
 // One struct for both families: what a family lacks stays empty (calm's "flags in one config").
 #include <deque>
 #include <memory>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "format/config.h"
+#include "format/engine_dir.h"
 #include "format/safetensors.h"
 #include "kernels/weights.h"
 
@@ -66,6 +68,9 @@ struct ModelWeights {
   std::deque<std::vector<float>> owned;  // float32 copies of f16 matrices
 };
 
-ModelWeights load_weights(const ModelConfig& cfg, const TensorStore& store);
+// From a Hugging Face checkpoint (experts == null) or an engine directory: dense tensors from
+// `store` (a quantized matrix NAME is NAME.q / NAME.scales / NAME.biases), routed experts from
+// the expert blobs.
+ModelWeights load_weights(const ModelConfig& cfg, const TensorStore& store, const ExpertBlobs* experts = nullptr);
 
 }  // namespace ms

@@ -1,4 +1,5 @@
-// y = x · Wᵀ for f32 and bf16 weights, SIMD through Highway with runtime dispatch.
+// y = x · Wᵀ for f32 and bf16 weights, SIMD through Highway with runtime dispatch; affine-quantized
+// weights go to matmul_quant.
 // Each output y[t, r] is one dot product whose value depends only on x[t] and row r, never on
 // T or on which other rows share the batch: the MoE may regroup tokens (waves, streaming)
 // without changing a bit of the answer.
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant_matmul.h"
 #include "util/thread_pool.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -69,6 +71,7 @@ namespace ms::cpu {
 HWY_EXPORT(MatmulRows);
 
 void matmul(const float* x, int T, const Mat& W, float* y) {
+  if (W.type == WeightType::Affine) return matmul_quant(x, T, W.quant(), y);
   // Enough rows per chunk to amortise scheduling; the weight row is the unit of reuse.
   const size_t grain = size_t(std::max(1, 16384 / std::max(1, W.cols)));
   ThreadPool::global().parallel_for(

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/ops.h"
 #include "quant/affine.h"
 #include "util/error.h"
 #include "util/half.h"
@@ -139,6 +140,24 @@ TEST(MatmulQuant, RejectsBadShapes) {
   std::vector<float> w(4 * 128, 1.0f);
   QuantBuffer ok = quantize(w.data(), 4, 128, 4, 64);
   EXPECT_THROW(cpu::matmul_quant(x.data(), 0, ok.view(), y.data()), Error);
+}
+
+// The forward pass holds quantized weights as Mat; cpu::matmul must hand them to matmul_quant.
+TEST(MatmulQuant, MatOfTypeAffineDispatchesToMatmulQuant) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(size_t(48) * 256), x(size_t(3) * 256);
+  for (auto& v : w) v = 0.05f * normal(rng);
+  for (auto& v : x) v = normal(rng);
+  for (int bits : {2, 3, 4, 8}) {
+    QuantBuffer qb = quantize(w.data(), 48, 256, bits, 64);
+    const Mat m = Mat::affine(qb.view());
+    ASSERT_EQ(m.type, WeightType::Affine);
+    std::vector<float> want(3 * 48), got(3 * 48);
+    cpu::matmul_quant(x.data(), 3, qb.view(), want.data());
+    cpu::matmul(x.data(), 3, m, got.data());
+    EXPECT_EQ(got, want) << bits << " bits";
+  }
 }
 
 }  // namespace

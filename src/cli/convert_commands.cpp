@@ -1,0 +1,53 @@
+// convert: a Hugging Face checkpoint -> an engine model directory (docs/FORMAT.md).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "cli/commands.h"
+#include "runtime/convert.h"
+
+namespace ms::cli {
+
+namespace {
+
+void add_convert(CLI::App& app) {
+  auto* cmd = app.add_subcommand("convert", "Convert a Hugging Face checkpoint into an engine model directory");
+  struct Args {
+    ConvertOptions opt;
+    std::string proj_bits, layer_bits;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--from", a->opt.from, "Hugging Face checkpoint directory (config.json, safetensors)")->required();
+  cmd->add_option("--out", a->opt.out, "Output directory (must not exist unless --force)")->required();
+  cmd->add_option("--expert-bits", a->opt.expert_bits, "Bits of routed expert weights; 16 = bf16, unquantized")
+      ->check(CLI::IsMember({2, 3, 4, 8, 16}))
+      ->capture_default_str();
+  cmd->add_option("--expert-group", a->opt.expert_group, "Quantization group size of expert weights")
+      ->check(CLI::IsMember({32, 64, 128}))
+      ->capture_default_str();
+  cmd->add_option("--proj-bits", a->proj_bits, "Per-projection expert bits, e.g. gate=2,up=2,down=3");
+  cmd->add_option("--layer-bits", a->layer_bits, "Per-layer expert bits (all projections), e.g. 0:8,5:3,mtp:8");
+  cmd->add_option("--dense-bits", a->opt.dense_bits, "Bits of dense matrices: 16 = as stored, 8 or 4 = quantized")
+      ->check(CLI::IsMember({4, 8, 16}))
+      ->capture_default_str();
+  cmd->add_option("--dense-group", a->opt.dense_group, "Quantization group size of dense matrices")
+      ->check(CLI::IsMember({32, 64, 128}))
+      ->capture_default_str();
+  cmd->add_flag("--force", a->opt.force, "Replace an existing output directory");
+  cmd->callback([a] {
+    if (!a->proj_bits.empty()) a->opt.proj_bits = parse_bits_list("--proj-bits", a->proj_bits, '=');
+    if (!a->layer_bits.empty()) a->opt.layer_bits = parse_bits_list("--layer-bits", a->layer_bits, ':');
+    a->opt.progress = isatty(STDERR_FILENO) != 0;
+    const ConvertStats s = convert_checkpoint(a->opt);
+    std::printf("%s: %.1f MB from %.1f MB of tensors in %.1f s\n", a->opt.out.c_str(), double(s.bytes_out) / 1e6,
+                double(s.bytes_in) / 1e6, s.seconds);
+  });
+}
+
+}  // namespace
+
+void register_convert_commands(CLI::App& app) { add_convert(app); }
+
+}  // namespace ms::cli

@@ -1,0 +1,97 @@
+#pragma once
+// The engine model directory (docs/FORMAT.md): moestream.json (the index), dense.safetensors,
+// experts/*.bin (one blob per MoE layer, expert e one contiguous record at e * stride) and the
+// checkpoint's config and tokenizer files. This file owns the record layout and the index:
+// the converter plans and writes it, the loader reads and verifies it.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "format/config.h"
+#include "format/safetensors.h"
+
+namespace ms {
+
+inline constexpr const char* kEngineIndexFile = "moestream.json";
+inline constexpr const char* kEngineDenseFile = "dense.safetensors";
+inline constexpr const char* kEngineFormatName = "moestream";
+inline constexpr int kEngineFormatVersion = 1;
+inline constexpr size_t kExpertStrideAlign = 4096;  // O_DIRECT reads of whole records
+inline constexpr size_t kRecordRegionAlign = 64;    // every region of a record starts on a cache line
+inline constexpr int kRawBits = 16;                 // "bits" of an unquantized bf16 projection
+
+// The projections of an expert, in record order.
+inline constexpr std::array<const char*, 3> kExpertProjections = {"gate", "up", "down"};
+
+// Where one projection [rows, cols] of an expert lies inside its record. bits 16: q holds the
+// raw bf16 weights and there are no scales or biases (their sizes are 0).
+struct ProjLayout {
+  int bits = kRawBits, group = 0, rows = 0, cols = 0;
+  size_t q_offset = 0, q_bytes = 0;
+  size_t scales_offset = 0, biases_offset = 0, scales_bytes = 0;  // bf16 [rows, cols/group] each
+};
+
+struct ExpertLayer {
+  std::string name;  // tensor prefix of the MoE block: "model.layers.3.mlp", "mtp.layers.0.mlp"
+  std::string file;  // relative to the directory: "experts/layer_003.bin"
+  int n_experts = 0;
+  size_t record_bytes = 0;  // bytes a record uses; the checksum covers these
+  size_t stride = 0;        // record_bytes rounded up to kExpertStrideAlign; the rest is zero
+  std::array<ProjLayout, 3> proj;
+  std::vector<uint64_t> checksums;  // XXH64 (seed 0) of each record's record_bytes bytes
+};
+
+struct ProjSpec {
+  int bits = kRawBits, group = 0, rows = 0, cols = 0;
+};
+
+// Lays out gate, up, down (q, scales, biases each) one after another, each region aligned to
+// kRecordRegionAlign. Throws naming `name` for an invalid bits/group/shape combination.
+ExpertLayer plan_expert_layer(const std::string& name, const std::string& file, int n_experts,
+                              const std::array<ProjSpec, 3>& spec);
+
+// The expert blob file name of a MoE block ("model.layers.3.mlp" -> "experts/layer_003.bin",
+// "mtp.layers.0.mlp" -> "experts/mtp_layer_000.bin").
+std::string expert_file_name(const std::string& name);
+
+uint64_t record_checksum(const void* data, size_t n);
+
+struct EngineIndex {
+  std::string architecture;  // config.json's, e.g. "Qwen3NextForCausalLM"
+  int dense_bits = kRawBits, dense_group = 0;
+  std::vector<ExpertLayer> layers;
+
+  const ExpertLayer* find(const std::string& name) const;  // null when absent
+};
+
+// The index as moestream.json holds it; dims come from cfg. Keys are sorted and nothing
+// depends on time or host, so the same conversion gives the same bytes.
+std::string engine_index_json(const EngineIndex& index, const ModelConfig& cfg);
+
+bool is_engine_dir(const std::string& dir);
+
+// Reads and checks dir/moestream.json: format name and version, every layer's layout against
+// the one plan_expert_layer computes, one checksum per expert, dims against cfg (the
+// directory's config.json). Errors name the file, the layer and the field.
+EngineIndex read_engine_index(const std::string& dir, const ModelConfig& cfg);
+
+// The expert blobs of an engine directory, mmap'ed; sizes checked against the index.
+class ExpertBlobs {
+ public:
+  ExpertBlobs(const std::string& dir, const EngineIndex& index);
+  const EngineIndex& index() const { return index_; }
+  // Record of expert e of `layer`, which must be one of index().layers.
+  const uint8_t* record(const ExpertLayer& layer, int e) const;
+  // Recomputes expert e's checksum; throws naming file, layer and expert on a mismatch.
+  void verify(const ExpertLayer& layer, int e) const;
+
+ private:
+  std::string dir_;
+  EngineIndex index_;
+  std::vector<std::unique_ptr<MappedFile>> maps_;  // parallel to index_.layers
+};
+
+}  // namespace ms

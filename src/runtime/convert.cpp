@@ -1,0 +1,441 @@
+#include "runtime/convert.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "format/config.h"
+#include "format/engine_dir.h"
+#include "format/safetensors.h"
+#include "quant/affine.h"
+#include "util/error.h"
+#include "util/half.h"
+#include "util/thread_pool.h"
+
+namespace ms {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Values of a dense tensor processed at a time: bounds the converter's buffers whatever the
+// tensor's size (16 MB as float32).
+constexpr size_t kChunkValues = size_t(1) << 22;
+
+// Files of the checkpoint copied as they are; config.json is required, the rest when present.
+constexpr const char* kCopiedFiles[] = {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"};
+
+bool is_float(DType t) { return t == DType::BF16 || t == DType::F16 || t == DType::F32; }
+
+// Drops the pages of a consumed source tensor from this process: the shards are mmap'ed, and
+// without this the resident set would grow to the whole checkpoint.
+void release(const TensorView& t) {
+  if (t.nbytes == 0) return;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(t.data) + t.nbytes;
+  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+// Elements [first, first + n) of a float tensor as float32.
+void read_f32(const TensorView& t, size_t first, size_t n, float* out) {
+  switch (t.dtype) {
+    case DType::F32: std::memcpy(out, t.as<float>() + first, n * 4); break;
+    case DType::BF16:
+      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(t.as<bf16>()[first + i]);
+      break;
+    case DType::F16:
+      for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(t.as<f16>()[first + i]);
+      break;
+    default: fail("{}: tensor '{}' has dtype {}, expected BF16, F16 or F32", t.file, t.name, dtype_name(t.dtype));
+  }
+}
+
+// The tensor as bf16: bf16 sources are copied bit for bit.
+void read_bf16(const TensorView& t, uint16_t* out) {
+  const size_t n = size_t(t.numel());
+  if (t.dtype == DType::BF16) {
+    std::memcpy(out, t.data, n * 2);
+    return;
+  }
+  std::vector<float> f(n);
+  read_f32(t, 0, n, f.data());
+  for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(f[i]);
+}
+
+QuantBuffer quantize_named(const TensorView& t, const float* w, int rows, int cols, int bits, int group) {
+  try {
+    return quantize(w, rows, cols, bits, group);
+  } catch (const Error& e) {
+    fail("{}: tensor '{}': {}", t.file, t.name, e.what());
+  }
+}
+
+class Progress {
+ public:
+  Progress(size_t total, bool enabled) : total_(total), enabled_(enabled), start_(Clock::now()) {}
+
+  void add(size_t n) {
+    std::lock_guard lock(mu_);
+    done_ += n;
+    if (!enabled_) return;
+    const auto now = Clock::now();
+    if (now - last_ < std::chrono::milliseconds(100) && done_ < total_) return;
+    last_ = now;
+    draw(now);
+  }
+
+  void finish() {
+    if (enabled_) std::fputc('\n', stderr);
+  }
+
+ private:
+  void draw(Clock::time_point now) {
+    const double secs = std::chrono::duration<double>(now - start_).count();
+    const double frac = total_ ? double(done_) / double(total_) : 1.0;
+    const double rate = secs > 0 ? double(done_) / secs : 0.0;
+    const double eta = rate > 0 ? double(total_ - done_) / rate : 0.0;
+    constexpr int kWidth = 30;
+    const int filled = int(frac * kWidth);
+    std::string bar(size_t(filled), '=');
+    bar.resize(kWidth, ' ');
+    std::fprintf(stderr, "\r[%s] %3.0f%%  %.1f / %.1f MB  %.1f MB/s  ETA %d:%02d ", bar.c_str(), frac * 100,
+                 double(done_) / 1e6, double(total_) / 1e6, rate / 1e6, int(eta) / 60, int(eta) % 60);
+    std::fflush(stderr);
+  }
+
+  std::mutex mu_;
+  size_t total_, done_ = 0;
+  bool enabled_;
+  Clock::time_point start_, last_{};
+};
+
+// The output directory under a temporary name beside the final one; removed unless committed,
+// so a failed or interrupted conversion never leaves a directory that looks valid.
+class TempDir {
+ public:
+  explicit TempDir(const fs::path& out) {
+    std::string pattern = out.string() + ".tmp-XXXXXX";
+    if (!mkdtemp(pattern.data())) fail("{}: cannot create a temporary directory beside it: {}", out.string(), std::strerror(errno));
+    path_ = pattern;
+    fs::permissions(path_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read |
+                               fs::perms::others_exec);
+  }
+  ~TempDir() {
+    if (!path_.empty()) {
+      std::error_code ec;
+      fs::remove_all(path_, ec);
+    }
+  }
+  const fs::path& path() const { return path_; }
+  void commit(const fs::path& out, bool force) {
+    if (fs::exists(out)) {
+      if (!force) fail("{}: already exists (use --force to replace it)", out.string());
+      fs::remove_all(out);
+    }
+    fs::rename(path_, out);
+    path_.clear();
+  }
+
+ private:
+  fs::path path_;
+};
+
+// ---- planning ----
+
+struct ExpertPlan {
+  ExpertLayer layout;
+  std::vector<std::array<const TensorView*, 3>> sources;  // per expert: gate, up, down
+};
+
+std::string expert_tensor(const std::string& block, int e, size_t proj) {
+  return fmt::format("{}.experts.{}.{}_proj.weight", block, e, kExpertProjections[proj]);
+}
+
+int bits_for(const ConvertOptions& opt, const std::string& layer_key, size_t proj) {
+  if (auto it = opt.layer_bits.find(layer_key); it != opt.layer_bits.end()) return it->second;
+  if (auto it = opt.proj_bits.find(kExpertProjections[proj]); it != opt.proj_bits.end()) return it->second;
+  return opt.expert_bits;
+}
+
+ExpertPlan plan_expert_block(const ModelConfig& cfg, const TensorStore& store, const ConvertOptions& opt,
+                             const std::string& block, const std::string& layer_key) {
+  const int H = cfg.hidden, I = cfg.moe_inter;
+  std::array<ProjSpec, 3> spec;
+  for (size_t p = 0; p < 3; ++p)
+    spec[p] = {bits_for(opt, layer_key, p), opt.expert_group, p == 2 ? H : I, p == 2 ? I : H};
+  ExpertPlan plan{plan_expert_layer(block, expert_file_name(block), cfg.n_experts, spec), {}};
+  for (int e = 0; e < cfg.n_experts; ++e) {
+    std::array<const TensorView*, 3> src;
+    for (size_t p = 0; p < 3; ++p) {
+      const TensorView& t = store.get(expert_tensor(block, e, p));
+      if (!is_float(t.dtype))
+        fail("{}: tensor '{}' has dtype {}, expected BF16, F16 or F32", t.file, t.name, dtype_name(t.dtype));
+      t.expect(t.dtype, {spec[p].rows, spec[p].cols});
+      src[p] = &t;
+    }
+    plan.sources.push_back(src);
+  }
+  return plan;
+}
+
+std::vector<ExpertPlan> plan_experts(const ModelConfig& cfg, const TensorStore& store, const ConvertOptions& opt) {
+  std::vector<ExpertPlan> plans;
+  for (int l = 0; l < cfg.n_layers; ++l)
+    if (cfg.is_moe(l)) plans.push_back(plan_expert_block(cfg, store, opt, fmt::format("model.layers.{}.mlp", l), std::to_string(l)));
+  if (store.has(expert_tensor("mtp.layers.0.mlp", 0, 0))) plans.push_back(plan_expert_block(cfg, store, opt, "mtp.layers.0.mlp", "mtp"));
+  for (auto& [key, bits] : opt.layer_bits) {
+    const bool known = std::any_of(plans.begin(), plans.end(), [&](const ExpertPlan& p) {
+      return p.layout.name == (key == "mtp" ? "mtp.layers.0.mlp" : fmt::format("model.layers.{}.mlp", key));
+    });
+    if (!known) fail("--layer-bits: layer {} is not a MoE layer of this model", key);
+  }
+  return plans;
+}
+
+// One source tensor of dense.safetensors: copied as stored (bits 16) or quantized into
+// NAME.q / NAME.scales / NAME.biases.
+struct DenseItem {
+  const TensorView* src;
+  int bits = kRawBits, group = 0;
+  size_t first_spec = 0;  // its (first) output tensor in the writer's declaration order
+};
+
+bool is_router(const std::string& name) {
+  auto ends_with = [&](const std::string& s) { return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
+  return ends_with(".mlp.gate.weight") || ends_with(".shared_expert_gate.weight");
+}
+
+// docs/FORMAT.md, "Dense weights": routers stay as stored (they pick the experts, and are
+// small); embedding and lm_head take at least 8 bits; what is not a 2-D float matrix whose
+// rows split into whole groups is copied as stored.
+int dense_bits_for(const TensorView& t, const ConvertOptions& opt) {
+  if (opt.dense_bits == kRawBits || t.shape.size() != 2 || !is_float(t.dtype) || is_router(t.name)) return kRawBits;
+  if (t.dim(1) % opt.dense_group != 0 || t.dim(0) == 0) return kRawBits;
+  if (t.name == "model.embed_tokens.weight" || t.name == "lm_head.weight") return std::max(opt.dense_bits, 8);
+  return opt.dense_bits;
+}
+
+bool is_expert_tensor(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
+std::vector<DenseItem> plan_dense(const TensorStore& store, const std::vector<ExpertPlan>& experts,
+                                  const ConvertOptions& opt, std::vector<TensorSpec>* specs) {
+  std::set<const TensorView*> expert_sources;
+  for (auto& p : experts)
+    for (auto& s : p.sources) expert_sources.insert(s.begin(), s.end());
+  std::vector<DenseItem> items;
+  for (const std::string& name : store.names()) {
+    const TensorView& t = store.get(name);
+    if (expert_sources.count(&t)) continue;
+    if (is_expert_tensor(name)) fail("{}: tensor '{}' looks like a routed expert but is outside the model's experts", t.file, name);
+    DenseItem item{&t, dense_bits_for(t, opt), opt.dense_group, specs->size()};
+    if (item.bits == kRawBits) {
+      specs->push_back({name, t.dtype, t.shape});
+    } else {
+      const int64_t rows = t.dim(0), cols = t.dim(1);
+      specs->push_back({name + ".q", DType::U8, {rows, cols * item.bits / 8}});
+      specs->push_back({name + ".scales", DType::BF16, {rows, cols / item.group}});
+      specs->push_back({name + ".biases", DType::BF16, {rows, cols / item.group}});
+    }
+    items.push_back(item);
+  }
+  return items;
+}
+
+// ---- writing ----
+
+void write_dense_item(SafetensorsWriter& w, const DenseItem& item, Progress& progress) {
+  const TensorView& t = *item.src;
+  if (item.bits == kRawBits) {
+    constexpr size_t kPiece = kChunkValues * 4;
+    const auto* p = static_cast<const uint8_t*>(t.data);
+    for (size_t off = 0; off < t.nbytes; off += kPiece) w.write(item.first_spec, off, p + off, std::min(kPiece, t.nbytes - off));
+  } else {
+    const size_t rows = size_t(t.dim(0)), cols = size_t(t.dim(1));
+    const size_t rows_per_piece = std::max<size_t>(1, kChunkValues / cols);
+    std::vector<float> f;
+    for (size_t r0 = 0; r0 < rows; r0 += rows_per_piece) {
+      const size_t n = std::min(rows_per_piece, rows - r0);
+      f.resize(n * cols);
+      read_f32(t, r0 * cols, n * cols, f.data());
+      const QuantBuffer q = quantize_named(t, f.data(), int(n), int(cols), item.bits, item.group);
+      const size_t q_row = q.view().row_bytes(), s_row = size_t(q.view().groups_per_row()) * 2;
+      w.write(item.first_spec, r0 * q_row, q.q.data(), q.q.size());
+      w.write(item.first_spec + 1, r0 * s_row, q.scales.data(), q.scales.size() * 2);
+      w.write(item.first_spec + 2, r0 * s_row, q.biases.data(), q.biases.size() * 2);
+    }
+  }
+  release(t);
+  progress.add(t.nbytes);
+}
+
+// One expert's record: each projection quantized (or as bf16) into its place; padding zero.
+void fill_record(const ExpertLayer& layout, const std::array<const TensorView*, 3>& src, std::vector<uint8_t>& rec,
+                 std::vector<float>& f) {
+  rec.assign(layout.stride, 0);
+  for (size_t p = 0; p < 3; ++p) {
+    const ProjLayout& pl = layout.proj[p];
+    const TensorView& t = *src[p];
+    if (pl.bits == kRawBits) {
+      read_bf16(t, reinterpret_cast<uint16_t*>(rec.data() + pl.q_offset));
+      continue;
+    }
+    f.resize(size_t(t.numel()));
+    read_f32(t, 0, f.size(), f.data());
+    const QuantBuffer q = quantize_named(t, f.data(), pl.rows, pl.cols, pl.bits, pl.group);
+    std::memcpy(rec.data() + pl.q_offset, q.q.data(), pl.q_bytes);
+    std::memcpy(rec.data() + pl.scales_offset, q.scales.data(), pl.scales_bytes);
+    std::memcpy(rec.data() + pl.biases_offset, q.biases.data(), pl.scales_bytes);
+  }
+}
+
+void write_expert_blob(const fs::path& dir, ExpertPlan& plan, Progress& progress) {
+  ExpertLayer& layout = plan.layout;
+  const std::string path = (dir / layout.file).string();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("{}: cannot open for writing: {}", path, std::strerror(errno));
+  layout.checksums.assign(size_t(layout.n_experts), 0);
+  std::mutex error_mu;
+  std::exception_ptr error;
+  // Experts are independent: each worker quantizes whole records into its own buffer.
+  ThreadPool::global().parallel_for(size_t(layout.n_experts), [&](size_t e0, size_t e1) {
+    try {
+      std::vector<uint8_t> rec;
+      std::vector<float> f;
+      for (size_t e = e0; e < e1; ++e) {
+        fill_record(layout, plan.sources[e], rec, f);
+        layout.checksums[e] = record_checksum(rec.data(), layout.record_bytes);
+        pwrite_all(fd, rec.data(), rec.size(), e * layout.stride, path);
+        size_t consumed = 0;
+        for (const TensorView* t : plan.sources[e]) {
+          release(*t);
+          consumed += t->nbytes;
+        }
+        progress.add(consumed);
+      }
+    } catch (...) {
+      std::lock_guard lock(error_mu);
+      if (!error) error = std::current_exception();
+    }
+  });
+  // Written pages leave the page cache as they reach the disk, so a memory-limited cgroup
+  // is not filled by dirty output.
+  const bool synced = ::fdatasync(fd) == 0;
+  if (synced) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  const bool closed = ::close(fd) == 0;
+  if (error) std::rethrow_exception(error);
+  if (!synced || !closed) fail("{}: cannot flush: {}", path, std::strerror(errno));
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("{}: cannot open for writing: {}", path.string(), std::strerror(errno));
+  pwrite_all(fd, text.data(), text.size(), 0, path.string());
+  if (::fdatasync(fd) != 0 || ::close(fd) != 0) fail("{}: cannot flush: {}", path.string(), std::strerror(errno));
+}
+
+void check_bits(const char* flag, int bits, std::initializer_list<int> allowed) {
+  if (std::find(allowed.begin(), allowed.end(), bits) == allowed.end()) {
+    std::string list;
+    for (int a : allowed) list += (list.empty() ? "" : ", ") + std::to_string(a);
+    fail("{}: {} is not one of {}", flag, bits, list);
+  }
+}
+
+void check_options(const ConvertOptions& opt) {
+  if (opt.from.empty()) fail("--from: a checkpoint directory is required");
+  if (opt.out.empty()) fail("--out: an output directory is required");
+  check_bits("--expert-bits", opt.expert_bits, {2, 3, 4, 8, 16});
+  check_bits("--expert-group", opt.expert_group, {32, 64, 128});
+  check_bits("--dense-bits", opt.dense_bits, {4, 8, 16});
+  check_bits("--dense-group", opt.dense_group, {32, 64, 128});
+  for (auto& [proj, bits] : opt.proj_bits) {
+    if (std::find(kExpertProjections.begin(), kExpertProjections.end(), proj) == kExpertProjections.end())
+      fail("--proj-bits: '{}' is not a projection (gate, up, down)", proj);
+    check_bits("--proj-bits", bits, {2, 3, 4, 8, 16});
+  }
+  for (auto& [layer, bits] : opt.layer_bits) check_bits("--layer-bits", bits, {2, 3, 4, 8, 16});
+  if (fs::weakly_canonical(opt.from) == fs::weakly_canonical(opt.out)) fail("--out {} is the checkpoint itself", opt.out);
+}
+
+}  // namespace
+
+std::map<std::string, int> parse_bits_list(const std::string& flag, const std::string& s, char sep) {
+  std::map<std::string, int> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    const std::string item = s.substr(pos, comma - pos);
+    const size_t at = item.find(sep);
+    size_t used = 0;
+    int bits = -1;
+    try {
+      if (at != std::string::npos) bits = std::stoi(item.substr(at + 1), &used);
+    } catch (const std::exception&) {
+    }
+    if (at == 0 || at == std::string::npos || used == 0 || used != item.size() - at - 1)
+      fail("{}: '{}' is not KEY{}BITS", flag, item, sep);
+    out[item.substr(0, at)] = bits;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+ConvertStats convert_checkpoint(const ConvertOptions& opt) {
+  const auto start = Clock::now();
+  check_options(opt);
+  const fs::path out(opt.out);
+  if (fs::exists(out) && !opt.force) fail("{}: already exists (use --force to replace it)", opt.out);
+  if (!fs::is_directory(opt.from)) fail("--from {}: not a checkpoint directory", opt.from);
+  const ModelConfig cfg = load_config(opt.from);
+  const TensorStore store = TensorStore::open(opt.from);
+
+  std::vector<ExpertPlan> experts = plan_experts(cfg, store, opt);
+  std::vector<TensorSpec> specs;
+  const std::vector<DenseItem> dense = plan_dense(store, experts, opt, &specs);
+  ConvertStats stats;
+  for (auto& name : store.names()) stats.bytes_in += store.get(name).nbytes;
+  Progress progress(stats.bytes_in, opt.progress);
+
+  TempDir tmp(out);
+  {
+    SafetensorsWriter w((tmp.path() / kEngineDenseFile).string(), specs);
+    for (auto& item : dense) write_dense_item(w, item, progress);
+    w.close();
+  }
+  fs::create_directory(tmp.path() / "experts");
+  EngineIndex index{cfg.architecture, opt.dense_bits, opt.dense_bits == kRawBits ? 0 : opt.dense_group, {}};
+  for (auto& plan : experts) {
+    write_expert_blob(tmp.path(), plan, progress);
+    index.layers.push_back(plan.layout);
+  }
+  progress.finish();
+  for (const char* f : kCopiedFiles) {
+    const fs::path src = fs::path(opt.from) / f;
+    if (!fs::exists(src)) continue;
+    fs::copy_file(src, tmp.path() / f);
+    fs::permissions(tmp.path() / f, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
+  }
+  // The index last: a directory holding moestream.json holds everything it names.
+  write_text(tmp.path() / kEngineIndexFile, engine_index_json(index, cfg));
+  for (auto& e : fs::recursive_directory_iterator(tmp.path()))
+    if (e.is_regular_file()) stats.bytes_out += e.file_size();
+  tmp.commit(out, opt.force);
+  stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return stats;
+}
+
+}  // namespace ms

@@ -1,0 +1,77 @@
+// `moestream convert` on the command line: a converted fixture runs through `logits` with the
+// checkpoint's exact output, flag errors exit 2, conversion errors exit 1 naming the cause,
+// and no progress bar is drawn when stderr is not a terminal.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "test_support.h"
+
+namespace ms {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_cli;
+
+std::string slurp(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(ConvertCli, ConvertedFixtureGivesTheCheckpointsLogits) {
+  MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", dir);
+  const std::string work = test::scratch_dir("convert-cli");
+  std::string out, err;
+  ASSERT_EQ(run_cli("convert --from " + dir + " --out " + work + "/m --expert-bits 16", &out, &err), 0) << err;
+  EXPECT_EQ(err, "");  // stderr is a file here: no progress bar
+  EXPECT_NE(out.find(work + "/m"), std::string::npos) << out;
+  const std::string ids = "--ids 1,7,300,42,5";
+  ASSERT_EQ(run_cli("logits --model " + dir + " " + ids + " --mtp --out " + work + "/a.safetensors", nullptr, &err), 0) << err;
+  ASSERT_EQ(run_cli("logits --model " + work + "/m " + ids + " --mtp --out " + work + "/b.safetensors", nullptr, &err), 0) << err;
+  EXPECT_EQ(slurp(work + "/a.safetensors"), slurp(work + "/b.safetensors"));
+
+  EXPECT_EQ(run_cli("convert --from " + dir + " --out " + work + "/m", nullptr, &err), 1);
+  EXPECT_NE(err.find("already exists"), std::string::npos) << err;
+  EXPECT_EQ(run_cli("convert --from " + dir + " --out " + work + "/m --expert-bits 4 --dense-bits 8 --proj-bits down=8 "
+                    "--layer-bits 0:2,mtp:3 --force",
+                    nullptr, &err),
+            0)
+      << err;
+  EXPECT_EQ(run_cli("inspect --model " + work + "/m", &out, &err), 0) << err;
+  EXPECT_NE(out.find("mtp head       yes"), std::string::npos) << out;
+}
+
+TEST(ConvertCli, FlagErrors) {
+  std::string err;
+  EXPECT_EQ(run_cli("convert --from a --out b --expert-bits 5", nullptr, &err), 2);
+  EXPECT_NE(err.find("--expert-bits"), std::string::npos) << err;
+  EXPECT_EQ(run_cli("convert --from a --out b --dense-bits 2", nullptr, &err), 2);
+  EXPECT_NE(err.find("--dense-bits"), std::string::npos) << err;
+  EXPECT_EQ(run_cli("convert --out b", nullptr, &err), 2);
+  EXPECT_NE(err.find("--from"), std::string::npos) << err;
+  const std::string work = test::scratch_dir("convert-cli-err");
+  EXPECT_EQ(run_cli("convert --from " + work + "/nothing --out " + work + "/m", nullptr, &err), 1);
+  EXPECT_NE(err.find("nothing"), std::string::npos) << err;
+  MS_REQUIRE_SHARED("fixtures/qwen3-moe-tiny", dir);
+  EXPECT_EQ(run_cli("convert --from " + dir + " --out " + work + "/m --proj-bits gate", nullptr, &err), 1);
+  EXPECT_NE(err.find("--proj-bits"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(work + "/m"));
+}
+
+// With stderr on a terminal (a pseudo-terminal from util-linux `script`) the bar is drawn.
+TEST(ConvertCli, ProgressBarOnATerminal) {
+  MS_REQUIRE_SHARED("fixtures/qwen3-moe-tiny", dir);
+  if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "util-linux 'script' not found";
+  const std::string work = test::scratch_dir("convert-tty");
+  const std::string cmd = std::string("script -qec '") + MOESTREAM_BINARY + " convert --from " + dir + " --out " + work +
+                          "/m' /dev/null >" + work + "/tty.txt 2>&1 </dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string tty = slurp(work + "/tty.txt");
+  EXPECT_NE(tty.find("100%"), std::string::npos) << tty;
+  EXPECT_NE(tty.find("MB/s"), std::string::npos) << tty;
+  EXPECT_NE(tty.find("ETA"), std::string::npos) << tty;
+}
+
+}  // namespace
+}  // namespace ms
