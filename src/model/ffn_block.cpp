@@ -43,26 +43,43 @@ Routing route(const ModelConfig& cfg, const Mat& router, const float* x, int T) 
 }
 
 // Runs each routed expert once over the tokens that chose it. Per-(token, slot) results are
-// summed in top-k order afterwards, so the answer does not depend on the order experts run in.
-void routed_experts(const ModelConfig& cfg, const FfnWeights& w, const Routing& r, const float* x, int T, float* out) {
+// summed in top-k order afterwards, so the answer depends neither on the order experts run in
+// nor on how they are split into waves.
+void routed_experts(const ModelConfig& cfg, const FfnWeights& w, const Routing& r, const float* x, int T, float* out,
+                    ExpertStore* store) {
   const int H = cfg.hidden, K = cfg.top_k;
   std::vector<std::vector<int>> users(size_t(cfg.n_experts));  // (token * K + slot) per expert
-  for (int i = 0; i < T * K; ++i) users[size_t(r.ids[size_t(i)])].push_back(i);
+  std::vector<int> order;                                       // distinct experts, first use first
+  for (int i = 0; i < T * K; ++i) {
+    auto& u = users[size_t(r.ids[size_t(i)])];
+    if (u.empty()) order.push_back(r.ids[size_t(i)]);
+    u.push_back(i);
+  }
 
   std::vector<float> partial(size_t(T) * size_t(K) * size_t(H));
   std::vector<float> xb, yb;
-  for (int e = 0; e < cfg.n_experts; ++e) {
+  auto run = [&](int e, const MlpWeights& mlp) {
     const auto& u = users[size_t(e)];
-    if (u.empty()) continue;
     const int n = int(u.size());
     xb.resize(size_t(n) * size_t(H));
     yb.resize(size_t(n) * size_t(H));
     for (int j = 0; j < n; ++j) std::copy_n(x + size_t(u[size_t(j)] / K) * size_t(H), H, xb.data() + size_t(j) * size_t(H));
-    mlp_forward(w.experts[size_t(e)], xb.data(), n, yb.data());
+    mlp_forward(mlp, xb.data(), n, yb.data());
     for (int j = 0; j < n; ++j) {
       const float wt = r.weights[size_t(u[size_t(j)])];
       float* dst = partial.data() + size_t(u[size_t(j)]) * size_t(H);
       for (int h = 0; h < H; ++h) dst[h] = wt * yb[size_t(j) * size_t(H) + size_t(h)];
+    }
+  };
+  if (w.store_layer < 0) {
+    for (int e : order) run(e, w.experts[size_t(e)]);
+  } else {
+    const size_t cap = size_t(store->capacity(w.store_layer));
+    for (size_t b = 0; b < order.size(); b += cap) {
+      const std::vector<int> wave(order.begin() + std::ptrdiff_t(b), order.begin() + std::ptrdiff_t(std::min(order.size(), b + cap)));
+      std::vector<const uint8_t*> records = store->acquire(w.store_layer, wave);
+      for (size_t j = 0; j < wave.size(); ++j) run(wave[j], expert_weights(*w.record_layout, records[j]));
+      store->release(w.store_layer);
     }
   }
   for (int t = 0; t < T; ++t) {
@@ -88,14 +105,15 @@ void add_shared_expert(const ModelConfig& cfg, const FfnWeights& w, const float*
 
 }  // namespace
 
-void ffn_block(const ModelConfig& cfg, const FfnWeights& w, bool moe, const float* x, int T, float* out, int* routes) {
+void ffn_block(const ModelConfig& cfg, const FfnWeights& w, bool moe, const float* x, int T, float* out, int* routes,
+               ExpertStore* store) {
   if (!moe) {
     mlp_forward(w.dense, x, T, out);
     return;
   }
   Routing r = route(cfg, w.router, x, T);
   if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
-  routed_experts(cfg, w, r, x, T, out);
+  routed_experts(cfg, w, r, x, T, out, store);
   if (cfg.shared_inter > 0) add_shared_expert(cfg, w, x, T, out);
 }
 

@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "kernels/cpu/ops.h"
 #include "model/blocks.h"
@@ -9,18 +10,66 @@
 
 namespace ms {
 
-Model::Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertBlobs> blobs)
-    : store_(std::move(store)), cfg_(std::move(cfg)), blobs_(std::move(blobs)) {
-  w_ = load_weights(cfg_, store_, blobs_.get());
+Model::Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan)
+    : store_(std::move(store)), cfg_(std::move(cfg)), experts_(std::move(experts)), plan_(plan) {
+  w_ = load_weights(cfg_, store_, experts_.get());
 }
 
-std::unique_ptr<Model> Model::load(const std::string& dir) {
+namespace {
+
+std::string gib(uint64_t b) { return fmt::format("{:.2f} GiB", double(b) / double(1ull << 30)); }
+
+// Splits a memory budget: dense weights (the whole dense file: it is mapped), KV and recurrent
+// state for `context` tokens, activations of a prefill chunk, and the rest as equal pools.
+MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, const ModelOptions& opt) {
+  MemoryPlan p;
+  p.dense = dense_bytes;
+  int full = 0;
+  for (auto t : cfg.layer_types) full += t == LayerType::FullAttention;
+  const uint64_t kv_per_token = uint64_t(full + 1) * 2 * uint64_t(cfg.n_kv_heads) * uint64_t(cfg.head_dim) * sizeof(float);
+  const uint64_t linear = uint64_t(cfg.n_layers - full) *
+                          (uint64_t(cfg.lin_v_heads) * cfg.lin_k_dim * cfg.lin_v_dim +
+                           uint64_t(2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim) * 4) * sizeof(float);
+  p.kv = kv_per_token * uint64_t(opt.context) + linear;
+  // A prefill chunk's activations: hidden states, projections and logits of 512 tokens.
+  p.activations = 512ull * (16ull * cfg.hidden + uint64_t(cfg.vocab)) * sizeof(float);
+  uint64_t per_slot = 0;  // one slot in every MoE layer
+  for (const auto& l : index.layers) per_slot += l.stride;
+  const uint64_t fixed = p.dense + p.kv + p.activations;
+  const uint64_t floor = fixed + per_slot * uint64_t(cfg.top_k);
+  if (opt.memory_budget < floor)
+    fail("memory budget {} is below the floor of {}: dense weights {}, KV/state for {} tokens {}, activations {}, "
+         "and {} expert slots per layer x {} layers ({} per slot row)",
+         gib(opt.memory_budget), gib(floor), gib(p.dense), opt.context, gib(p.kv), gib(p.activations), cfg.top_k,
+         index.layers.size(), gib(per_slot));
+  p.slots = int(std::min<uint64_t>((opt.memory_budget - fixed) / per_slot, uint64_t(cfg.n_experts)));
+  p.pool = per_slot * uint64_t(p.slots);
+  return p;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt) {
   ModelConfig cfg = load_config(dir);
-  if (!is_engine_dir(dir)) return std::unique_ptr<Model>(new Model(TensorStore::open(dir), std::move(cfg), nullptr));
-  // The streaming expert pool (issue 6) will replace the mmap of the blobs.
-  auto blobs = std::make_unique<ExpertBlobs>(dir, read_engine_index(dir, cfg));
-  TensorStore dense = TensorStore::open(dir + "/" + kEngineDenseFile);
-  return std::unique_ptr<Model>(new Model(std::move(dense), std::move(cfg), std::move(blobs)));
+  if (!is_engine_dir(dir)) return std::unique_ptr<Model>(new Model(TensorStore::open(dir), std::move(cfg), nullptr, {}));
+  EngineIndex index = read_engine_index(dir, cfg);
+  const std::string dense_path = dir + "/" + kEngineDenseFile;
+  TensorStore dense = TensorStore::open(dense_path);
+  StoreOptions store_opt = opt.experts;
+  MemoryPlan plan;
+  if (opt.memory_budget > 0) {
+    plan = plan_memory(cfg, index, std::filesystem::file_size(dense_path), opt);
+    store_opt.slots = plan.slots;
+    store_opt.layer_caps.clear();
+  }
+  for (const auto& l : index.layers) {
+    int cap = store_opt.slots > 0 ? store_opt.slots : l.n_experts;
+    if (auto it = store_opt.layer_caps.find(model_layer_of(l.name)); it != store_opt.layer_caps.end()) cap = it->second;
+    if (cap < cfg.top_k)
+      fail("{}: {} expert slots for layer {} cannot hold one token's {} routed experts", dir, cap, l.name, cfg.top_k);
+  }
+  auto experts = std::make_unique<ExpertStore>(dir, index, store_opt);
+  return std::unique_ptr<Model>(new Model(std::move(dense), std::move(cfg), std::move(experts), plan));
 }
 
 void Model::embed(const int* ids, int T, float* out) const {
@@ -52,7 +101,7 @@ void Model::decoder_layer(const LayerWeights& lw, const float* x_in, int T, KVCa
   else deltanet_block(cfg_, lw.linear, h.data(), T, *lin, y.data());
   for (size_t i = 0; i < n; ++i) x[i] += y[i];
   cpu::rmsnorm(x, T, cfg_.hidden, lw.post_attention_norm.data(), offset, cfg_.rms_eps, h.data());
-  ffn_block(cfg_, lw.ffn, lw.moe, h.data(), T, y.data(), routes);
+  ffn_block(cfg_, lw.ffn, lw.moe, h.data(), T, y.data(), routes, experts_.get());
   for (size_t i = 0; i < n; ++i) x[i] += y[i];
 }
 

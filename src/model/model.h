@@ -24,11 +24,25 @@ struct ForwardResult {
   std::vector<std::vector<int>> routes;     // [layer][T * top_k], empty for dense layers
 };
 
+// How an engine directory's experts are held: a pool of `experts.slots` per layer (or per-layer
+// caps), or sized from a memory budget. A Hugging Face checkpoint keeps every expert mapped.
+struct ModelOptions {
+  StoreOptions experts;
+  uint64_t memory_budget = 0;  // bytes for everything (dense + KV + activations + pool); 0 = unset
+  int context = 4096;          // tokens the KV budget provides for
+};
+
+// Where a memory budget goes (DESIGN.md invariant 5).
+struct MemoryPlan {
+  uint64_t dense = 0, kv = 0, activations = 0, pool = 0;
+  int slots = 0;  // per MoE layer
+};
+
 class Model {
  public:
   // A Hugging Face checkpoint directory or an engine directory (moestream.json, written by
   // `moestream convert`).
-  static std::unique_ptr<Model> load(const std::string& dir);
+  static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& opt = {});
 
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
@@ -43,15 +57,20 @@ class Model {
   // token at pos0 + i + 2. Uses and extends the state's MTP KV cache. Returns [T, vocab].
   std::vector<float> mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state) const;
 
+  // The streaming expert store of an engine directory; null for a Hugging Face checkpoint.
+  const ExpertStore* experts() const { return experts_.get(); }
+  const MemoryPlan& memory_plan() const { return plan_; }
+
  private:
-  Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertBlobs> blobs);
+  Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan);
   void embed(const int* ids, int T, float* out) const;
   void decoder_layer(const LayerWeights& lw, const float* x_in, int T, KVCache& kv, LinearState* lin, int pos0, float* x,
                      int* routes) const;
 
   TensorStore store_;
   ModelConfig cfg_;
-  std::unique_ptr<ExpertBlobs> blobs_;  // engine directory: routed experts, mmap'ed
+  std::unique_ptr<ExpertStore> experts_;  // engine directory: routed experts, streamed
+  MemoryPlan plan_;
   ModelWeights w_;
 };
 

@@ -8,8 +8,8 @@ namespace {
 
 class Loader {
  public:
-  Loader(const ModelConfig& cfg, const TensorStore& store, const ExpertBlobs* blobs, ModelWeights& w)
-      : cfg_(cfg), store_(store), blobs_(blobs), w_(w) {}
+  Loader(const ModelConfig& cfg, const TensorStore& store, const ExpertStore* experts, ModelWeights& w)
+      : cfg_(cfg), store_(store), experts_(experts), w_(w) {}
 
   bool has_mat(const std::string& name) const { return store_.has(name) || store_.has(name + ".q"); }
 
@@ -54,35 +54,31 @@ class Loader {
     return Mat::affine(m);
   }
 
-  // Projection i of expert e from its record in an expert blob.
-  Mat expert_mat(const ExpertLayer& layer, int e, size_t i, int rows, int cols) {
-    const ProjLayout& p = layer.proj[i];
-    if (p.rows != rows || p.cols != cols)
-      fail("{}: layer {}: projection {} is [{}, {}], the model config needs [{}, {}]", kEngineIndexFile, layer.name,
-           kExpertProjections[i], p.rows, p.cols, rows, cols);
-    const uint8_t* rec = blobs_->record(layer, e);
-    w_.expert_bytes += p.q_bytes + 2 * p.scales_bytes;
-    w_.expert_params += size_t(rows) * size_t(cols);
-    if (p.bits == kRawBits) return {WeightType::BF16, rec + p.q_offset, rows, cols};
-    return Mat::affine({rec + p.q_offset, reinterpret_cast<const uint16_t*>(rec + p.scales_offset),
-                        reinterpret_cast<const uint16_t*>(rec + p.biases_offset), rows, cols, p.bits, p.group});
+  // The routed experts of MoE block p as checkpoint tensors.
+  std::vector<MlpWeights> experts(const std::string& p) {
+    std::vector<MlpWeights> out;
+    for (int e = 0; e < cfg_.n_experts; ++e) out.push_back(mlp(p + ".experts." + std::to_string(e), cfg_.moe_inter, true));
+    return out;
   }
 
-  // The routed experts of MoE block p: checkpoint tensors, or records of the block's blob.
-  std::vector<MlpWeights> experts(const std::string& p) {
+  // The routed experts of MoE block p streamed from its blob: check the record layout against
+  // the config once; the matrices are made per record as experts become resident.
+  void streamed_experts(const std::string& p, FfnWeights& f) {
+    f.store_layer = experts_->layer_of(p);
+    const ExpertLayer& layer = experts_->index().layers[size_t(f.store_layer)];
+    if (layer.n_experts != cfg_.n_experts)
+      fail("{}: layer {} has {} experts, the model config {}", kEngineIndexFile, p, layer.n_experts, cfg_.n_experts);
     const int H = cfg_.hidden, I = cfg_.moe_inter;
-    std::vector<MlpWeights> out;
-    if (!blobs_) {
-      for (int e = 0; e < cfg_.n_experts; ++e) out.push_back(mlp(p + ".experts." + std::to_string(e), I, true));
-      return out;
+    const int want[3][2] = {{I, H}, {I, H}, {H, I}};
+    for (size_t i = 0; i < 3; ++i) {
+      const ProjLayout& pl = layer.proj[i];
+      if (pl.rows != want[i][0] || pl.cols != want[i][1])
+        fail("{}: layer {}: projection {} is [{}, {}], the model config needs [{}, {}]", kEngineIndexFile, layer.name,
+             kExpertProjections[i], pl.rows, pl.cols, want[i][0], want[i][1]);
+      w_.expert_bytes += size_t(layer.n_experts) * (pl.q_bytes + 2 * pl.scales_bytes);
+      w_.expert_params += size_t(layer.n_experts) * size_t(pl.rows) * size_t(pl.cols);
     }
-    const ExpertLayer* layer = blobs_->index().find(p);
-    if (!layer) fail("{}: no expert layer '{}' in the index", kEngineIndexFile, p);
-    if (layer->n_experts != cfg_.n_experts)
-      fail("{}: layer {} has {} experts, the model config {}", kEngineIndexFile, p, layer->n_experts, cfg_.n_experts);
-    for (int e = 0; e < cfg_.n_experts; ++e)
-      out.push_back({expert_mat(*layer, e, 0, I, H), expert_mat(*layer, e, 1, I, H), expert_mat(*layer, e, 2, H, I)});
-    return out;
+    f.record_layout = &layer;
   }
 
   std::vector<float> vec(const std::string& name, std::vector<int64_t> shape) {
@@ -131,7 +127,8 @@ class Loader {
       return f;
     }
     f.router = mat(p + ".gate.weight", cfg_.n_experts, cfg_.hidden);
-    f.experts = experts(p);
+    if (experts_) streamed_experts(p, f);
+    else f.experts = experts(p);
     if (cfg_.shared_inter > 0) {
       f.shared_expert = mlp(p + ".shared_expert", cfg_.shared_inter);
       f.shared_expert_gate = mat(p + ".shared_expert_gate.weight", 1, cfg_.hidden);
@@ -165,13 +162,23 @@ class Loader {
  private:
   const ModelConfig& cfg_;
   const TensorStore& store_;
-  const ExpertBlobs* blobs_;
+  const ExpertStore* experts_;
   ModelWeights& w_;
 };
 
 }  // namespace
 
-ModelWeights load_weights(const ModelConfig& cfg, const TensorStore& store, const ExpertBlobs* experts) {
+MlpWeights expert_weights(const ExpertLayer& layer, const uint8_t* record) {
+  auto proj = [&](size_t i) -> Mat {
+    const ProjLayout& p = layer.proj[i];
+    if (p.bits == kRawBits) return {WeightType::BF16, record + p.q_offset, p.rows, p.cols};
+    return Mat::affine({record + p.q_offset, reinterpret_cast<const uint16_t*>(record + p.scales_offset),
+                        reinterpret_cast<const uint16_t*>(record + p.biases_offset), p.rows, p.cols, p.bits, p.group});
+  };
+  return {proj(0), proj(1), proj(2)};
+}
+
+ModelWeights load_weights(const ModelConfig& cfg, const TensorStore& store, const ExpertStore* experts) {
   ModelWeights w;
   Loader load(cfg, store, experts, w);
   w.embed = load.mat("model.embed_tokens.weight", cfg.vocab, cfg.hidden);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "format/config.h"
+#include "experts/expert_store.h"
 #include "format/engine_dir.h"
 #include "format/safetensors.h"
 #include "kernels/weights.h"
@@ -33,7 +34,9 @@ struct DeltaNetWeights {  // Gated DeltaNet (Qwen3-Next linear attention)
 
 struct FfnWeights {
   Mat router;                        // MoE: [n_experts, hidden]
-  std::vector<MlpWeights> experts;   // MoE: routed experts
+  std::vector<MlpWeights> experts;   // MoE: routed experts, when all are in memory ...
+  int store_layer = -1;              // ... or their layer in the model's ExpertStore
+  const ExpertLayer* record_layout = nullptr;  // (streamed) where the projections lie in a record
   MlpWeights shared_expert;          // Qwen3-Next: always-on expert ...
   Mat shared_expert_gate;            // ... scaled by sigmoid(shared_expert_gate · x)
   MlpWeights dense;                  // dense (non-MoE) layers
@@ -68,9 +71,12 @@ struct ModelWeights {
   std::deque<std::vector<float>> owned;  // float32 copies of f16 matrices
 };
 
-// From a Hugging Face checkpoint (experts == null) or an engine directory: dense tensors from
-// `store` (a quantized matrix NAME is NAME.q / NAME.scales / NAME.biases), routed experts from
-// the expert blobs.
-ModelWeights load_weights(const ModelConfig& cfg, const TensorStore& store, const ExpertBlobs* experts = nullptr);
+// From a Hugging Face checkpoint (experts == null: routed experts are checkpoint tensors) or an
+// engine directory: dense tensors from `store` (a quantized matrix NAME is NAME.q /
+// NAME.scales / NAME.biases), routed experts streamed through `experts`.
+ModelWeights load_weights(const ModelConfig& cfg, const TensorStore& store, const ExpertStore* experts = nullptr);
+
+// The gate/up/down matrices of one expert record laid out as `layer` says.
+MlpWeights expert_weights(const ExpertLayer& layer, const uint8_t* record);
 
 }  // namespace ms

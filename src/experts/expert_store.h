@@ -1,0 +1,67 @@
+#pragma once
+// The experts of an engine model directory, streamed: each MoE layer has a resident pool; a
+// routed expert that is not resident is read from its blob into a slot (all misses of a layer
+// in one batch), optionally checksummed, and only then published.
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "experts/io_engine.h"
+#include "experts/pool.h"
+#include "format/engine_dir.h"
+
+namespace ms {
+
+struct StoreOptions {
+  int slots = 0;                       // per layer; 0 = every expert
+  std::map<int, int> layer_caps;       // per model layer (pool profile); overrides `slots`
+  PolicyKind policy = PolicyKind::LRU;
+  IoKind io = IoKind::Auto;
+  bool direct_io = true;               // O_DIRECT: bypass the page cache
+  bool verify = false;                 // checksum every record read
+};
+
+struct LayerStats {
+  std::string name;
+  int capacity = 0, resident = 0;
+  size_t slot_bytes = 0;
+  PoolStats pool;
+};
+
+class ExpertStore {
+ public:
+  ExpertStore(const std::string& dir, const EngineIndex& index, const StoreOptions& opt);
+  ~ExpertStore();
+  ExpertStore(const ExpertStore&) = delete;
+  ExpertStore& operator=(const ExpertStore&) = delete;
+
+  const EngineIndex& index() const { return index_; }
+  int layer_of(const std::string& name) const;  // index into index().layers; throws if absent
+  int capacity(int layer) const { return pools_[size_t(layer)]->capacity(); }
+
+  // Makes `experts` (distinct, at most capacity(layer)) resident and returns their records.
+  // They stay resident until release(layer). A failed read or checksum throws naming the
+  // layer, expert and file; the pool stays consistent.
+  std::vector<const uint8_t*> acquire(int layer, const std::vector<int>& experts);
+  void release(int layer);
+
+  std::vector<LayerStats> stats() const;
+  size_t resident_bytes() const;  // the slots' memory
+  const char* io_name() const { return io_->name(); }
+
+ private:
+  std::string dir_;
+  EngineIndex index_;
+  StoreOptions opt_;
+  std::vector<int> fds_;
+  std::vector<std::unique_ptr<ExpertPool>> pools_;
+  std::unique_ptr<IoEngine> io_;
+  std::mutex io_mu_;  // one batch of reads at a time through the engine
+};
+
+// The model layer a MoE block belongs to ("model.layers.12.mlp" -> 12), or -1 (MTP).
+int model_layer_of(const std::string& name);
+
+}  // namespace ms
