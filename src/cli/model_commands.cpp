@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "model/model.h"
 #include "runtime/generate.h"
 #include "util/error.h"
@@ -43,11 +44,13 @@ std::string join_ids(const std::vector<int>& ids) {
 void add_logits(CLI::App& app) {
   auto* cmd = app.add_subcommand("logits", "Write the logits of one forward pass over the given ids");
   struct Args {
-    std::string model, ids, out, mtp_hidden = "pre";
-    bool mtp = false;
+    ModelArgs m;
+    std::string ids, out, mtp_hidden = "pre";
+    bool mtp = false, stats = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--model", a->model, "Model directory")->required();
+  add_model_options(cmd, a->m);
+  cmd->add_flag("--stats", a->stats, "Print expert pool statistics at the end");
   cmd->add_option("--ids", a->ids, "Comma-separated token ids")->required();
   cmd->add_option("--out", a->out, "Output .safetensors file (tensor 'logits' [T, vocab])")->required();
   cmd->add_flag("--mtp", a->mtp, "Also write 'mtp_logits' [T-1, vocab] from the MTP head");
@@ -55,40 +58,44 @@ void add_logits(CLI::App& app) {
       ->check(CLI::IsMember({"pre", "post"}));
   cmd->callback([a] {
     std::vector<int> ids = parse_ids(a->ids);
-    auto model = Model::load(a->model);
+    auto model = Model::load(a->m.model, model_options(a->m));
     const int T = int(ids.size()), V = model->config().vocab;
     State state = model->new_state();
     ForwardResult r = model->forward(ids.data(), T, state, {.all_logits = true, .hidden = a->mtp});
     std::vector<TensorData> out{make_f32_tensor("logits", {T, V}, r.logits.data())};
     if (a->mtp) {
-      if (!model->has_mtp()) fail("{}: --mtp asked for, but the model has no MTP head", a->model);
+      if (!model->has_mtp()) fail("{}: --mtp asked for, but the model has no MTP head", a->m.model);
       if (T < 2) fail("--mtp needs at least two ids");
       const auto& h = a->mtp_hidden == "pre" ? r.hidden_pre_norm : r.hidden_post_norm;
       std::vector<float> m = model->mtp_forward(h.data(), ids.data() + 1, T - 1, 0, state);
       out.push_back(make_f32_tensor("mtp_logits", {T - 1, V}, m.data()));
     }
     write_safetensors(a->out, out);
+    if (a->stats) print_expert_stats(*model, stderr);
   });
 }
 
 void add_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Greedy generation from token ids; prints the new ids");
   struct Args {
-    std::string model, ids;
+    ModelArgs m;
+    std::string ids;
     int max_tokens = 32;
-    bool ignore_eos = false;
+    bool ignore_eos = false, stats = false;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--model", a->model, "Model directory")->required();
+  add_model_options(cmd, a->m);
+  cmd->add_flag("--stats", a->stats, "Print expert pool statistics at the end");
   cmd->add_option("--ids", a->ids, "Comma-separated prompt token ids")->required();
   cmd->add_option("--max-tokens", a->max_tokens, "Tokens to generate")->check(CLI::Range(1, INT32_MAX));
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past an end-of-sequence token");
   cmd->callback([a] {
     std::vector<int> ids = parse_ids(a->ids);
-    auto model = Model::load(a->model);
+    auto model = Model::load(a->m.model, model_options(a->m));
     State state = model->new_state();
     std::vector<int> out = generate_greedy(*model, state, ids, {.max_tokens = a->max_tokens, .stop_at_eos = !a->ignore_eos});
     std::printf("%s\n", join_ids(out).c_str());
+    if (a->stats) print_expert_stats(*model, stderr);
   });
 }
 

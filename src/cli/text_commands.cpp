@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
 #include "util/error.h"
@@ -19,7 +20,7 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 struct TextArgs {
-  std::string model;
+  ModelArgs m;
   int max_tokens = 256;
   SamplingParams sampling;
   std::vector<std::string> stop;
@@ -28,7 +29,7 @@ struct TextArgs {
 };
 
 void add_text_options(CLI::App* cmd, TextArgs& a) {
-  cmd->add_option("--model", a.model, "Model directory")->required();
+  add_model_options(cmd, a.m, true);
   cmd->add_option("--max-tokens", a.max_tokens, "Most tokens to generate")->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--temperature", a.sampling.temperature, "Sampling temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--top-k", a.sampling.top_k, "Sample from the k most likely tokens (0: off)")->check(CLI::NonNegativeNumber);
@@ -79,7 +80,7 @@ void add_run(CLI::App& app) {
   cmd->add_flag("--chat", *chat, "Wrap the prompt in the model's chat template as a user message");
   cmd->callback([a, prompt, chat] {
     a->sampling.validate();
-    auto engine = Engine::load(a->model);
+    auto engine = Engine::load(a->m.model, model_options(a->m));
     std::string text = *prompt;
     if (*chat) {
       ojson messages = ojson::array();
@@ -90,7 +91,10 @@ void add_run(CLI::App& app) {
     Session session(*engine);
     GenerationResult r = session.generate(make_request(*a, engine->tokenizer().encode(text)), print_piece);
     std::printf("\n");
-    if (a->stats) print_stats(r);
+    if (a->stats) {
+      print_stats(r);
+      print_expert_stats(engine->model(), stderr);
+    }
   });
 }
 
@@ -100,7 +104,7 @@ void add_chat(CLI::App& app) {
   add_text_options(cmd, *a);
   cmd->callback([a] {
     a->sampling.validate();
-    auto engine = Engine::load(a->model);
+    auto engine = Engine::load(a->m.model, model_options(a->m));
     Session session(*engine);
     ojson messages = ojson::array();
     auto start = [&] {

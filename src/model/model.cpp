@@ -17,7 +17,9 @@ Model::Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> ex
 
 namespace {
 
-std::string gib(uint64_t b) { return fmt::format("{:.2f} GiB", double(b) / double(1ull << 30)); }
+std::string gib(uint64_t b) {
+  return b >= (1ull << 30) ? fmt::format("{:.2f} GiB", double(b) / double(1ull << 30)) : fmt::format("{:.1f} MiB", double(b) / double(1ull << 20));
+}
 
 // Splits a memory budget: dense weights (the whole dense file: it is mapped), KV and recurrent
 // state for `context` tokens, activations of a prefill chunk, and the rest as equal pools.

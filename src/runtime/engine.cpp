@@ -39,10 +39,10 @@ void add_ids(std::vector<int>& ids, const json& v, const std::string& where) {
 
 bool Engine::is_eos(int id) const { return std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end(); }
 
-std::unique_ptr<Engine> Engine::load(const std::string& dir) {
+std::unique_ptr<Engine> Engine::load(const std::string& dir, const ModelOptions& opt) {
   auto e = std::make_unique<Engine>();
   e->dir_ = dir;
-  e->model_ = Model::load(dir);
+  e->model_ = Model::load(dir, opt);
   const fs::path tok = fs::path(dir) / "tokenizer.json";
   if (!fs::exists(tok)) fail("{}: no tokenizer.json (text commands need the model's tokenizer)", dir);
   e->tokenizer_.emplace(Tokenizer::load(tok.string()));

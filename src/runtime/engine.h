@@ -14,7 +14,7 @@ namespace ms {
 
 class Engine {
  public:
-  static std::unique_ptr<Engine> load(const std::string& dir);
+  static std::unique_ptr<Engine> load(const std::string& dir, const ModelOptions& opt = {});
 
   const std::string& dir() const { return dir_; }
   const Model& model() const { return *model_; }

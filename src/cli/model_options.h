@@ -1,0 +1,29 @@
+#pragma once
+// The options every model-running command shares: which model, and how its experts stream.
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "model/model.h"
+
+namespace ms::cli {
+
+struct ModelArgs {
+  std::string model;
+  int expert_slots = 0;
+  std::string pool_profile, memory, policy = "lru", io = "auto";
+  bool no_direct_io = false, verify = false;
+};
+
+// --model defaults to the embedded pycoder-moe-q4 when `default_model` is set.
+void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model = false);
+ModelOptions model_options(const ModelArgs& a);
+
+// "8G", "512M", "1.5GiB", "1000000" -> bytes; throws naming the text.
+uint64_t parse_bytes(const std::string& text);
+
+// Per-layer and total pool statistics of a streamed model (nothing for a checkpoint).
+void print_expert_stats(const Model& model, std::FILE* out);
+
+}  // namespace ms::cli
