@@ -7,7 +7,7 @@ namespace ms::cli {
 void register_model_commands(CLI::App& app);  // logits, generate, inspect
 void register_tokenize_commands(CLI::App& app);  // tokenize, detokenize
 void register_text_commands(CLI::App& app);  // run, chat
-void register_expert_commands(CLI::App& app);  // simulate
+void register_expert_commands(CLI::App& app);  // simulate, profile
 void register_convert_commands(CLI::App& app);  // convert
 
 }  // namespace ms::cli

@@ -1,11 +1,19 @@
 // simulate: replay routing traces through the real pool and policy code, no compute.
+// profile: measure each layer's working set on real prompts and write a pool profile.
 #include <fmt/format.h>
 
+#include <cmath>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "experts/simulate.h"
+#include "runtime/engine.h"
+#include "runtime/session.h"
+#include "util/error.h"
 
 namespace ms::cli {
 
@@ -40,8 +48,64 @@ void add_simulate(CLI::App& app) {
   });
 }
 
+// Runs the prompts with every expert allowed to stay resident: what each layer's pool holds at
+// the end is the high-water of its distinct experts.
+void add_profile(CLI::App& app) {
+  auto* cmd = app.add_subcommand("profile", "Run prompts and write the per-layer pool profile --pool-profile reads");
+  struct Args {
+    ModelArgs m;
+    std::string prompts, out = "pool_profile.json";
+    double margin = 1.1;
+    int max_tokens = 64;
+  };
+  auto a = std::make_shared<Args>();
+  add_model_options(cmd, a->m, true);
+  cmd->add_option("--prompts", a->prompts, "Text file, one prompt per line")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--out", a->out, "Where to write the profile");
+  cmd->add_option("--margin", a->margin, "Caps = high-water x margin")->check(CLI::Range(1.0, 10.0));
+  cmd->add_option("--max-tokens", a->max_tokens, "Tokens generated per prompt")->check(CLI::NonNegativeNumber);
+  cmd->callback([a] {
+    ModelOptions opt = model_options(a->m);
+    opt.experts.slots = 0;  // every expert may stay: nothing is evicted, resident = high-water
+    opt.experts.layer_caps.clear();
+    opt.memory_budget = 0;
+    auto engine = Engine::load(a->m.model, opt);
+    const ExpertStore* store = engine->model().experts();
+    if (!store) fail("{}: profile needs an engine directory (moestream convert) whose experts stream", a->m.model);
+    std::ifstream in(a->prompts);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      Session session(*engine);
+      GenerationRequest req;
+      req.prompt = engine->tokenizer().encode(line);
+      req.max_tokens = a->max_tokens;
+      session.generate(req);
+      ++n;
+    }
+    if (n == 0) fail("{}: no prompts (one per line)", a->prompts);
+    nlohmann::json caps = nlohmann::json::object();
+    const int top_k = engine->model().config().top_k;
+    for (const LayerStats& l : store->stats()) {
+      const int layer = model_layer_of(l.name);
+      if (layer < 0) continue;  // the MTP head's pool follows --expert-slots
+      const int cap = std::min(l.capacity, std::max(top_k, int(std::ceil(l.resident * a->margin))));
+      caps[std::to_string(layer)] = cap;
+      fmt::print("{:>22}: high-water {:>4} of {} -> cap {}\n", l.name, l.resident, l.capacity, cap);
+    }
+    std::ofstream out(a->out);
+    out << nlohmann::json{{"layer_caps", caps}}.dump(2) << "\n";
+    if (!out) fail("{}: cannot write the profile", a->out);
+    fmt::print("{} prompts; profile written to {}\n", n, a->out);
+  });
+}
+
 }  // namespace
 
-void register_expert_commands(CLI::App& app) { add_simulate(app); }
+void register_expert_commands(CLI::App& app) {
+  add_simulate(app);
+  add_profile(app);
+}
 
 }  // namespace ms::cli

@@ -1,0 +1,52 @@
+// simulate, profile and the streaming flags through the built binary.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_support.h"
+
+namespace ms {
+namespace {
+
+TEST(SimulateCommand, PrintsPolicyLruAndBelady) {
+  MS_REQUIRE_SHARED("models/pycoder-moe/routes.safetensors", routes);
+  std::string out, err;
+  ASSERT_EQ(test::run_cli("simulate --routes " + routes + " --slots 16 --policy lfu --experts 128", &out, &err), 0) << err;
+  EXPECT_NE(out.find("total    0.673    0.631    0.769"), std::string::npos) << out;
+  EXPECT_EQ(test::run_cli("simulate --routes " + routes + " --slots 4", &out, &err), 1);
+  EXPECT_NE(err.find("4 slots cannot hold one token's 8 experts"), std::string::npos) << err;
+  EXPECT_EQ(test::run_cli("simulate --routes " + routes + " --slots 16 --policy fifo", &out, &err), 2);
+}
+
+TEST(ProfileCommand, WritesCapsThatRunAccepts) {
+  const std::string dir = test::scratch_dir("profile");
+  std::ofstream(dir + "/prompts.txt") << "def fib(n):\nimport os\n";
+  std::string out, err;
+  ASSERT_EQ(test::run_cli("profile --prompts " + dir + "/prompts.txt --out " + dir + "/p.json --max-tokens 8", &out, &err), 0) << err;
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/p.json"));
+  ASSERT_EQ(j["layer_caps"].size(), 8u);
+  for (auto& [layer, cap] : j["layer_caps"].items()) {
+    EXPECT_GE(cap.get<int>(), 8) << layer;
+    EXPECT_LE(cap.get<int>(), 128) << layer;
+  }
+  ASSERT_EQ(test::run_cli("run --prompt 'def f(' --max-tokens 4 --stats --pool-profile " + dir + "/p.json", &out, &err), 0) << err;
+  EXPECT_NE(err.find("disk_load_ratio"), std::string::npos) << err;
+  std::ofstream(dir + "/bad.json") << R"({"layer_caps": {"zero": 10}})";
+  EXPECT_EQ(test::run_cli("run --prompt x --pool-profile " + dir + "/bad.json", &out, &err), 1);
+  EXPECT_NE(err.find("'zero' is not a layer number"), std::string::npos) << err;
+}
+
+TEST(StreamingFlags, MemoryBudgetBelowTheFloorIsRefusedWithTheNumbers) {
+  std::string out, err;
+  EXPECT_EQ(test::run_cli("run --prompt x --memory 10M", &out, &err), 1);
+  EXPECT_NE(err.find("below the floor"), std::string::npos) << err;
+  EXPECT_NE(err.find("dense weights"), std::string::npos) << err;
+  EXPECT_EQ(test::run_cli("run --prompt x --memory 12Q", &out, &err), 1);
+  EXPECT_NE(err.find("unknown unit"), std::string::npos) << err;
+  ASSERT_EQ(test::run_cli("generate --model " MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4 --ids 1,2,3 --max-tokens 4 --memory 64M --io pread --no-direct-io --verify --stats", &out, &err), 0) << err;
+  EXPECT_NE(err.find("pread"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace ms
