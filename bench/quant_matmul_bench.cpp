@@ -11,7 +11,9 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant_matmul.h"
+#include "util/half.h"
 #include "quant/affine.h"
 #include "util/thread_pool.h"
 
@@ -82,6 +84,29 @@ Copies replicate(const ms::QuantBuffer& qb, size_t n) {
 
 size_t weight_bytes(const ms::QuantBuffer& qb) { return qb.q.size() + 2 * qb.scales.size() + 2 * qb.biases.size(); }
 
+// The same measurement for unquantized bf16 weights through cpu::matmul.
+void bench_bf16(int rows, int cols, const char* what, const std::vector<float>& w, const std::vector<float>& x,
+                std::vector<float>& y, double read_bw) {
+  const size_t bytes = size_t(rows) * size_t(cols) * 2;
+  const size_t n = std::max<size_t>(2, kColdBytes / bytes);
+  std::vector<uint16_t> copies(size_t(rows) * size_t(cols) * n);
+  for (size_t i = 0; i < size_t(rows) * size_t(cols); ++i) copies[i] = ms::f32_to_bf16(w[i]);
+  for (size_t c = 1; c < n; ++c)
+    std::copy_n(copies.begin(), size_t(rows) * size_t(cols), copies.begin() + long(c * size_t(rows) * size_t(cols)));
+  auto mat = [&](size_t c) { return ms::Mat{ms::WeightType::BF16, copies.data() + c * size_t(rows) * size_t(cols), rows, cols}; };
+  const double hot = median_seconds([&] {
+    for (size_t i = 0; i < n; ++i) ms::cpu::matmul(x.data(), 1, mat(0), y.data());
+  });
+  const double cold = median_seconds([&] {
+    for (size_t i = 0; i < n; ++i) ms::cpu::matmul(x.data(), 1, mat(i), y.data());
+  });
+  char dims[32];
+  std::snprintf(dims, sizeof dims, "%dx%d", rows, cols);
+  const double cold_gbs = double(bytes * n) / cold / 1e9;
+  std::printf("%-16s %-11s %4s %5s %9.2f %9.1f %9.1f %9.2f\n", what, dims, "bf16", "-", double(bytes) / 1e6,
+              double(bytes * n) / hot / 1e9, cold_gbs, cold_gbs / read_bw);
+}
+
 }  // namespace
 
 int main() {
@@ -128,6 +153,7 @@ int main() {
       std::printf("%-16s %-11s %4d %5d %9.2f %9.1f %9.1f %9.2f\n", sh.what, dims, bits, group, double(bytes) / 1e6,
                   hot_gbs, cold_gbs, cold_gbs / read_bw);
     }
+    bench_bf16(sh.rows, sh.cols, sh.what, w, x, y, read_bw);
   }
   return 0;
 }
