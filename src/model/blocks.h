@@ -16,11 +16,12 @@ void deltanet_block(const ModelConfig& cfg, const DeltaNetWeights& w, const floa
                     float* out);
 
 // Dense SwiGLU MLP, or the MoE: router softmax -> top-k -> routed experts (+ gated shared
-// expert). routes, when given, receives the T*top_k routed expert ids in top-k order.
+// expert). routes, when given, receives the T*top_k routed expert ids in top-k order, and
+// router_probs the T*n_experts router probabilities.
 // Streamed experts (w.store_layer >= 0) come from `store`, in waves of at most the layer's
 // pool capacity when the batch routes more distinct experts than that.
 void ffn_block(const ModelConfig& cfg, const FfnWeights& w, bool moe, const float* x, int T, float* out,
-               int* routes = nullptr, ExpertStore* store = nullptr);
+               int* routes = nullptr, ExpertStore* store = nullptr, float* router_probs = nullptr);
 
 // out[T, inter -> hidden] = down(silu(gate x) * up x)
 void mlp_forward(const MlpWeights& w, const float* x, int T, float* out);

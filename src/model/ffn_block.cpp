@@ -23,7 +23,7 @@ struct Routing {
   std::vector<float> weights;   // [T, top_k]
 };
 
-Routing route(const ModelConfig& cfg, const Mat& router, const float* x, int T) {
+Routing route(const ModelConfig& cfg, const Mat& router, const float* x, int T, float* probs_out) {
   const int E = cfg.n_experts, K = cfg.top_k;
   std::vector<float> probs(size_t(T) * size_t(E));
   cpu::matmul(x, T, router, probs.data());
@@ -39,6 +39,7 @@ Routing route(const ModelConfig& cfg, const Mat& router, const float* x, int T) 
     if (cfg.norm_topk)
       for (int k = 0; k < K; ++k) wt[k] /= sum;
   }
+  if (probs_out) std::copy(probs.begin(), probs.end(), probs_out);
   return r;
 }
 
@@ -106,12 +107,12 @@ void add_shared_expert(const ModelConfig& cfg, const FfnWeights& w, const float*
 }  // namespace
 
 void ffn_block(const ModelConfig& cfg, const FfnWeights& w, bool moe, const float* x, int T, float* out, int* routes,
-               ExpertStore* store) {
+               ExpertStore* store, float* router_probs) {
   if (!moe) {
     mlp_forward(w.dense, x, T, out);
     return;
   }
-  Routing r = route(cfg, w.router, x, T);
+  Routing r = route(cfg, w.router, x, T, router_probs);
   if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
   routed_experts(cfg, w, r, x, T, out, store);
   if (cfg.shared_inter > 0) add_shared_expert(cfg, w, x, T, out);

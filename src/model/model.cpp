@@ -93,7 +93,7 @@ void Model::embed(const int* ids, int T, float* out) const {
 
 // x += attention(norm(x)); x += ffn(norm(x))
 void Model::decoder_layer(const LayerWeights& lw, const float* x_in, int T, KVCache& kv, LinearState* lin, int pos0,
-                          float* x, int* routes) const {
+                          float* x, int* routes, float* router_probs) const {
   const size_t n = size_t(T) * size_t(cfg_.hidden);
   const float offset = cfg_.zero_centred_norms() ? 1.f : 0.f;
   std::vector<float> h(n), y(n);
@@ -103,7 +103,7 @@ void Model::decoder_layer(const LayerWeights& lw, const float* x_in, int T, KVCa
   else deltanet_block(cfg_, lw.linear, h.data(), T, *lin, y.data());
   for (size_t i = 0; i < n; ++i) x[i] += y[i];
   cpu::rmsnorm(x, T, cfg_.hidden, lw.post_attention_norm.data(), offset, cfg_.rms_eps, h.data());
-  ffn_block(cfg_, lw.ffn, lw.moe, h.data(), T, y.data(), routes, experts_.get());
+  ffn_block(cfg_, lw.ffn, lw.moe, h.data(), T, y.data(), routes, experts_.get(), router_probs);
   for (size_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
@@ -114,16 +114,22 @@ ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardO
   ForwardResult r;
   std::vector<float> x(size_t(T) * size_t(H));
   embed(ids, T, x.data());
-  if (opt.routes) r.routes.resize(size_t(cfg_.n_layers));
+  if (opt.routes) {
+    r.routes.resize(size_t(cfg_.n_layers));
+    r.router_probs.resize(size_t(cfg_.n_layers));
+  }
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const LayerWeights& lw = w_.layers[size_t(l)];
     int* routes = nullptr;
+    float* probs = nullptr;
     if (opt.routes && lw.moe) {
       r.routes[size_t(l)].resize(size_t(T) * size_t(cfg_.top_k));
+      r.router_probs[size_t(l)].resize(size_t(T) * size_t(cfg_.n_experts));
       routes = r.routes[size_t(l)].data();
+      probs = r.router_probs[size_t(l)].data();
     }
     LinearState* lin = lw.type == LayerType::LinearAttention ? &state.linear(l) : nullptr;
-    decoder_layer(lw, x.data(), T, state.kv(l), lin, pos0, x.data(), routes);
+    decoder_layer(lw, x.data(), T, state.kv(l), lin, pos0, x.data(), routes, probs);
   }
   state.advance(T);
 
@@ -152,7 +158,7 @@ std::vector<float> Model::mtp_forward(const float* hidden, const int* next_ids, 
     cpu::rmsnorm(hidden + size_t(t) * size_t(H), 1, H, m.pre_fc_norm_hidden.data(), 1.f, cfg_.rms_eps, row + H);
   }
   cpu::matmul(cat.data(), T, m.fc, x.data());
-  decoder_layer(m.layer, x.data(), T, state.mtp_kv(), nullptr, pos0, x.data(), nullptr);
+  decoder_layer(m.layer, x.data(), T, state.mtp_kv(), nullptr, pos0, x.data(), nullptr, nullptr);
   cpu::rmsnorm(x.data(), T, H, m.norm.data(), 1.f, cfg_.rms_eps, x.data());
   std::vector<float> logits(size_t(T) * size_t(cfg_.vocab));
   cpu::matmul(x.data(), T, w_.lm_head, logits.data());

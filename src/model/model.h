@@ -14,14 +14,15 @@ namespace ms {
 struct ForwardOptions {
   bool all_logits = false;  // logits of every position, not only the last
   bool hidden = false;      // keep the last hidden states (before and after the final norm)
-  bool routes = false;      // keep the routed expert ids of every MoE layer
+  bool routes = false;      // keep the routed expert ids and router probabilities of every MoE layer
 };
 
 struct ForwardResult {
   std::vector<float> logits;                // [all_logits ? T : 1, vocab]
   std::vector<float> hidden_pre_norm;       // [T, hidden]
   std::vector<float> hidden_post_norm;      // [T, hidden]
-  std::vector<std::vector<int>> routes;     // [layer][T * top_k], empty for dense layers
+  std::vector<std::vector<int>> routes;       // [layer][T * top_k], empty for dense layers
+  std::vector<std::vector<float>> router_probs;  // [layer][T * n_experts], empty for dense layers
 };
 
 // How an engine directory's experts are held: a pool of `experts.slots` per layer (or per-layer
@@ -65,7 +66,7 @@ class Model {
   Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan);
   void embed(const int* ids, int T, float* out) const;
   void decoder_layer(const LayerWeights& lw, const float* x_in, int T, KVCache& kv, LinearState* lin, int pos0, float* x,
-                     int* routes) const;
+                     int* routes, float* router_probs) const;
 
   TensorStore store_;
   ModelConfig cfg_;
