@@ -3,8 +3,22 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
+
+#include "util/error.h"
 
 namespace ms::test {
+
+// Runs fn, expecting an ms::Error whose message contains every one of `parts`.
+template <class Fn>
+void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no ms::Error thrown; wanted one mentioning " << parts.front();
+  } catch (const Error& e) {
+    for (auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
+  }
+}
 
 // ../shared (or $MOESTREAM_SHARED); empty when absent.
 std::string shared_dir();

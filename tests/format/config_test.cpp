@@ -13,6 +13,8 @@
 namespace ms {
 namespace {
 
+using test::expect_error;
+
 using json = nlohmann::json;
 
 json read_json(const std::string& path) {
@@ -27,16 +29,6 @@ std::string write_config_text(const std::string& text) {
   return path;
 }
 std::string write_config(const json& j) { return write_config_text(j.dump(2)); }
-
-template <class Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no ms::Error thrown; wanted one mentioning " << parts.back();
-  } catch (const Error& e) {
-    for (auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
-  }
-}
 
 void expect_same(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.arch, b.arch);

@@ -19,20 +19,11 @@
 namespace ms {
 namespace {
 
+using test::expect_error;
+
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using test::scratch_dir;
-
-// Runs fn, expecting an ms::Error whose message contains every one of `parts`.
-template <class Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no ms::Error thrown; wanted one mentioning " << parts.front();
-  } catch (const Error& e) {
-    for (auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
-  }
-}
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
