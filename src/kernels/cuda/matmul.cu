@@ -25,10 +25,9 @@ constexpr int kChunk = 32;  // weights a thread decodes at once
 constexpr int kChunkSlots = 9;
 constexpr int kBatch = 4;  // tokens per block when T > 1
 
+// Rows per thread: fewer for wide chunks, to bound the registers holding them.
 template <int BITS>
-constexpr int rows_per_thread() {
-  return BITS <= 4 ? 4 : 2;  // fewer for wide chunks, to bound the registers holding them
-}
+constexpr int kRowsPerThread = BITS <= 4 ? 4 : 2;
 
 struct WeightArgs {
   const uint8_t* data;
@@ -72,7 +71,7 @@ __device__ __forceinline__ float chunk_value(const uint32_t (&w)[BITS], int i) {
 template <int BITS, int TT>
 __global__ void __launch_bounds__(kThreads) matmul_kernel(const float* __restrict__ x, int T, WeightArgs W,
                                                           float* __restrict__ y, int split_log2) {
-  constexpr int R = rows_per_thread<BITS>();
+  constexpr int R = kRowsPerThread<BITS>;
   extern __shared__ float4 smem[];
   const int nchunks = W.cols / kChunk;
   float4* xs = smem;                                                           // [TT][nchunks][kChunkSlots]
@@ -181,7 +180,7 @@ int floor_log2(int v) {
 
 template <int BITS, int TT>
 void launch(const float* x, int T, const WeightArgs& W, float* y) {
-  constexpr int R = rows_per_thread<BITS>();
+  constexpr int R = kRowsPerThread<BITS>;
   auto kernel = matmul_kernel<BITS, TT>;
   static const int max_smem = [&] {
     const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
