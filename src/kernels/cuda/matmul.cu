@@ -5,10 +5,12 @@
 // threads splits a row's chunks and sums by shuffles. The activations of TT tokens are staged in
 // shared memory once per block, and blocks loop over row sets (a grid of what fits on the chip),
 // so that the weights, read once per TT tokens, are what streams from memory.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "kernels/cuda/check.h"
@@ -68,6 +70,56 @@ __device__ __forceinline__ float chunk_value(const uint32_t (&w)[BITS], int i) {
   }
 }
 
+// Two codes at once: `bits` holds m·q in the low half and m·q' in the high half (m a power of two,
+// m·q < 1024); or'ed into the halves 1024.0 (0x6400) they read 1024 + m·q exactly, and one half2
+// FMA (·1/m, −1024/m) leaves (q, q') exactly. One logic op per two codes instead of two per code.
+template <int M>
+__device__ __forceinline__ float2 code_pair(uint32_t bits) {
+  uint32_t u = bits | 0x64006400u;
+  const __half2 h = *reinterpret_cast<const __half2*>(&u);
+  const __half2 q = __hfma2(h, __float2half2_rn(1.0f / M), __float2half2_rn(-1024.0f / M));
+  return __half22float2(q);
+}
+
+// Weights a step of the inner loop decodes: one 32-bit word of 2-bit codes, 8 weights otherwise.
+template <int BITS>
+constexpr int kStep = BITS == 2 ? 16 : 8;
+
+// Weights [st·kStep, (st+1)·kStep) of a chunk (st a compile-time constant once unrolled).
+template <int BITS>
+__device__ __forceinline__ void decode_step(const uint32_t (&w)[BITS], int st, float (&v)[kStep<BITS>]) {
+  if constexpr (BITS == 8) {  // words 2st, 2st+1: bytes (0, 2) and (1, 3) of each
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t x = w[2 * st + h];
+      const float2 a = code_pair<1>(x & 0x00FF00FFu), b = code_pair<1>((x >> 8) & 0x00FF00FFu);
+      v[4 * h] = a.x, v[4 * h + 1] = b.x, v[4 * h + 2] = a.y, v[4 * h + 3] = b.y;
+    }
+  } else if constexpr (BITS == 4) {  // word st: nibbles (0, 4), (1, 5) of it, (2, 6), (3, 7) of it >> 8
+    const uint32_t x = w[st], y = x >> 8;
+    const float2 a = code_pair<1>(x & 0x000F000Fu), b = code_pair<16>(x & 0x00F000F0u);
+    const float2 c = code_pair<1>(y & 0x000F000Fu), d = code_pair<16>(y & 0x00F000F0u);
+    v[0] = a.x, v[1] = b.x, v[2] = c.x, v[3] = d.x, v[4] = a.y, v[5] = b.y, v[6] = c.y, v[7] = d.y;
+  } else if constexpr (BITS == 2) {  // word st: codes (j, 8+j) of it and (4+j, 12+j) of it >> 8
+    const uint32_t x = w[st], y = x >> 8;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t mask = 0x00030003u << (2 * j);
+      float2 a, b;
+      switch (j) {  // the scale is a template argument: a literal per unrolled j
+        case 0: a = code_pair<1>(x & mask), b = code_pair<1>(y & mask); break;
+        case 1: a = code_pair<4>(x & mask), b = code_pair<4>(y & mask); break;
+        case 2: a = code_pair<16>(x & mask), b = code_pair<16>(y & mask); break;
+        default: a = code_pair<64>(x & mask), b = code_pair<64>(y & mask); break;
+      }
+      v[j] = a.x, v[8 + j] = a.y, v[4 + j] = b.x, v[12 + j] = b.y;
+    }
+  } else {  // bf16, and 3-bit codes that straddle words
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = chunk_value<BITS>(w, 8 * st + j);
+  }
+}
+
 template <int BITS, int TT>
 __global__ void __launch_bounds__(kThreads) matmul_kernel(const float* __restrict__ x, int T, WeightArgs W,
                                                           float* __restrict__ y, int split_log2) {
@@ -116,23 +168,28 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const float* __restric
           bias[r] = bf16_to_float(__ldg(W.biases + g));
         }
       }
+      constexpr int S = kStep<BITS>;
       float dot[R][TT] = {};
 #pragma unroll
-      for (int i4 = 0; i4 < 8; ++i4) {
-        float4 xv[TT];
+      for (int st = 0; st < kChunk / S; ++st) {
+        float4 xv[TT][S / 4];
 #pragma unroll
-        for (int t = 0; t < TT; ++t) xv[t] = xs[(t * nchunks + c) * kChunkSlots + i4];
+        for (int t = 0; t < TT; ++t)
+#pragma unroll
+          for (int j = 0; j < S / 4; ++j) xv[t][j] = xs[(t * nchunks + c) * kChunkSlots + st * (S / 4) + j];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          const float v0 = chunk_value<BITS>(w[r], 4 * i4), v1 = chunk_value<BITS>(w[r], 4 * i4 + 1);
-          const float v2 = chunk_value<BITS>(w[r], 4 * i4 + 2), v3 = chunk_value<BITS>(w[r], 4 * i4 + 3);
+          float v[S];
+          decode_step<BITS>(w[r], st, v);
 #pragma unroll
-          for (int t = 0; t < TT; ++t) {
-            dot[r][t] = fmaf(v0, xv[t].x, dot[r][t]);
-            dot[r][t] = fmaf(v1, xv[t].y, dot[r][t]);
-            dot[r][t] = fmaf(v2, xv[t].z, dot[r][t]);
-            dot[r][t] = fmaf(v3, xv[t].w, dot[r][t]);
-          }
+          for (int t = 0; t < TT; ++t)
+#pragma unroll
+            for (int j = 0; j < S / 4; ++j) {
+              dot[r][t] = fmaf(v[4 * j], xv[t][j].x, dot[r][t]);
+              dot[r][t] = fmaf(v[4 * j + 1], xv[t][j].y, dot[r][t]);
+              dot[r][t] = fmaf(v[4 * j + 2], xv[t][j].z, dot[r][t]);
+              dot[r][t] = fmaf(v[4 * j + 3], xv[t][j].w, dot[r][t]);
+            }
         }
       }
 #pragma unroll
@@ -195,8 +252,19 @@ void launch(const float* x, int T, const WeightArgs& W, float* y) {
   const int split_log2 = std::min(5, floor_log2(W.cols / kChunk));
   const int rows_per_set = (kThreads >> split_log2) * R;
   const int nsets = (W.rows + rows_per_set - 1) / rows_per_set;
-  int per_sm = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  // Blocks resident per multiprocessor, for the last shared-memory size (asking costs as much as a launch).
+  static std::mutex mu;
+  static size_t cached_smem = 0;
+  static int cached_per_sm = 0;
+  int per_sm;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (cached_smem != smem) {
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cached_per_sm, kernel, kThreads, smem));
+      cached_smem = smem;
+    }
+    per_sm = cached_per_sm;
+  }
   const dim3 grid(unsigned(std::min(nsets, std::max(1, per_sm) * sms)), unsigned((T + TT - 1) / TT));
   kernel<<<grid, kThreads, smem>>>(x, T, W, y, split_log2);
   CUDA_CHECK_LAUNCH();
