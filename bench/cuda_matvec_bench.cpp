@@ -52,7 +52,9 @@ struct Config {
   int rows, cols, bits;  // bits 16: bf16
 };
 
-void run(const Config& c, int group, int T, double hbm) {
+void run(const Config& c, int group, int T, double hbm, const std::string& filter) {
+  const std::string type = c.bits == 16 ? "bf16" : "q" + std::to_string(c.bits) + " g" + std::to_string(group);
+  if ((std::string(c.name) + " " + type).find(filter) == std::string::npos) return;
   const size_t q_bytes = size_t(c.rows) * c.cols * c.bits / 8;
   const size_t sb_bytes = c.bits == 16 ? 0 : size_t(c.rows) * (c.cols / group) * 2;
   const size_t per_copy = q_bytes + 2 * sb_bytes;
@@ -75,14 +77,15 @@ void run(const Config& c, int group, int T, double hbm) {
   const double ms = time_ms(rounds, [&](int i) { cuda::matmul(x.as<float>(), T, mats[size_t(i % copies)], y.as<float>()); });
   const double bytes = double(per_copy) + 4.0 * T * (c.cols + c.rows);
   const double gbps = bytes / (ms * 1e6);
-  const std::string type = c.bits == 16 ? "bf16" : "q" + std::to_string(c.bits) + " g" + std::to_string(group);
   std::printf("%-22s %6d x %-6d %-8s T=%-2d %9.2f us %8.0f GB/s %5.1f%% of copy\n", c.name, c.rows, c.cols,
               type.c_str(), T, ms * 1e3, gbps, 100.0 * gbps / hbm);
 }
 
 }  // namespace
 
-int main() {
+// Optional argument: run only the cases whose "name type" contains it (e.g. "lm_head 151936 q4").
+int main(int argc, char** argv) {
+  const std::string filter = argc > 1 ? argv[1] : "";
   if (!cuda::cuda_available()) {
     std::printf("no CUDA device: nothing to measure\n");
     return 0;
@@ -98,10 +101,10 @@ int main() {
   for (int bits : {16, 8, 4, 3, 2})
     for (Config c : shapes) {
       c.bits = bits;
-      run(c, 64, 1, hbm);
+      run(c, 64, 1, hbm, filter);
     }
   std::printf("prefill/verify batches (weights reused by 4 tokens a block):\n");
   for (int T : {4, 16})
-    for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm);
+    for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter);
   return 0;
 }
