@@ -265,6 +265,7 @@ void launch(const float* x, int T, const WeightArgs& W, float* y) {
     }
     per_sm = cached_per_sm;
   }
+  if ((T + TT - 1) / TT > 65535) arg_fail("cuda::matmul: T " + std::to_string(T) + " tokens in one call; split the batch");
   const dim3 grid(unsigned(std::min(nsets, std::max(1, per_sm) * sms)), unsigned((T + TT - 1) / TT));
   kernel<<<grid, kThreads, smem>>>(x, T, W, y, split_log2);
   CUDA_CHECK_LAUNCH();
