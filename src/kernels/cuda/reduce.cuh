@@ -1,0 +1,49 @@
+#pragma once
+// Warp and block reductions shared by the CUDA kernels.
+#include <cuda_runtime.h>
+
+namespace ms::cuda {
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum or max over the block (blockDim.x == THREADS, a multiple of 32), returned to every thread.
+// May be called repeatedly in one kernel: each call ends with a barrier after its result is set
+// and begins by writing a different array than the one the previous result is read from.
+template <int THREADS, bool MAX, class T>
+__device__ T block_reduce(T v) {
+  __shared__ T part[THREADS / 32];
+  __shared__ T total;
+  v = MAX ? T(warp_max(float(v))) : warp_sum(v);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    T s = threadIdx.x < THREADS / 32 ? part[threadIdx.x] : part[0];
+    if (!MAX && threadIdx.x >= THREADS / 32) s = T(0);
+    s = MAX ? T(warp_max(float(s))) : warp_sum(s);
+    if (threadIdx.x == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
+__device__ __forceinline__ float bf16_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+
+// silu(x) = x * sigmoid(x), from e = exp(-|x|) so that nothing overflows (as the CPU kernels).
+__device__ __forceinline__ float silu(float x) {
+  const float e = expf(-fabsf(x));
+  const float r = 1.0f / (1.0f + e);
+  return x * (x < 0.0f ? e * r : r);
+}
+
+}  // namespace ms::cuda

@@ -1,0 +1,60 @@
+#pragma once
+// Shared pieces of the CUDA kernel tests: skipping without a GPU, random inputs, device copies,
+// and one line per checked case with its error, for the record of a GPU run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device.h"
+
+#define MS_REQUIRE_CUDA()              \
+  if (!::ms::cuda::cuda_available()) \
+  GTEST_SKIP() << "no CUDA device: the CUDA kernel tests run only on a machine with an NVIDIA GPU"
+
+namespace ms::cuda::test {
+
+using Vec = std::vector<float>;
+
+struct Rng {
+  explicit Rng(unsigned seed) : gen(seed) {}
+  float normal(float sd = 1.0f) { return std::normal_distribution<float>(0.0f, sd)(gen); }
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
+  Vec normals(size_t n, float sd = 1.0f) {
+    Vec v(n);
+    for (auto& x : v) x = normal(sd);
+    return v;
+  }
+  std::mt19937 gen;
+};
+
+inline float max_abs(const Vec& a) {
+  float m = 0.0f;
+  for (float x : a) m = std::max(m, std::abs(x));
+  return m;
+}
+
+inline float max_abs_diff(const Vec& a, const Vec& b) {
+  float m = 0.0f;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+// Runs the kernel on device copies of `in` (one buffer per vector) and returns every buffer
+// afterwards, so in-place and output buffers come back alike.
+inline DeviceBuffer dev(const Vec& v) { return DeviceBuffer::from(v); }
+inline Vec host(const DeviceBuffer& b) {
+  synchronize();
+  return b.to_vector<float>();
+}
+
+// The error of one case, printed for the record ("[cuda-err] kernel case: max error ... tolerance ...").
+inline void record(const std::string& kernel, const std::string& what, double err, double tol) {
+  std::printf("[cuda-err] %-18s %-44s max err %.3g (tolerance %.3g)\n", kernel.c_str(), what.c_str(), err, tol);
+}
+
+}  // namespace ms::cuda::test

@@ -1,0 +1,153 @@
+// The row-wise and elementwise CUDA kernels and attention against the CPU kernels (kernels/cpu/ops.h).
+// Tolerances are per kernel (float32 throughout): the GPU reduces in a tree where the CPU sums in
+// order, and CUDA's expf/sincosf are within 2 ulp where glibc's are within 1.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/ops.h"
+
+namespace ms::cuda::test {
+namespace {
+
+// Max over elements of |a - b| / (|b| + floor).
+double rel_diff(const Vec& a, const Vec& b, double floor) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]) / (std::abs(b[i]) + floor));
+  return m;
+}
+
+TEST(CudaOps, RmsNormBothOffsets) {
+  MS_REQUIRE_CUDA();
+  constexpr double kTol = 1e-5;  // relative per element: only 1/rms differs, by a few ulp
+  Rng rng(3);
+  for (float offset : {0.0f, 1.0f})
+    for (auto [rows, dim] : {std::pair{1, 64}, {7, 2048}, {33, 5120}, {3, 100}}) {
+      const Vec x = rng.normals(size_t(rows) * dim), w = rng.normals(size_t(dim), 0.3f);
+      Vec want(x.size());
+      cpu::rmsnorm(x.data(), rows, dim, w.data(), offset, 1e-6f, want.data());
+      DeviceBuffer dx = dev(x), dw = dev(w), dout(x.size() * sizeof(float));
+      rmsnorm(dx.as<float>(), rows, dim, dw.as<float>(), offset, 1e-6f, dout.as<float>());
+      const double err = rel_diff(host(dout), want, 1e-30);
+      const std::string what = "offset " + std::to_string(int(offset)) + " " + std::to_string(rows) + "x" +
+                               std::to_string(dim);
+      record("rmsnorm", what, err, kTol);
+      EXPECT_LE(err, kTol) << what;
+    }
+}
+
+TEST(CudaOps, RopePartialAndFull) {
+  MS_REQUIRE_CUDA();
+  constexpr double kTol = 2e-6;  // absolute, relative to max|x|: cos/sin of the same float angle
+  struct Case {
+    int T, heads, hd, rot, pos0;
+    double theta;
+  };
+  Rng rng(4);
+  for (const Case& c : {Case{1, 16, 128, 128, 0, 1e6}, Case{5, 4, 256, 64, 1000, 1e7}, Case{17, 2, 64, 32, 70000, 1e4},
+                        Case{64, 8, 128, 128, 3, 1e6}}) {
+    const Vec x = rng.normals(size_t(c.T) * c.heads * c.hd);
+    Vec want = x;
+    cpu::rope(want.data(), c.T, c.heads, c.hd, c.rot, c.pos0, c.theta);
+    DeviceBuffer dx = dev(x);
+    rope(dx.as<float>(), c.T, c.heads, c.hd, c.rot, c.pos0, c.theta);
+    const double err = max_abs_diff(host(dx), want) / max_abs(x);
+    const std::string what = "T=" + std::to_string(c.T) + " hd=" + std::to_string(c.hd) + " rot=" +
+                             std::to_string(c.rot) + " pos0=" + std::to_string(c.pos0);
+    record("rope", what, err, kTol);
+    EXPECT_LE(err, kTol) << what;
+  }
+}
+
+TEST(CudaOps, AttentionGqaDecodeAndPrefill) {
+  MS_REQUIRE_CUDA();
+  constexpr double kTol = 1e-5;  // absolute, relative to max|v|: the output is a convex mix of v rows
+  struct Case {
+    int T, pos0, n_heads, n_kv, hd;
+  };
+  Rng rng(5);
+  for (const Case& c : {Case{1, 0, 4, 4, 64}, Case{1, 1000, 16, 2, 256}, Case{7, 30, 8, 2, 128},
+                        Case{64, 0, 4, 1, 32}, Case{3, 4097, 2, 1, 256}, Case{1, 8191, 32, 4, 128}}) {
+    const int len = c.pos0 + c.T;
+    const Vec q = rng.normals(size_t(c.T) * c.n_heads * c.hd), k = rng.normals(size_t(len) * c.n_kv * c.hd, 2.0f),
+              v = rng.normals(size_t(len) * c.n_kv * c.hd);
+    Vec want(q.size());
+    cpu::attention(q.data(), k.data(), v.data(), c.T, c.pos0, c.n_heads, c.n_kv, c.hd, want.data());
+    DeviceBuffer dq = dev(q), dk = dev(k), dv = dev(v), dout(q.size() * sizeof(float));
+    attention(dq.as<float>(), dk.as<float>(), dv.as<float>(), c.T, c.pos0, c.n_heads, c.n_kv, c.hd,
+              dout.as<float>());
+    const double err = max_abs_diff(host(dout), want) / max_abs(v);
+    const std::string what = "T=" + std::to_string(c.T) + " pos0=" + std::to_string(c.pos0) + " heads " +
+                             std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv) + " hd=" +
+                             std::to_string(c.hd);
+    record("attention", what, err, kTol);
+    EXPECT_LE(err, kTol) << what;
+  }
+}
+
+TEST(CudaOps, SiluMul) {
+  MS_REQUIRE_CUDA();
+  constexpr double kTol = 1e-6;  // relative per element (floor 1e-30): one expf and a division
+  Rng rng(6);
+  for (int64_t n : {int64_t(1), int64_t(1000), int64_t(1) << 20}) {
+    Vec gate = rng.normals(size_t(n), 4.0f), up = rng.normals(size_t(n));
+    if (n > 2) gate[0] = -120.0f, gate[1] = 95.0f;  // exp(-x) overflowing and underflowing
+    Vec want(gate.size());
+    cpu::silu_mul(gate.data(), up.data(), want.data(), n);
+    DeviceBuffer dg = dev(gate), du = dev(up), dout(gate.size() * sizeof(float));
+    silu_mul(dg.as<float>(), du.as<float>(), dout.as<float>(), n);
+    const double err = rel_diff(host(dout), want, 1e-30);
+    record("silu_mul", "n=" + std::to_string(n), err, kTol);
+    EXPECT_LE(err, kTol) << n;
+  }
+}
+
+TEST(CudaOps, Softmax) {
+  MS_REQUIRE_CUDA();
+  constexpr double kTol = 1e-5;  // relative per element: exp and a float sum of up to 4096 terms (the CPU sums in order)
+  Rng rng(7);
+  for (auto [rows, n] : {std::pair{1, 8}, {16, 512}, {3, 4096}, {5, 1}}) {
+    const Vec x = rng.normals(size_t(rows) * n, 3.0f);
+    Vec want = x;
+    cpu::softmax(want.data(), rows, n);
+    DeviceBuffer dx = dev(x);
+    softmax(dx.as<float>(), rows, n);
+    const double err = rel_diff(host(dx), want, 1e-30);
+    const std::string what = std::to_string(rows) + "x" + std::to_string(n);
+    record("softmax", what, err, kTol);
+    EXPECT_LE(err, kTol) << what;
+  }
+}
+
+TEST(CudaOps, TopKExactWithTies) {
+  MS_REQUIRE_CUDA();
+  Rng rng(8);
+  struct Case {
+    int rows, n, k;
+    bool ties;
+  };
+  for (const Case& c : {Case{1, 8, 2, false}, Case{32, 512, 10, false}, Case{4, 64, 64, true},
+                        Case{16, 128, 8, true}, Case{2, 3000, 1, true}}) {
+    Vec x = rng.normals(size_t(c.rows) * c.n);
+    if (c.ties)
+      for (auto& v : x) v = std::floor(v * 2.0f) / 2.0f;
+    std::vector<int> want(size_t(c.rows) * c.k);
+    for (int r = 0; r < c.rows; ++r) cpu::top_k(x.data() + size_t(r) * c.n, c.n, c.k, want.data() + size_t(r) * c.k);
+    DeviceBuffer dx = dev(x), didx(want.size() * sizeof(int));
+    top_k(dx.as<float>(), c.rows, c.n, c.k, didx.as<int>());
+    synchronize();
+    const std::string what = std::to_string(c.rows) + "x" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+                             (c.ties ? " ties" : "");
+    const std::vector<int> got = didx.to_vector<int>();
+    int mismatches = 0;
+    for (size_t i = 0; i < got.size(); ++i) mismatches += got[i] != want[i];
+    record("top_k", what + " (mismatched indices)", mismatches, 0);
+    EXPECT_EQ(got, want) << what;
+  }
+}
+
+}  // namespace
+}  // namespace ms::cuda::test
