@@ -8,7 +8,7 @@
 #   sudo bench/streaming_bench.sh            # needs root: cgroups, drop_caches, apt-get fio
 #
 # Environment: MOESTREAM (binary, default build/moestream), BENCH_DIR (where the model is
-# written, default /var/tmp/moestream-bench), LAYERS (16), TOKENS (decode tokens, 32),
+# written, default /var/tmp/moestream-bench), LAYERS (16), TOKENS (decode tokens, 96),
 # ROUTES (traces), KEEP=1 keeps the model afterwards.
 set -euo pipefail
 
@@ -16,7 +16,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${MOESTREAM:-$ROOT/build/moestream}
 WORK=${BENCH_DIR:-/var/tmp/moestream-bench}
 LAYERS=${LAYERS:-16}
-TOKENS=${TOKENS:-32}
+TOKENS=${TOKENS:-96}
 ROUTES=${ROUTES:-$ROOT/../shared/models/pycoder-moe/routes.safetensors}
 IDS=1000,2000,3000,4000,5000,6000,7000,8000,9000,10000,11000,12000,13000,14000,15000,16000
 CG_ROOT=/sys/fs/cgroup/memory
@@ -51,6 +51,7 @@ if ! command -v fio >/dev/null; then
   (apt-get update -qq && apt-get install -y -qq fio) >&2 || log "fio could not be installed"
 fi
 declare -A DISK
+DISK_BEST=0  # the best of the queue depths: the engine's read rate is reported against it
 if command -v fio >/dev/null; then
   files=$(ls "$MODEL"/experts/*.bin | paste -sd:)
   for qd in 1 10 32; do
@@ -58,6 +59,7 @@ if command -v fio >/dev/null; then
            --iodepth=$qd --runtime=10 --time_based --group_reporting --output-format=json 2>/dev/null |
          python3 -c "import json,sys; print(json.load(sys.stdin)['jobs'][0]['read']['bw_bytes'] / 1e9)")
     DISK[$qd]=$bw
+    DISK_BEST=$(awk -v a="$DISK_BEST" -v b="$bw" 'BEGIN {print (b > a ? b : a)}')
     log "fio: $STRIDE-byte O_DIRECT random reads, io_uring, queue depth $qd: $(printf %.2f "$bw") GB/s"
   done
 fi
@@ -65,14 +67,14 @@ fi
 # ---- decode runs ----
 RESULTS=()
 run_case() {  # name memory cap(0/1)
-  local name=$1 mem=$2 cap=$3 err=$WORK/run-$1.log cg="" peak=""
+  local name=$1 mem=$2 cap=$3  # mem in whole GiB: "4G" err=$WORK/run-$1.log cg="" peak=""
   sync
   echo 3 > /proc/sys/vm/drop_caches
   local cmd="exec $BIN generate --model $MODEL --ids $IDS --max-tokens $TOKENS --ignore-eos --memory $mem --stats"
   if (( cap )); then
     cg=$CG_ROOT/moestream-bench-$$-$name
     mkdir "$cg"
-    echo "$mem" | sed 's/G$//' | awk '{printf "%d", $1 * 1024 * 1024 * 1024}' > "$cg/memory.limit_in_bytes"
+    echo $(( ${mem%G} * 1073741824 )) > "$cg/memory.limit_in_bytes"
     cmd="echo \$\$ > $cg/cgroup.procs; $cmd"
   fi
   local rc=0
@@ -88,14 +90,14 @@ run_case() {  # name memory cap(0/1)
   read -r ratio gbps <<<"$(awk '$1 == "disk_load_ratio" {print $2, $4}' "$err")"
   rss=$(( $(awk '/maxrss_kb/ {print $2}' "$err") / 1024 ))
   local share frac
-  share=$(awk -v s="$stall" -v t="$total" 'BEGIN {printf "%.3f", t > 0 ? s / t : 0}')
-  frac=$(awk -v g="$gbps" -v d="${DISK[10]:-0}" 'BEGIN {printf "%.2f", d > 0 ? g / d : 0}')
+  share=$(awk -v s="$stall" -v t="$total" 'BEGIN {printf "%.3f", (t > 0 ? s / t : 0)}')
+  frac=$(awk -v g="$gbps" -v d="$DISK_BEST" 'BEGIN {printf "%.2f", (d > 0 ? g / d : 0)}')
   RESULTS+=("$(printf '%-12s %4s %5s %4d %9s %6s %8s %8s %6s %8s %8s %6s' "$name" "$mem" "$([[ $cap == 1 ]] && echo yes || echo no)" \
     "$rc" "$decode" "$hit" "$ratio" "$gbps" "$frac" "$share" "$rss" "${peak:--}")")
   log "$name: exit $rc"
   cat "$err" >&2
 }
-log "== decode: $TOKENS tokens after a 16-token prompt"
+log "== decode: $TOKENS tokens after a 16-token prompt (load average $(cut -d' ' -f1-3 /proc/loadavg))"
 run_case cap-4G 4G 1
 run_case cap-8G 8G 1
 run_case nocap-4G 4G 0
@@ -116,7 +118,10 @@ echo
 echo "moestream streaming benchmark: Qwen3-Next-80B-A3B shape, $LAYERS layers, random weights, 4-bit experts ($STRIDE-byte records)"
 [[ -n ${DISK[10]:-} ]] && printf 'disk O_DIRECT random %s-byte reads (fio, io_uring): QD1 %.2f GB/s, QD10 %.2f GB/s, QD32 %.2f GB/s\n' \
   "$STRIDE" "${DISK[1]}" "${DISK[10]}" "${DISK[32]}"
-printf '%-12s %4s %5s %4s %9s %6s %8s %8s %6s %8s %8s %6s\n' case mem cgroup exit "decode/s" hit disk_ld "read/GBs" "of_QD10" stall_sh "rss_MiB" "cg_MiB"
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+echo "decode/s: decode tok/s; hit: pool hit rate; disk_ld: disk_load_ratio; read/GBs: the engine's read rate;"
+echo "of_disk: that over fio's best; stall_sh: expert-read stall over prefill+decode time; rss: peak RSS; cg: cgroup peak"
+printf '%-12s %4s %5s %4s %9s %6s %8s %8s %6s %8s %8s %6s\n' case mem cgroup exit "decode/s" hit disk_ld "read/GBs" "of_disk" stall_sh "rss_MiB" "cg_MiB"
 printf '%s\n' "${RESULTS[@]}"
 if (( ${#SIM[@]} )); then
   echo
