@@ -67,7 +67,7 @@ fi
 # ---- decode runs ----
 RESULTS=()
 run_case() {  # name memory cap(0/1)
-  local name=$1 mem=$2 cap=$3  # mem in whole GiB: "4G" err=$WORK/run-$1.log cg="" peak=""
+  local name=$1 mem=$2 cap=$3 err=$WORK/run-$1.log cg="" peak=""  # mem in whole GiB: "4G"
   sync
   echo 3 > /proc/sys/vm/drop_caches
   local cmd="exec $BIN generate --model $MODEL --ids $IDS --max-tokens $TOKENS --ignore-eos --memory $mem --stats"
