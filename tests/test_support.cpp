@@ -1,8 +1,10 @@
 #include "test_support.h"
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -55,6 +57,60 @@ int run_cli(const std::string& args, std::string* out, std::string* err, const s
   if (out) *out = slurp(o);
   if (err) *err = slurp(e);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static bool write_file(const fs::path& f, const std::string& v) {
+  std::ofstream out(f);
+  out << v;
+  out.flush();
+  return bool(out);
+}
+
+MemoryCgroup::MemoryCgroup(size_t limit_bytes) {
+  const fs::path root = "/sys/fs/cgroup/memory";
+  static int counter = 0;
+  const fs::path p = root / ("moestream-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
+  std::error_code ec;
+  if (!fs::is_directory(root) || !fs::create_directory(p, ec)) return;
+  path_ = p;
+  if (!write_file(path_ / "memory.limit_in_bytes", std::to_string(limit_bytes))) {
+    rmdir(path_.c_str());
+    path_.clear();
+  }
+}
+
+MemoryCgroup::~MemoryCgroup() {
+  if (!path_.empty()) rmdir(path_.c_str());
+}
+
+size_t MemoryCgroup::read(const char* file) const {
+  std::ifstream in(path_ / file);
+  size_t v = 0;
+  in >> v;
+  return v;
+}
+
+CgroupRun run_cli_in_cgroup(const MemoryCgroup& cg, const std::string& args, const std::string& out_path) {
+  const fs::path e = fs::path(scratch_dir("cgroup-run")) / "stderr";
+  const std::string out = out_path.empty() ? std::string("/dev/null") : out_path;
+  // The shell moves itself into the cgroup, then execs: the binary runs there from its start.
+  const std::string script = "echo $$ > " + (cg.path() / "cgroup.procs").string() + " && exec " + MOESTREAM_BINARY +
+                             " " + args + " </dev/null >" + out + " 2>" + e.string();
+  CgroupRun r;
+  const pid_t pid = fork();
+  if (pid < 0) return r;
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  rusage ru{};
+  while (wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {
+  }
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = slurp(e);
+  r.peak_rss_bytes = size_t(ru.ru_maxrss) * 1024;
+  return r;
 }
 
 }  // namespace ms::test

@@ -2,6 +2,8 @@
 // Test helpers: where ../shared is, scratch directories, running the built CLI.
 #include <gtest/gtest.h>
 
+#include <cstddef>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,34 @@ std::string scratch_dir(const std::string& tag);
 // Standard input is the file stdin_path (empty: /dev/null).
 int run_cli(const std::string& args, std::string* out = nullptr, std::string* err = nullptr,
             const std::string& stdin_path = "");
+
+// A cgroup v1 memory cgroup of its own with a limit, removed on destruction; path() is empty
+// when none could be made (not root, cgroup v2 only, a container without the controller), and
+// the test should skip.
+class MemoryCgroup {
+ public:
+  explicit MemoryCgroup(size_t limit_bytes);
+  ~MemoryCgroup();
+  MemoryCgroup(const MemoryCgroup&) = delete;
+  MemoryCgroup& operator=(const MemoryCgroup&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  size_t read(const char* file) const;  // a number file: "memory.max_usage_in_bytes"
+
+ private:
+  std::filesystem::path path_;
+};
+
+// What a command run inside a cgroup left: its exit status (-1 when killed), its stderr and
+// its own peak resident set (wait4's ru_maxrss).
+struct CgroupRun {
+  int rc = -1;
+  std::string err;
+  size_t peak_rss_bytes = 0;
+};
+
+// Runs the moestream binary with args as a child that joins `cg` before it execs; stdout goes
+// to `out_path` (empty: /dev/null).
+CgroupRun run_cli_in_cgroup(const MemoryCgroup& cg, const std::string& args, const std::string& out_path = "");
 
 }  // namespace ms::test
 

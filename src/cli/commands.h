@@ -9,5 +9,6 @@ void register_tokenize_commands(CLI::App& app);  // tokenize, detokenize
 void register_text_commands(CLI::App& app);  // run, chat
 void register_expert_commands(CLI::App& app);  // simulate, profile
 void register_convert_commands(CLI::App& app);  // convert
+void register_synth_commands(CLI::App& app);  // synth
 
 }  // namespace ms::cli

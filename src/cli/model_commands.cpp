@@ -1,6 +1,7 @@
 // logits, generate, inspect: the commands that later tooling calls (their flags are stable).
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -85,7 +86,7 @@ void add_generate(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   add_model_options(cmd, a->m);
-  cmd->add_flag("--stats", a->stats, "Print expert pool statistics at the end");
+  cmd->add_flag("--stats", a->stats, "Print prefill/decode timing and expert pool statistics at the end");
   cmd->add_option("--ids", a->ids, "Comma-separated prompt token ids")->required();
   cmd->add_option("--max-tokens", a->max_tokens, "Tokens to generate")->check(CLI::Range(1, INT32_MAX));
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past an end-of-sequence token");
@@ -93,9 +94,24 @@ void add_generate(CLI::App& app) {
     std::vector<int> ids = parse_ids(a->ids);
     auto model = Model::load(a->m.model, model_options(a->m));
     State state = model->new_state();
-    std::vector<int> out = generate_greedy(*model, state, ids, {.max_tokens = a->max_tokens, .stop_at_eos = !a->ignore_eos});
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    Clock::time_point first;  // the first token ends the prefill
+    std::vector<int> out = generate_greedy(*model, state, ids, {.max_tokens = a->max_tokens, .stop_at_eos = !a->ignore_eos},
+                                           [&](int) {
+                                             if (first == Clock::time_point{}) first = Clock::now();
+                                           });
+    const auto end = Clock::now();
     std::printf("%s\n", join_ids(out).c_str());
-    if (a->stats) print_expert_stats(*model, stderr);
+    if (a->stats) {
+      const double prefill_s = std::chrono::duration<double>(first - start).count();
+      const double decode_s = std::chrono::duration<double>(end - first).count();
+      const size_t decoded = out.size() - 1;  // the first token comes from the prefill
+      std::fprintf(stderr, "prompt %zu tokens, prefill %.3f s (%.1f tok/s) | %zu tokens, decode %.3f s (%.2f tok/s) | total %.3f s\n",
+                   ids.size(), prefill_s, double(ids.size()) / prefill_s, out.size(), decode_s,
+                   decode_s > 0 ? double(decoded) / decode_s : 0.0, prefill_s + decode_s);
+      print_expert_stats(*model, stderr);
+    }
   });
 }
 

@@ -1,27 +1,22 @@
 #include "runtime/convert.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <mutex>
 #include <set>
 #include <vector>
 
 #include "format/config.h"
 #include "format/engine_dir.h"
 #include "format/safetensors.h"
-#include "quant/affine.h"
+#include "runtime/engine_writer.h"
 #include "util/error.h"
 #include "util/half.h"
-#include "util/thread_pool.h"
 
 namespace ms {
 
@@ -30,10 +25,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Values of a dense tensor processed at a time: bounds the converter's buffers whatever the
-// tensor's size (16 MB as float32).
-constexpr size_t kChunkValues = size_t(1) << 22;
 
 // Files of the checkpoint copied as they are; config.json is required, the rest when present.
 constexpr const char* kCopiedFiles[] = {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"};
@@ -75,84 +66,6 @@ void read_bf16(const TensorView& t, uint16_t* out) {
   read_f32(t, 0, n, f.data());
   for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(f[i]);
 }
-
-QuantBuffer quantize_named(const TensorView& t, const float* w, int rows, int cols, int bits, int group) {
-  try {
-    return quantize(w, rows, cols, bits, group);
-  } catch (const Error& e) {
-    fail("{}: tensor '{}': {}", t.file, t.name, e.what());
-  }
-}
-
-class Progress {
- public:
-  Progress(size_t total, bool enabled) : total_(total), enabled_(enabled), start_(Clock::now()) {}
-
-  void add(size_t n) {
-    std::lock_guard lock(mu_);
-    done_ += n;
-    if (!enabled_) return;
-    const auto now = Clock::now();
-    if (now - last_ < std::chrono::milliseconds(100) && done_ < total_) return;
-    last_ = now;
-    draw(now);
-  }
-
-  void finish() {
-    if (enabled_) std::fputc('\n', stderr);
-  }
-
- private:
-  void draw(Clock::time_point now) {
-    const double secs = std::chrono::duration<double>(now - start_).count();
-    const double frac = total_ ? double(done_) / double(total_) : 1.0;
-    const double rate = secs > 0 ? double(done_) / secs : 0.0;
-    const double eta = rate > 0 ? double(total_ - done_) / rate : 0.0;
-    constexpr int kWidth = 30;
-    const int filled = int(frac * kWidth);
-    std::string bar(size_t(filled), '=');
-    bar.resize(kWidth, ' ');
-    std::fprintf(stderr, "\r[%s] %3.0f%%  %.1f / %.1f MB  %.1f MB/s  ETA %d:%02d ", bar.c_str(), frac * 100,
-                 double(done_) / 1e6, double(total_) / 1e6, rate / 1e6, int(eta) / 60, int(eta) % 60);
-    std::fflush(stderr);
-  }
-
-  std::mutex mu_;
-  size_t total_, done_ = 0;
-  bool enabled_;
-  Clock::time_point start_, last_{};
-};
-
-// The output directory under a temporary name beside the final one; removed unless committed,
-// so a failed or interrupted conversion never leaves a directory that looks valid.
-class TempDir {
- public:
-  explicit TempDir(const fs::path& out) {
-    std::string pattern = out.string() + ".tmp-XXXXXX";
-    if (!mkdtemp(pattern.data())) fail("{}: cannot create a temporary directory beside it: {}", out.string(), std::strerror(errno));
-    path_ = pattern;
-    fs::permissions(path_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read |
-                               fs::perms::others_exec);
-  }
-  ~TempDir() {
-    if (!path_.empty()) {
-      std::error_code ec;
-      fs::remove_all(path_, ec);
-    }
-  }
-  const fs::path& path() const { return path_; }
-  void commit(const fs::path& out, bool force) {
-    if (fs::exists(out)) {
-      if (!force) fail("{}: already exists (use --force to replace it)", out.string());
-      fs::remove_all(out);
-    }
-    fs::rename(path_, out);
-    path_.clear();
-  }
-
- private:
-  fs::path path_;
-};
 
 // ---- planning ----
 
@@ -214,21 +127,6 @@ struct DenseItem {
   size_t first_spec = 0;  // its (first) output tensor in the writer's declaration order
 };
 
-bool is_router(const std::string& name) {
-  auto ends_with = [&](const std::string& s) { return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
-  return ends_with(".mlp.gate.weight") || ends_with(".shared_expert_gate.weight");
-}
-
-// docs/FORMAT.md, "Dense weights": routers stay as stored (they pick the experts, and are
-// small); embedding and lm_head take at least 8 bits; what is not a 2-D float matrix whose
-// rows split into whole groups is copied as stored.
-int dense_bits_for(const TensorView& t, const ConvertOptions& opt) {
-  if (opt.dense_bits == kRawBits || t.shape.size() != 2 || !is_float(t.dtype) || is_router(t.name)) return kRawBits;
-  if (t.dim(1) % opt.dense_group != 0 || t.dim(0) == 0) return kRawBits;
-  if (t.name == "model.embed_tokens.weight" || t.name == "lm_head.weight") return std::max(opt.dense_bits, 8);
-  return opt.dense_bits;
-}
-
 bool is_expert_tensor(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
 
 std::vector<DenseItem> plan_dense(const TensorStore& store, const std::vector<ExpertPlan>& experts,
@@ -241,15 +139,8 @@ std::vector<DenseItem> plan_dense(const TensorStore& store, const std::vector<Ex
     const TensorView& t = store.get(name);
     if (expert_sources.count(&t)) continue;
     if (is_expert_tensor(name)) fail("{}: tensor '{}' looks like a routed expert but is outside the model's experts", t.file, name);
-    DenseItem item{&t, dense_bits_for(t, opt), opt.dense_group, specs->size()};
-    if (item.bits == kRawBits) {
-      specs->push_back({name, t.dtype, t.shape});
-    } else {
-      const int64_t rows = t.dim(0), cols = t.dim(1);
-      specs->push_back({name + ".q", DType::U8, {rows, cols * item.bits / 8}});
-      specs->push_back({name + ".scales", DType::BF16, {rows, cols / item.group}});
-      specs->push_back({name + ".biases", DType::BF16, {rows, cols / item.group}});
-    }
+    DenseItem item{&t, dense_bits_for(name, t.shape, is_float(t.dtype), opt.dense_bits, opt.dense_group), opt.dense_group};
+    item.first_spec = add_dense_specs(name, t.dtype, t.shape, item.bits, item.group, specs);
     items.push_back(item);
   }
   return items;
@@ -260,99 +151,53 @@ std::vector<DenseItem> plan_dense(const TensorStore& store, const std::vector<Ex
 void write_dense_item(SafetensorsWriter& w, const DenseItem& item, Progress& progress) {
   const TensorView& t = *item.src;
   if (item.bits == kRawBits) {
-    constexpr size_t kPiece = kChunkValues * 4;
+    constexpr size_t kPiece = kDenseChunkValues * 4;
     const auto* p = static_cast<const uint8_t*>(t.data);
     for (size_t off = 0; off < t.nbytes; off += kPiece) w.write(item.first_spec, off, p + off, std::min(kPiece, t.nbytes - off));
   } else {
     const size_t rows = size_t(t.dim(0)), cols = size_t(t.dim(1));
-    const size_t rows_per_piece = std::max<size_t>(1, kChunkValues / cols);
+    const size_t rows_per_piece = dense_rows_per_piece(cols);
     std::vector<float> f;
     for (size_t r0 = 0; r0 < rows; r0 += rows_per_piece) {
       const size_t n = std::min(rows_per_piece, rows - r0);
       f.resize(n * cols);
       read_f32(t, r0 * cols, n * cols, f.data());
-      const QuantBuffer q = quantize_named(t, f.data(), int(n), int(cols), item.bits, item.group);
-      const size_t q_row = q.view().row_bytes(), s_row = size_t(q.view().groups_per_row()) * 2;
-      w.write(item.first_spec, r0 * q_row, q.q.data(), q.q.size());
-      w.write(item.first_spec + 1, r0 * s_row, q.scales.data(), q.scales.size() * 2);
-      w.write(item.first_spec + 2, r0 * s_row, q.biases.data(), q.biases.size() * 2);
+      write_quantized_rows(w, item.first_spec, r0, f.data(), int(n), int(cols), item.bits, item.group,
+                           fmt::format("{}: tensor '{}'", t.file, t.name));
     }
   }
   release(t);
   progress.add(t.nbytes);
 }
 
-// One expert's record: each projection quantized (or as bf16) into its place; padding zero.
+// One expert's record: each projection quantized (or as bf16) into its place.
 void fill_record(const ExpertLayer& layout, const std::array<const TensorView*, 3>& src, std::vector<uint8_t>& rec,
                  std::vector<float>& f) {
-  rec.assign(layout.stride, 0);
   for (size_t p = 0; p < 3; ++p) {
     const ProjLayout& pl = layout.proj[p];
     const TensorView& t = *src[p];
-    if (pl.bits == kRawBits) {
+    if (pl.bits == kRawBits) {  // bf16 sources bit for bit
       read_bf16(t, reinterpret_cast<uint16_t*>(rec.data() + pl.q_offset));
       continue;
     }
     f.resize(size_t(t.numel()));
     read_f32(t, 0, f.size(), f.data());
-    const QuantBuffer q = quantize_named(t, f.data(), pl.rows, pl.cols, pl.bits, pl.group);
-    std::memcpy(rec.data() + pl.q_offset, q.q.data(), pl.q_bytes);
-    std::memcpy(rec.data() + pl.scales_offset, q.scales.data(), pl.scales_bytes);
-    std::memcpy(rec.data() + pl.biases_offset, q.biases.data(), pl.scales_bytes);
+    put_projection(pl, f.data(), rec.data(), fmt::format("{}: tensor '{}'", t.file, t.name));
   }
 }
 
-void write_expert_blob(const fs::path& dir, ExpertPlan& plan, Progress& progress) {
-  ExpertLayer& layout = plan.layout;
-  const std::string path = (dir / layout.file).string();
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("{}: cannot open for writing: {}", path, std::strerror(errno));
-  layout.checksums.assign(size_t(layout.n_experts), 0);
-  std::mutex error_mu;
-  std::exception_ptr error;
-  // Experts are independent: each worker quantizes whole records into its own buffer.
-  ThreadPool::global().parallel_for(size_t(layout.n_experts), [&](size_t e0, size_t e1) {
-    try {
-      std::vector<uint8_t> rec;
-      std::vector<float> f;
-      for (size_t e = e0; e < e1; ++e) {
-        fill_record(layout, plan.sources[e], rec, f);
-        layout.checksums[e] = record_checksum(rec.data(), layout.record_bytes);
-        pwrite_all(fd, rec.data(), rec.size(), e * layout.stride, path);
+void write_experts(const fs::path& dir, ExpertPlan& plan, Progress& progress) {
+  write_expert_blob(
+      dir, plan.layout,
+      [&](size_t e, std::vector<uint8_t>& rec, std::vector<float>& f) { fill_record(plan.layout, plan.sources[e], rec, f); },
+      [&](size_t e) {
         size_t consumed = 0;
         for (const TensorView* t : plan.sources[e]) {
           release(*t);
           consumed += t->nbytes;
         }
         progress.add(consumed);
-      }
-    } catch (...) {
-      std::lock_guard lock(error_mu);
-      if (!error) error = std::current_exception();
-    }
-  });
-  // Written pages leave the page cache as they reach the disk, so a memory-limited cgroup
-  // is not filled by dirty output.
-  const bool synced = ::fdatasync(fd) == 0;
-  if (synced) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  const bool closed = ::close(fd) == 0;
-  if (error) std::rethrow_exception(error);
-  if (!synced || !closed) fail("{}: cannot flush: {}", path, std::strerror(errno));
-}
-
-void write_text(const fs::path& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("{}: cannot open for writing: {}", path.string(), std::strerror(errno));
-  pwrite_all(fd, text.data(), text.size(), 0, path.string());
-  if (::fdatasync(fd) != 0 || ::close(fd) != 0) fail("{}: cannot flush: {}", path.string(), std::strerror(errno));
-}
-
-void check_bits(const char* flag, int bits, std::initializer_list<int> allowed) {
-  if (std::find(allowed.begin(), allowed.end(), bits) == allowed.end()) {
-    std::string list;
-    for (int a : allowed) list += (list.empty() ? "" : ", ") + std::to_string(a);
-    fail("{}: {} is not one of {}", flag, bits, list);
-  }
+      });
 }
 
 void check_options(const ConvertOptions& opt) {
@@ -419,7 +264,7 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
   fs::create_directory(tmp.path() / "experts");
   EngineIndex index{cfg.architecture, opt.dense_bits, opt.dense_bits == kRawBits ? 0 : opt.dense_group, {}};
   for (auto& plan : experts) {
-    write_expert_blob(tmp.path(), plan, progress);
+    write_experts(tmp.path(), plan, progress);
     index.layers.push_back(plan.layout);
   }
   progress.finish();
@@ -430,7 +275,7 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
     fs::permissions(tmp.path() / f, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
   }
   // The index last: a directory holding moestream.json holds everything it names.
-  write_text(tmp.path() / kEngineIndexFile, engine_index_json(index, cfg));
+  write_text_file(tmp.path() / kEngineIndexFile, engine_index_json(index, cfg));
   for (auto& e : fs::recursive_directory_iterator(tmp.path()))
     if (e.is_regular_file()) stats.bytes_out += e.file_size();
   tmp.commit(out, opt.force);

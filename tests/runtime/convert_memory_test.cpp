@@ -2,9 +2,6 @@
 // than a cgroup v1 memory limit converts under that limit. Skips when no memory cgroup can be
 // created (not root, cgroup v2 only, a container without the controller).
 #include <fcntl.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -28,38 +25,6 @@ constexpr size_t kLimit = size_t(64) << 20;
 
 struct Dims {
   int hidden = 512, layers = 6, vocab = 2048, experts = 64, inter = 256, heads = 4, kv_heads = 2, head_dim = 64;
-};
-
-// A memory cgroup of its own, removed on destruction; path() empty when none could be made.
-class MemoryCgroup {
- public:
-  explicit MemoryCgroup(size_t limit) {
-    const fs::path root = "/sys/fs/cgroup/memory";
-    const fs::path p = root / ("moestream-test-" + std::to_string(getpid()));
-    std::error_code ec;
-    if (!fs::is_directory(root) || !fs::create_directory(p, ec)) return;
-    path_ = p;
-    if (!write(path_ / "memory.limit_in_bytes", std::to_string(limit))) path_.clear();
-  }
-  ~MemoryCgroup() {
-    if (!path_.empty()) rmdir(path_.c_str());
-  }
-  const fs::path& path() const { return path_; }
-  size_t read(const char* file) const {
-    std::ifstream in(path_ / file);
-    size_t v = 0;
-    in >> v;
-    return v;
-  }
-
- private:
-  static bool write(const fs::path& f, const std::string& v) {
-    std::ofstream out(f);
-    out << v;
-    out.flush();
-    return bool(out);
-  }
-  fs::path path_;
 };
 
 // Random bf16 weights (small uniform values), written piece by piece: the test itself stays
@@ -133,27 +98,18 @@ size_t write_checkpoint(const std::string& dir, const std::string& base_config, 
 
 TEST(ConvertMemory, CheckpointLargerThanCgroupLimitConverts) {
   MS_REQUIRE_SHARED("fixtures/qwen3-moe-tiny/config.json", base_config);
-  MemoryCgroup cg(kLimit);
+  test::MemoryCgroup cg(kLimit);
   if (cg.path().empty()) GTEST_SKIP() << "cannot create a memory cgroup under /sys/fs/cgroup/memory (needs cgroup v1 and root)";
   const std::string src = test::scratch_dir("bigckpt"), out = test::scratch_dir("bigckpt-out") + "/model";
   const size_t bytes = write_checkpoint(src, base_config, Dims{});
   ASSERT_GE(bytes, 4 * kLimit);
 
-  // The converter joins the cgroup before it starts: the shell moves itself in, then execs.
-  const std::string err_file = test::scratch_dir("bigckpt-log") + "/stderr";
-  const std::string cmd = "echo $$ > " + (cg.path() / "cgroup.procs").string() + " && exec " + MOESTREAM_BINARY +
-                          " convert --from " + src + " --out " + out + " --expert-bits 4 2>" + err_file;
-  const int status = std::system(cmd.c_str());
-  const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream err_in(err_file);
-  const std::string err((std::istreambuf_iterator<char>(err_in)), {});
+  const test::CgroupRun run = test::run_cli_in_cgroup(cg, "convert --from " + src + " --out " + out + " --expert-bits 4");
   const size_t peak = cg.read("memory.max_usage_in_bytes");
-  rusage ru{};
-  getrusage(RUSAGE_CHILDREN, &ru);  // the converter is the largest child waited for
   std::printf("converted %.0f MB of tensors under a %.0f MB cgroup limit: exit %d, cgroup peak %.1f MB (page cache "
               "included), converter peak RSS %.1f MB\n",
-              double(bytes) / 1e6, double(kLimit) / 1e6, rc, double(peak) / 1e6, double(ru.ru_maxrss) / 1e3);
-  ASSERT_EQ(rc, 0) << err;
+              double(bytes) / 1e6, double(kLimit) / 1e6, run.rc, double(peak) / 1e6, double(run.peak_rss_bytes) / 1e6);
+  ASSERT_EQ(run.rc, 0) << run.err;
   EXPECT_LE(peak, kLimit);
 
   auto model = Model::load(out);

@@ -1,0 +1,193 @@
+#include "runtime/engine_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include "quant/affine.h"
+#include "util/error.h"
+#include "util/half.h"
+#include "util/thread_pool.h"
+
+namespace ms {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+TempDir::TempDir(const fs::path& out) {
+  std::string pattern = out.string() + ".tmp-XXXXXX";
+  if (!mkdtemp(pattern.data())) fail("{}: cannot create a temporary directory beside it: {}", out.string(), std::strerror(errno));
+  path_ = pattern;
+  fs::permissions(path_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read |
+                             fs::perms::others_exec);
+}
+
+TempDir::~TempDir() {
+  if (!path_.empty()) {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+}
+
+void TempDir::commit(const fs::path& out, bool force) {
+  if (fs::exists(out)) {
+    if (!force) fail("{}: already exists (use --force to replace it)", out.string());
+    fs::remove_all(out);
+  }
+  fs::rename(path_, out);
+  path_.clear();
+}
+
+Progress::Progress(size_t total, bool enabled) : total_(total), enabled_(enabled), start_(Clock::now()) {}
+
+void Progress::add(size_t n) {
+  std::lock_guard lock(mu_);
+  done_ += n;
+  if (!enabled_) return;
+  const auto now = Clock::now();
+  if (now - last_ < std::chrono::milliseconds(100) && done_ < total_) return;
+  last_ = now;
+  draw(now);
+}
+
+void Progress::finish() {
+  if (enabled_) std::fputc('\n', stderr);
+}
+
+void Progress::draw(Clock::time_point now) {
+  const double secs = std::chrono::duration<double>(now - start_).count();
+  const double frac = total_ ? double(done_) / double(total_) : 1.0;
+  const double rate = secs > 0 ? double(done_) / secs : 0.0;
+  const double eta = rate > 0 ? double(total_ - done_) / rate : 0.0;
+  constexpr int kWidth = 30;
+  const int filled = int(frac * kWidth);
+  std::string bar(size_t(filled), '=');
+  bar.resize(kWidth, ' ');
+  std::fprintf(stderr, "\r[%s] %3.0f%%  %.1f / %.1f MB  %.1f MB/s  ETA %d:%02d ", bar.c_str(), frac * 100,
+               double(done_) / 1e6, double(total_) / 1e6, rate / 1e6, int(eta) / 60, int(eta) % 60);
+  std::fflush(stderr);
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_router(const std::string& name) { return ends_with(name, ".mlp.gate.weight") || ends_with(name, ".shared_expert_gate.weight"); }
+
+}  // namespace
+
+// Routers stay as stored (they pick the experts, and are small); embedding and lm_head take
+// at least 8 bits; what is not a 2-D float matrix whose rows split into whole groups is copied
+// as stored.
+int dense_bits_for(const std::string& name, const std::vector<int64_t>& shape, bool is_float, int dense_bits,
+                   int dense_group) {
+  if (dense_bits == kRawBits || shape.size() != 2 || !is_float || is_router(name)) return kRawBits;
+  if (shape[1] % dense_group != 0 || shape[0] == 0) return kRawBits;
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return std::max(dense_bits, 8);
+  return dense_bits;
+}
+
+size_t add_dense_specs(const std::string& name, DType dtype, const std::vector<int64_t>& shape, int bits, int group,
+                       std::vector<TensorSpec>* specs) {
+  const size_t first = specs->size();
+  if (bits == kRawBits) {
+    specs->push_back({name, dtype, shape});
+  } else {
+    const int64_t rows = shape[0], cols = shape[1];
+    specs->push_back({name + ".q", DType::U8, {rows, cols * bits / 8}});
+    specs->push_back({name + ".scales", DType::BF16, {rows, cols / group}});
+    specs->push_back({name + ".biases", DType::BF16, {rows, cols / group}});
+  }
+  return first;
+}
+
+size_t dense_rows_per_piece(size_t cols) { return std::max<size_t>(1, kDenseChunkValues / cols); }
+
+void write_quantized_rows(SafetensorsWriter& w, size_t first_spec, size_t r0, const float* rows, int n, int cols,
+                          int bits, int group, const std::string& what) {
+  QuantBuffer q;
+  try {
+    q = quantize(rows, n, cols, bits, group);
+  } catch (const Error& e) {
+    fail("{}: {}", what, e.what());
+  }
+  const size_t q_row = q.view().row_bytes(), s_row = size_t(q.view().groups_per_row()) * 2;
+  w.write(first_spec, r0 * q_row, q.q.data(), q.q.size());
+  w.write(first_spec + 1, r0 * s_row, q.scales.data(), q.scales.size() * 2);
+  w.write(first_spec + 2, r0 * s_row, q.biases.data(), q.biases.size() * 2);
+}
+
+void put_projection(const ProjLayout& pl, const float* w, uint8_t* rec, const std::string& what) {
+  const size_t n = size_t(pl.rows) * size_t(pl.cols);
+  if (pl.bits == kRawBits) {
+    auto* out = reinterpret_cast<uint16_t*>(rec + pl.q_offset);
+    for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(w[i]);
+    return;
+  }
+  QuantBuffer q;
+  try {
+    q = quantize(w, pl.rows, pl.cols, pl.bits, pl.group);
+  } catch (const Error& e) {
+    fail("{}: {}", what, e.what());
+  }
+  std::memcpy(rec + pl.q_offset, q.q.data(), pl.q_bytes);
+  std::memcpy(rec + pl.scales_offset, q.scales.data(), pl.scales_bytes);
+  std::memcpy(rec + pl.biases_offset, q.biases.data(), pl.scales_bytes);
+}
+
+void write_expert_blob(const fs::path& dir, ExpertLayer& layout,
+                       const std::function<void(size_t, std::vector<uint8_t>&, std::vector<float>&)>& fill,
+                       const std::function<void(size_t)>& done) {
+  const std::string path = (dir / layout.file).string();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("{}: cannot open for writing: {}", path, std::strerror(errno));
+  layout.checksums.assign(size_t(layout.n_experts), 0);
+  std::mutex error_mu;
+  std::exception_ptr error;
+  // Experts are independent: each worker makes whole records in its own buffer.
+  ThreadPool::global().parallel_for(size_t(layout.n_experts), [&](size_t e0, size_t e1) {
+    try {
+      std::vector<uint8_t> rec;
+      std::vector<float> scratch;
+      for (size_t e = e0; e < e1; ++e) {
+        rec.assign(layout.stride, 0);
+        fill(e, rec, scratch);
+        layout.checksums[e] = record_checksum(rec.data(), layout.record_bytes);
+        pwrite_all(fd, rec.data(), rec.size(), e * layout.stride, path);
+        done(e);
+      }
+    } catch (...) {
+      std::lock_guard lock(error_mu);
+      if (!error) error = std::current_exception();
+    }
+  });
+  const bool synced = ::fdatasync(fd) == 0;
+  if (synced) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  const bool closed = ::close(fd) == 0;
+  if (error) std::rethrow_exception(error);
+  if (!synced || !closed) fail("{}: cannot flush: {}", path, std::strerror(errno));
+}
+
+void check_bits(const char* flag, int bits, std::initializer_list<int> allowed) {
+  if (std::find(allowed.begin(), allowed.end(), bits) == allowed.end()) {
+    std::string list;
+    for (int a : allowed) list += (list.empty() ? "" : ", ") + std::to_string(a);
+    fail("{}: {} is not one of {}", flag, bits, list);
+  }
+}
+
+void write_text_file(const fs::path& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("{}: cannot open for writing: {}", path.string(), std::strerror(errno));
+  pwrite_all(fd, text.data(), text.size(), 0, path.string());
+  if (::fdatasync(fd) != 0 || ::close(fd) != 0) fail("{}: cannot flush: {}", path.string(), std::strerror(errno));
+}
+
+}  // namespace ms
