@@ -7,5 +7,6 @@ namespace ms::cli {
 void register_model_commands(CLI::App& app);  // logits, generate, inspect
 void register_tokenize_commands(CLI::App& app);  // tokenize, detokenize
 void register_text_commands(CLI::App& app);  // run, chat
+void register_serve_commands(CLI::App& app);  // serve
 
 }  // namespace ms::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   ms::cli::register_model_commands(app);
   ms::cli::register_tokenize_commands(app);
   ms::cli::register_text_commands(app);
+  ms::cli::register_serve_commands(app);
   try {
     app.parse(argc, argv);
     if (app.get_subcommands().empty()) {
