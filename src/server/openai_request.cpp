@@ -240,7 +240,7 @@ ojson parse_body(const std::string& body, int max_depth) {
   ojson j;
   try {
     j = ojson::parse(body);
-  } catch (const ojson::parse_error& e) {
+  } catch (const ojson::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     throw ApiError(400, fmt::format("malformed JSON in the request body: {}", e.what()), "invalid_request_error", "",
                    "invalid_json");
   }

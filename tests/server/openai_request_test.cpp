@@ -147,6 +147,7 @@ TEST(OpenAIRequest, BodyProblems) {
   EXPECT_EQ(chat_error("[1, 2]").status, 400);
   EXPECT_EQ(chat_error("{\"messages\": \"\xc3\x28\"}").code, "invalid_utf8");
   EXPECT_EQ(chat_error(R"({"messages": "\ud800"})").code, "invalid_json");  // lone surrogate
+  EXPECT_EQ(chat_error(R"({"messages": [], "temperature": 1e999})").code, "invalid_json");
   EXPECT_NE(std::string(chat_error(std::string(100000, '[')).what()).find("nests deeper"), std::string::npos);
   // Brackets inside strings are not nesting.
   EXPECT_EQ(chat_error(std::string("{") + kHello + R"(, "user": ")" + std::string(1000, '[') + "\"}").status, 0);
