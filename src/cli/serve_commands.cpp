@@ -1,5 +1,7 @@
 // serve: the OpenAI-compatible HTTP server (docs/serve.md).
+#include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <memory>
@@ -56,19 +58,23 @@ void add_serve(CLI::App& app) {
     std::printf("moestream: serving %s on http://%s:%d\n", engine->dir().c_str(), o->host.c_str(), port);
     std::fflush(stdout);
     std::atomic<bool> served{false};
+    std::thread stopper;
     std::thread waiter([&] {
       const timespec poll{0, 200 * 1000 * 1000};
       while (!served) {
-        if (sigtimedwait(&signals, nullptr, &poll) > 0) {
-          std::fprintf(stderr, "moestream: stopping (finishing in-flight requests)\n");
-          server.shutdown();
-          return;
+        if (sigtimedwait(&signals, nullptr, &poll) <= 0) continue;
+        if (stopper.joinable()) {  // a second signal: the user will not wait for the drain
+          std::fprintf(stderr, "moestream: stopping now\n");
+          std::_Exit(1);
         }
+        std::fprintf(stderr, "moestream: stopping (finishing in-flight requests; signal again to quit at once)\n");
+        stopper = std::thread([&] { server.shutdown(); });
       }
     });
     server.serve();
     served = true;
     waiter.join();
+    if (stopper.joinable()) stopper.join();
   });
 }
 

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -184,6 +186,12 @@ HttpServer::HttpServer(const Engine& engine, ServerOptions opts)
   // answered with 429 rather than left hanging in the accept backlog.
   const size_t threads = opts_.queue_limit + 8;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // httplib's default sets SO_REUSEPORT, with which a second server on a taken port starts and
+  // silently shares it; SO_REUSEADDR alone still allows a quick restart.
+  http_->set_socket_options([](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   http_->set_payload_max_length(opts_.max_body_bytes);
   http_->set_keep_alive_timeout(5);
   add_routes();

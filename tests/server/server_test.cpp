@@ -330,6 +330,14 @@ TEST_F(ServerTest, FuzzedRequestsLeaveTheServerHealthy) {
   EXPECT_EQ(h->status, 200);
 }
 
+TEST_F(ServerTest, PortInUseFailsClearly) {
+  MS_REQUIRE_SHARED(kModel, dir);
+  std::string err;
+  EXPECT_EQ(run_cli("serve --model " + dir + " --port " + std::to_string(server_->port()), nullptr, &err), 1);
+  EXPECT_NE(err.find("cannot listen on 127.0.0.1:" + std::to_string(server_->port())), std::string::npos) << err;
+  EXPECT_EQ(run_cli("serve --model " + dir + " --port 70000", nullptr, &err), 2);
+}
+
 // Polls /api/stats until more than `before` requests were cancelled and nothing runs.
 bool cancelled_soon(const ServerProcess& server, int before) {
   for (int i = 0; i < 100; ++i) {
@@ -443,17 +451,17 @@ TEST(ServerAuth, ApiKeyIsRequiredWhenSet) {
 // SIGTERM: the running answer finishes, then the server exits 0.
 TEST(ServerShutdown, SigtermFinishesInFlightRequestsAndExitsZero) {
   MS_REQUIRE_SHARED(kModel, dir);
-  ServerProcess server(dir, {});
+  ServerProcess server(dir, {"--drain-timeout", "120"});  // ample even for a sanitizer build on a busy machine
   ASSERT_GT(server.port(), 0);
   std::atomic<bool> started{false};
   StreamResult r;
   std::thread t([&] {
-    r = post_streaming(server, "/v1/completions", R"({"prompt": "def fib(n):", "max_tokens": 300, "ignore_eos": true, "stream": true})",
+    r = post_streaming(server, "/v1/completions", R"({"prompt": "def fib(n):", "max_tokens": 100, "ignore_eos": true, "stream": true})",
                        [&](const std::string&) { return started = true; });
   });
   while (!started) std::this_thread::sleep_for(5ms);
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(server.signal_and_wait(SIGTERM, 30s), 0);
+  EXPECT_EQ(server.signal_and_wait(SIGTERM, 150s), 0);
   std::printf("[ stop ] exited %.2f s after SIGTERM\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   t.join();
   std::string finish;
