@@ -10,5 +10,6 @@ void register_text_commands(CLI::App& app);  // run, chat
 void register_expert_commands(CLI::App& app);  // simulate, profile
 void register_convert_commands(CLI::App& app);  // convert
 void register_synth_commands(CLI::App& app);  // synth
+void register_serve_commands(CLI::App& app);  // serve
 
 }  // namespace ms::cli

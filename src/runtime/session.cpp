@@ -30,7 +30,8 @@ size_t safe_length(const std::string& text, const std::vector<std::string>& stop
 
 }  // namespace
 
-Session::Session(const Engine& engine) : engine_(engine), state_(engine.model().new_state()) {
+Session::Session(const Engine& engine, EngineStats* stats)
+    : engine_(engine), stats_(stats), state_(engine.model().new_state()) {
   prompt_end_ = state_.checkpoint();
 }
 
@@ -54,6 +55,17 @@ int Session::reuse_prefix(const std::vector<int>& prompt) {
   return 0;
 }
 
+ForwardResult Session::forward(const int* ids, int T) {
+  ForwardOptions opt;
+  opt.routes = stats_ != nullptr;
+  ForwardResult fr = engine_.model().forward(ids, T, state_, opt);
+  if (stats_) {
+    stats_->record_routes(fr.routes);
+    stats_->set_state_bytes(state_.bytes());
+  }
+  return fr;
+}
+
 GenerationResult Session::generate(const GenerationRequest& req, const std::function<bool(const std::string&)>& on_text) {
   if (req.prompt.empty()) fail("the prompt is empty");
   if (req.max_tokens < 0) fail("max_tokens must be >= 0, is {}", req.max_tokens);
@@ -65,10 +77,20 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
 
   GenerationResult res;
   res.prompt_tokens = int(req.prompt.size());
+  // Why to stop early, or null to go on.
+  auto interruption = [&]() -> const char* {
+    if (req.cancel && req.cancel->load()) return "cancelled";
+    if (Clock::now() >= req.deadline) return "timeout";
+    return nullptr;
+  };
+  if (const char* why = interruption()) {
+    res.finish_reason = why;
+    return res;
+  }
   const auto start = Clock::now();
   res.reused_tokens = reuse_prefix(req.prompt);
   const int fresh = int(req.prompt.size()) - res.reused_tokens;
-  ForwardResult fr = model.forward(req.prompt.data() + res.reused_tokens, fresh, state_);
+  ForwardResult fr = forward(req.prompt.data() + res.reused_tokens, fresh);
   processed_ = req.prompt;
   last_prompt_ = req.prompt;
   prompt_end_ = state_.checkpoint();
@@ -78,13 +100,13 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   StreamDecoder decoder(engine_.tokenizer());
   std::vector<int> seen = req.prompt;
   std::string pending;  // decoded, not yet emitted
-  bool cancelled = false;
+  const char* interrupted = nullptr;
   auto emit = [&](size_t n) {
     if (n == 0) return;
     std::string piece = pending.substr(0, n);
     pending.erase(0, n);
     res.text += piece;
-    if (on_text && !on_text(piece)) cancelled = true;
+    if (on_text && !on_text(piece)) interrupted = "cancelled";
   };
 
   const auto decode_start = Clock::now();
@@ -107,12 +129,14 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
       break;
     }
     emit(safe_length(pending, req.stop));
-    if (cancelled || int(res.tokens.size()) == req.max_tokens) break;
-    fr = model.forward(&next, 1, state_);
+    if (!interrupted) interrupted = interruption();
+    if (interrupted || int(res.tokens.size()) == req.max_tokens) break;
+    fr = forward(&next, 1);
     processed_.push_back(next);
   }
-  if (cancelled) res.finish_reason = "cancelled";
-  else if (res.finish_reason == "length") {
+  if (interrupted) res.finish_reason = interrupted;
+  // A cut-off answer keeps what it has, held-back text included; a cancelled one has no reader.
+  if (res.finish_reason == "length" || res.finish_reason == "timeout") {
     pending += decoder.flush();
     emit(pending.size());
   }

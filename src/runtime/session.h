@@ -1,12 +1,15 @@
 #pragma once
 // A conversation's generation state: it keeps the KV/recurrent cache of what it has processed
 // so that a prompt extending the previous one (the next chat turn) only processes the new part.
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
+#include "runtime/stats.h"
 
 namespace ms {
 
@@ -16,12 +19,16 @@ struct GenerationRequest {
   SamplingParams sampling;
   std::vector<std::string> stop;  // user stop strings (not included in the output)
   bool ignore_eos = false;
+  // Checked before every token: a set flag ends the generation as "cancelled", a passed
+  // deadline as "timeout" (the prompt is not processed when either holds at the start).
+  const std::atomic<bool>* cancel = nullptr;
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 struct GenerationResult {
   std::string text;
   std::vector<int> tokens;
-  std::string finish_reason;  // "stop" (eos or stop string), "length", or "cancelled"
+  std::string finish_reason;  // "stop" (eos or stop string), "length", "cancelled" or "timeout"
   int prompt_tokens = 0;
   int reused_tokens = 0;  // prompt tokens whose cache was reused, not recomputed
   double time_to_first_token_s = 0, prefill_tok_s = 0, decode_tok_s = 0;
@@ -29,7 +36,8 @@ struct GenerationResult {
 
 class Session {
  public:
-  explicit Session(const Engine& engine);
+  // With `stats`, every forward pass records its expert routes and the state's size there.
+  explicit Session(const Engine& engine, EngineStats* stats = nullptr);
 
   // on_text receives complete UTF-8 text as it is made (stop strings held back); returning
   // false cancels the generation.
@@ -39,8 +47,10 @@ class Session {
  private:
   // Rolls the state back to the longest cached prefix of `prompt`; returns its length.
   int reuse_prefix(const std::vector<int>& prompt);
+  ForwardResult forward(const int* ids, int T);
 
   const Engine& engine_;
+  EngineStats* stats_;
   State state_;
   std::vector<int> processed_;       // tokens the state has seen, in order
   State::Checkpoint prompt_end_;     // state right after the last prompt was processed

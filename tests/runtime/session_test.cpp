@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include "test_support.h"
 
 namespace ms {
@@ -92,6 +94,66 @@ TEST_F(SessionTest, CallbackCancels) {
   GenerationResult r = s.generate(greedy("x = [", 50), [&](const std::string&) { return ++pieces < 3; });
   EXPECT_EQ(r.finish_reason, "cancelled");
   EXPECT_LT(r.tokens.size(), 50u);
+}
+
+TEST_F(SessionTest, CancelFlagStopsBetweenTokens) {
+  Session s(*engine_);
+  std::atomic<bool> cancel{false};
+  GenerationRequest req = greedy("x = [", 50);
+  req.cancel = &cancel;
+  int pieces = 0;
+  GenerationResult r = s.generate(req, [&](const std::string&) {
+    if (++pieces == 2) cancel = true;  // as another thread would
+    return true;
+  });
+  EXPECT_EQ(r.finish_reason, "cancelled");
+  EXPECT_LT(r.tokens.size(), 50u);
+  // Set before the start: nothing is processed.
+  GenerationResult none = s.generate(req);
+  EXPECT_EQ(none.finish_reason, "cancelled");
+  EXPECT_TRUE(none.tokens.empty());
+}
+
+TEST_F(SessionTest, DeadlineCutsOffWithTimeoutKeepingTheText) {
+  Session s(*engine_);
+  GenerationRequest req = greedy("def main(", 100000);
+  req.ignore_eos = true;
+  req.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  std::string streamed;
+  GenerationResult r = s.generate(req, [&](const std::string& p) {
+    streamed += p;
+    return true;
+  });
+  EXPECT_EQ(r.finish_reason, "timeout");
+  EXPECT_GT(r.tokens.size(), 0u);
+  EXPECT_LT(r.tokens.size(), 100000u);
+  EXPECT_EQ(streamed, r.text);
+  EXPECT_EQ(r.text, engine_->tokenizer().decode(r.tokens));
+  req.deadline = std::chrono::steady_clock::now();
+  EXPECT_EQ(s.generate(req).finish_reason, "timeout");
+}
+
+TEST_F(SessionTest, StatsCountEveryRoutedToken) {
+  const ModelConfig& cfg = engine_->model().config();
+  EngineStats stats(cfg, {});
+  Session s(*engine_, &stats);
+  GenerationRequest req = greedy("import os\n", 5);
+  GenerationResult r = s.generate(req);
+  // Every prompt token and every generated token but the last went through the model.
+  const uint64_t tokens = uint64_t(r.prompt_tokens) + r.tokens.size() - 1;
+  StatsSnapshot snap = stats.snapshot();
+  ASSERT_EQ(snap.layers.size(), size_t(cfg.n_layers));
+  for (const LayerUsage& l : snap.layers) {
+    if (!l.moe) continue;
+    EXPECT_EQ(l.routed_total, tokens * uint64_t(cfg.top_k));
+    uint64_t sum = 0;
+    for (uint64_t n : l.routed) sum += n;
+    EXPECT_EQ(sum, l.routed_total);
+  }
+  EXPECT_GT(snap.resident.state, 0u);
+  // Routing is what the model does anyway: the answer is the same without stats.
+  Session plain(*engine_);
+  EXPECT_EQ(plain.generate(req).tokens, r.tokens);
 }
 
 }  // namespace

@@ -1,0 +1,85 @@
+// serve: the OpenAI-compatible HTTP server (docs/serve.md).
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <pthread.h>
+#include <thread>
+
+#include "cli/commands.h"
+#include "server/server.h"
+#include "util/error.h"
+
+namespace ms::cli {
+
+namespace {
+
+// SIGTERM and SIGINT are taken by one thread (blocked everywhere else, before any thread
+// starts) which asks the server to stop gracefully.
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+void add_serve(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)");
+  auto model = std::make_shared<std::string>();
+  auto o = std::make_shared<ServerOptions>();
+  cmd->add_option("--model", *model, "Model directory")->required();
+  cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->port, "Port to listen on (0: any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health");
+  cmd->add_option("--model-name", o->model_name, "Model id to report (default: the model directory's name)");
+  cmd->add_option("--queue-limit", o->queue_limit, "Requests that may wait behind the running one; more get 429")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--request-timeout", o->request_timeout_s,
+                  "Seconds from arrival until a request is cut off (finish_reason \"timeout\")")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--drain-timeout", o->drain_timeout_s,
+                  "On SIGTERM, seconds in-flight requests may take to finish before they are cancelled")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body accepted; larger get 413")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t(1024), size_t(1) << 30));
+  cmd->callback([model, o] {
+    const sigset_t signals = stop_signals();
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    auto engine = Engine::load(*model);
+    HttpServer server(*engine, *o);
+    const int port = server.bind();
+    std::printf("moestream: serving %s on http://%s:%d\n", engine->dir().c_str(), o->host.c_str(), port);
+    std::fflush(stdout);
+    std::atomic<bool> served{false};
+    std::thread stopper;
+    std::thread waiter([&] {
+      const timespec poll{0, 200 * 1000 * 1000};
+      while (!served) {
+        if (sigtimedwait(&signals, nullptr, &poll) <= 0) continue;
+        if (stopper.joinable()) {  // a second signal: the user will not wait for the drain
+          std::fprintf(stderr, "moestream: stopping now\n");
+          std::_Exit(1);
+        }
+        std::fprintf(stderr, "moestream: stopping (finishing in-flight requests; signal again to quit at once)\n");
+        stopper = std::thread([&] { server.shutdown(); });
+      }
+    });
+    server.serve();
+    served = true;
+    waiter.join();
+    if (stopper.joinable()) stopper.join();
+  });
+}
+
+}  // namespace
+
+void register_serve_commands(CLI::App& app) { add_serve(app); }
+
+}  // namespace ms::cli

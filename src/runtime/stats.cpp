@@ -1,0 +1,119 @@
+#include "runtime/stats.h"
+
+#include "util/error.h"
+
+namespace ms {
+
+using ojson = nlohmann::ordered_json;
+
+EngineStats::EngineStats(const ModelConfig& cfg, ResidentBytes weights, const ExpertStore* experts)
+    : start_(std::chrono::steady_clock::now()), experts_(experts) {
+  s_.resident = weights;
+  s_.layers.resize(size_t(cfg.n_layers));
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    LayerUsage& ls = s_.layers[size_t(l)];
+    ls.layer = l;
+    ls.moe = cfg.is_moe(l);
+    if (ls.moe) ls.routed.assign(size_t(cfg.n_experts), 0);
+  }
+}
+
+void EngineStats::record_routes(const std::vector<std::vector<int>>& routes) {
+  std::lock_guard lock(mu_);
+  for (size_t l = 0; l < routes.size() && l < s_.layers.size(); ++l) {
+    LayerUsage& ls = s_.layers[l];
+    for (int e : routes[l]) {
+      if (e < 0 || size_t(e) >= ls.routed.size()) fail("layer {}: routed expert id {} out of range", l, e);
+      ++ls.routed[size_t(e)];
+    }
+    ls.routed_total += routes[l].size();
+  }
+}
+
+void EngineStats::record_request(const RequestRecord& r) {
+  std::lock_guard lock(mu_);
+  ++s_.requests_served;
+  if (r.finish_reason == "cancelled") ++s_.requests_cancelled;
+  if (r.finish_reason == "timeout") ++s_.requests_timed_out;
+  s_.prompt_tokens += uint64_t(r.prompt_tokens);
+  s_.reused_tokens += uint64_t(r.reused_tokens);
+  s_.completion_tokens += uint64_t(r.completion_tokens);
+  recent_.push_back(r);
+  if (recent_.size() > kRecent) recent_.pop_front();
+}
+
+void EngineStats::record_rejected() {
+  std::lock_guard lock(mu_);
+  ++s_.requests_rejected;
+}
+
+void EngineStats::set_state_bytes(size_t bytes) {
+  std::lock_guard lock(mu_);
+  s_.resident.state = bytes;
+}
+
+StatsSnapshot EngineStats::snapshot() const {
+  std::lock_guard lock(mu_);
+  StatsSnapshot out = s_;
+  out.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  out.recent.assign(recent_.begin(), recent_.end());
+  if (experts_) {
+    out.pool = experts_->stats();
+    out.resident.experts = experts_->resident_bytes();
+  }
+  return out;
+}
+
+ojson to_json(const StatsSnapshot& s) {
+  ojson layers = ojson::array();
+  for (const LayerUsage& l : s.layers) {
+    ojson j = {{"layer", l.layer}, {"moe", l.moe}, {"routed_total", l.routed_total}};
+    j["routed"] = l.routed;
+    layers.push_back(std::move(j));
+  }
+  ojson pool = ojson::array();
+  PoolStats total;
+  uint64_t all_miss_bytes = 0;
+  for (const LayerStats& l : s.pool) {
+    const PoolStats& p = l.pool;
+    pool.push_back({{"layer", l.name}, {"slots", l.capacity}, {"resident", l.resident}, {"hits", p.hits},
+                    {"misses", p.misses}, {"evictions", p.evictions}, {"hit_rate", p.hit_rate()},
+                    {"bytes_read", p.bytes_read}, {"read_s", p.read_s}, {"stall_s", p.stall_s}});
+    total += p;
+    all_miss_bytes += (p.hits + p.misses) * l.slot_bytes;
+  }
+  ojson recent = ojson::array();
+  for (const RequestRecord& r : s.recent)
+    recent.push_back({{"prompt_tokens", r.prompt_tokens},
+                      {"reused_tokens", r.reused_tokens},
+                      {"completion_tokens", r.completion_tokens},
+                      {"time_to_first_token_s", r.time_to_first_token_s},
+                      {"prefill_tok_s", r.prefill_tok_s},
+                      {"decode_tok_s", r.decode_tok_s},
+                      {"finish_reason", r.finish_reason}});
+  return {{"uptime_s", s.uptime_s},
+          {"requests",
+           {{"served", s.requests_served},
+            {"cancelled", s.requests_cancelled},
+            {"timed_out", s.requests_timed_out},
+            {"rejected", s.requests_rejected}}},
+          {"tokens", {{"prompt", s.prompt_tokens}, {"reused", s.reused_tokens}, {"completion", s.completion_tokens}}},
+          {"resident_bytes",
+           {{"dense", s.resident.dense},
+            {"experts", s.resident.experts},
+            {"state", s.resident.state},
+            {"total", s.resident.dense + s.resident.experts + s.resident.state}}},
+          {"recent_requests", std::move(recent)},
+          {"layers", std::move(layers)},
+          {"expert_pool",
+           {{"layers", std::move(pool)},
+            {"hits", total.hits},
+            {"misses", total.misses},
+            {"hit_rate", total.hit_rate()},
+            {"bytes_read", total.bytes_read},
+            {"read_s", total.read_s},
+            {"stall_s", total.stall_s},
+            {"disk_load_ratio", all_miss_bytes ? double(total.bytes_read) / double(all_miss_bytes) : 0.0}}}};
+}
+
+}  // namespace ms

@@ -1,0 +1,75 @@
+#pragma once
+// The engine's health as a front end reports it (serve's /api/stats and /metrics): expert
+// routing per layer, resident memory, recent request speeds, totals. Thread-safe: the
+// generation thread records while HTTP threads read snapshots.
+//
+// A streamed model's pool numbers (occupancy, hits, misses, bytes read, stall time) come from
+// its ExpertStore, the same object `--stats` prints.
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "experts/expert_store.h"
+#include "format/config.h"
+
+namespace ms {
+
+struct LayerUsage {
+  int layer = 0;
+  bool moe = false;
+  std::vector<uint64_t> routed;  // [n_experts]: tokens routed to each expert so far
+  uint64_t routed_total = 0;
+};
+
+struct ResidentBytes {
+  size_t dense = 0;    // non-expert weights
+  size_t experts = 0;  // routed expert weights held in memory (a streamed model: its pool slots)
+  size_t state = 0;    // KV cache and linear-attention state
+};
+
+struct RequestRecord {
+  int prompt_tokens = 0, reused_tokens = 0, completion_tokens = 0;
+  double prefill_tok_s = 0, decode_tok_s = 0, time_to_first_token_s = 0;
+  std::string finish_reason;
+};
+
+struct StatsSnapshot {
+  double uptime_s = 0;
+  uint64_t requests_served = 0;  // finished, whatever the reason
+  uint64_t requests_cancelled = 0, requests_timed_out = 0, requests_rejected = 0;
+  uint64_t prompt_tokens = 0, reused_tokens = 0, completion_tokens = 0;
+  ResidentBytes resident;
+  std::vector<LayerUsage> layers;
+  std::vector<LayerStats> pool;  // per MoE block of a streamed model; empty otherwise
+  std::vector<RequestRecord> recent;  // the last few requests, oldest first
+};
+
+class EngineStats {
+ public:
+  static constexpr size_t kRecent = 16;
+
+  EngineStats(const ModelConfig& cfg, ResidentBytes weights, const ExpertStore* experts = nullptr);
+
+  // routes[layer] holds T * top_k expert ids (empty for dense layers), as ForwardResult has them.
+  void record_routes(const std::vector<std::vector<int>>& routes);
+  void record_request(const RequestRecord& r);
+  void record_rejected();
+  void set_state_bytes(size_t bytes);
+
+  StatsSnapshot snapshot() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::chrono::steady_clock::time_point start_;
+  StatsSnapshot s_;
+  std::deque<RequestRecord> recent_;
+  const ExpertStore* experts_;
+};
+
+nlohmann::ordered_json to_json(const StatsSnapshot& s);
+
+}  // namespace ms

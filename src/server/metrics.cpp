@@ -1,0 +1,84 @@
+#include "server/metrics.h"
+
+#include <fmt/format.h>
+
+#include <iterator>
+
+namespace ms {
+
+namespace {
+
+class Writer {
+ public:
+  // One metric family: its HELP and TYPE lines, then samples.
+  void family(const char* name, const char* type, const char* help) {
+    fmt::format_to(std::back_inserter(out_), "# HELP moestream_{} {}\n# TYPE moestream_{} {}\n", name, help, name, type);
+  }
+  void sample(const char* name, double v, const std::string& labels = "") {
+    fmt::format_to(std::back_inserter(out_), "moestream_{}{}{}{} {}\n", name, labels.empty() ? "" : "{", labels,
+                   labels.empty() ? "" : "}", v);
+  }
+  void metric(const char* name, const char* type, const char* help, double v) {
+    family(name, type, help);
+    sample(name, v);
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+double mean(const std::vector<RequestRecord>& recent, double RequestRecord::*field) {
+  double sum = 0;
+  for (const auto& r : recent) sum += r.*field;
+  return recent.empty() ? 0 : sum / double(recent.size());
+}
+
+}  // namespace
+
+std::string prometheus_text(const StatsSnapshot& s, const QueueState& q) {
+  Writer w;
+  w.metric("uptime_seconds", "gauge", "Seconds since the server started.", s.uptime_s);
+  w.metric("requests_served_total", "counter", "Generation requests finished, whatever the reason.", double(s.requests_served));
+  w.metric("requests_cancelled_total", "counter", "Requests cancelled (client gone or server stopping).", double(s.requests_cancelled));
+  w.metric("requests_timed_out_total", "counter", "Requests cut off at --request-timeout.", double(s.requests_timed_out));
+  w.metric("requests_rejected_total", "counter", "Requests refused because the queue was full.", double(s.requests_rejected));
+  w.metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", double(s.prompt_tokens));
+  w.metric("reused_prompt_tokens_total", "counter", "Prompt tokens served from the conversation cache.", double(s.reused_tokens));
+  w.metric("completion_tokens_total", "counter", "Generated tokens.", double(s.completion_tokens));
+  w.metric("recent_decode_tokens_per_second", "gauge", "Mean decode speed of the last requests.",
+           mean(s.recent, &RequestRecord::decode_tok_s));
+  w.metric("recent_prefill_tokens_per_second", "gauge", "Mean prompt processing speed of the last requests.",
+           mean(s.recent, &RequestRecord::prefill_tok_s));
+  w.metric("queue_waiting", "gauge", "Requests waiting for the generation thread.", double(q.waiting));
+  w.metric("queue_limit", "gauge", "Most requests that may wait (--queue-limit).", double(q.limit));
+  w.metric("queue_running", "gauge", "Requests generating now (0 or 1).", q.running ? 1 : 0);
+
+  w.family("resident_bytes", "gauge", "Bytes held in memory, by kind.");
+  w.sample("resident_bytes", double(s.resident.dense), "kind=\"dense\"");
+  w.sample("resident_bytes", double(s.resident.experts), "kind=\"experts\"");
+  w.sample("resident_bytes", double(s.resident.state), "kind=\"state\"");
+
+  w.family("layer_routed_total", "counter", "Expert routings (token x top-k) per MoE layer.");
+  for (const LayerUsage& l : s.layers)
+    if (l.moe) w.sample("layer_routed_total", double(l.routed_total), fmt::format("layer=\"{}\"", l.layer));
+  w.family("expert_routed_total", "counter", "Tokens routed to each expert of each MoE layer.");
+  for (const LayerUsage& l : s.layers)
+    for (size_t e = 0; e < l.routed.size(); ++e)
+      w.sample("expert_routed_total", double(l.routed[e]), fmt::format("layer=\"{}\",expert=\"{}\"", l.layer, e));
+  w.family("pool_slots", "gauge", "Expert pool slots per MoE block (streamed models).");
+  for (const LayerStats& l : s.pool) w.sample("pool_slots", double(l.capacity), fmt::format("layer=\"{}\"", l.name));
+  w.family("pool_resident_experts", "gauge", "Experts resident in the pool.");
+  for (const LayerStats& l : s.pool) w.sample("pool_resident_experts", double(l.resident), fmt::format("layer=\"{}\"", l.name));
+  w.family("pool_hits_total", "counter", "Routed experts found resident.");
+  for (const LayerStats& l : s.pool) w.sample("pool_hits_total", double(l.pool.hits), fmt::format("layer=\"{}\"", l.name));
+  w.family("pool_misses_total", "counter", "Routed experts read from disk.");
+  for (const LayerStats& l : s.pool) w.sample("pool_misses_total", double(l.pool.misses), fmt::format("layer=\"{}\"", l.name));
+  w.family("pool_bytes_read_total", "counter", "Expert bytes read from disk.");
+  for (const LayerStats& l : s.pool) w.sample("pool_bytes_read_total", double(l.pool.bytes_read), fmt::format("layer=\"{}\"", l.name));
+  w.family("pool_stall_seconds_total", "counter", "Time the compute waited for expert reads.");
+  for (const LayerStats& l : s.pool) w.sample("pool_stall_seconds_total", l.pool.stall_s, fmt::format("layer=\"{}\"", l.name));
+  return w.take();
+}
+
+}  // namespace ms

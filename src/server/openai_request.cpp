@@ -1,0 +1,325 @@
+#include "server/openai_request.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <string_view>
+#include <utility>
+
+#include "server/api_error.h"
+#include "tokenizer/utf8.h"
+
+namespace ms {
+
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+std::string member_path(const std::string& parent, std::string_view name) {
+  return parent.empty() ? std::string(name) : fmt::format("{}.{}", parent, name);
+}
+
+void reject_unknown(const ojson& obj, const std::string& where, std::initializer_list<std::string_view> known) {
+  for (auto it = obj.begin(); it != obj.end(); ++it)
+    if (std::find(known.begin(), known.end(), it.key()) == known.end())
+      invalid_param(member_path(where, it.key()), fmt::format("unknown member '{}'{}", it.key(), where.empty() ? "" : " in " + where),
+                    "unknown_parameter");
+}
+
+// The member, or null when absent or null (OpenAI reads null as "not given").
+const ojson* member(const ojson& obj, const char* name) {
+  auto it = obj.find(name);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+[[noreturn]] void wrong_type(const std::string& param, const char* expected, const ojson& v) {
+  invalid_param(param, fmt::format("{} must be {}, is {}", param, expected, v.type_name()), "invalid_type");
+}
+
+const ojson& object(const ojson& v, const std::string& param) {
+  if (!v.is_object()) wrong_type(param, "an object", v);
+  return v;
+}
+
+const ojson& array(const ojson& v, const std::string& param) {
+  if (!v.is_array()) wrong_type(param, "an array", v);
+  return v;
+}
+
+std::string string(const ojson& v, const std::string& param) {
+  if (!v.is_string()) wrong_type(param, "a string", v);
+  return v.get<std::string>();
+}
+
+bool boolean(const ojson& v, const std::string& param) {
+  if (!v.is_boolean()) wrong_type(param, "a boolean", v);
+  return v.get<bool>();
+}
+
+double number(const ojson& v, const std::string& param, double lo, double hi) {
+  if (!v.is_number()) wrong_type(param, "a number", v);
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi)) invalid_param(param, fmt::format("{} must be in [{}, {}], is {}", param, lo, hi, x));
+  return x;
+}
+
+int64_t integer(const ojson& v, const std::string& param, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) wrong_type(param, "an integer", v);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
+    invalid_param(param, fmt::format("{} must be at most {}", param, hi));
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) invalid_param(param, fmt::format("{} must be in [{}, {}], is {}", param, lo, hi, x));
+  return x;
+}
+
+std::vector<std::string> stop_strings(const ojson& v) {
+  std::vector<std::string> out;
+  if (v.is_string()) out.push_back(v.get<std::string>());
+  else if (v.is_array()) {
+    if (v.size() > 16) invalid_param("stop", "stop holds at most 16 strings");
+    for (size_t i = 0; i < v.size(); ++i) out.push_back(string(v[i], fmt::format("stop[{}]", i)));
+  } else
+    wrong_type("stop", "a string or an array of strings", v);
+  for (const auto& s : out)
+    if (s.empty()) invalid_param("stop", "stop strings must not be empty");
+  return out;
+}
+
+// The members chat and text completions share; `max_tokens_default` applies when absent.
+CompletionOptions read_options(const ojson& body) {
+  CompletionOptions o;
+  if (const ojson* v = member(body, "model")) string(*v, "model");  // one model is served: any name selects it
+  for (const char* name : {"max_tokens", "max_completion_tokens"})
+    if (const ojson* v = member(body, name)) o.max_tokens = int(integer(*v, name, 1, 1 << 30));
+  SamplingParams& s = o.sampling;
+  if (const ojson* v = member(body, "temperature")) s.temperature = float(number(*v, "temperature", 0, 2));
+  if (const ojson* v = member(body, "top_p")) {
+    s.top_p = float(number(*v, "top_p", 0, 1));
+    if (s.top_p == 0.f) invalid_param("top_p", "top_p must be in (0, 1], is 0");
+  }
+  if (const ojson* v = member(body, "top_k")) s.top_k = int(integer(*v, "top_k", 0, 1 << 30));
+  if (const ojson* v = member(body, "min_p")) s.min_p = float(number(*v, "min_p", 0, 1));
+  if (const ojson* v = member(body, "repetition_penalty")) {
+    s.repetition_penalty = float(number(*v, "repetition_penalty", 0, 100));
+    if (s.repetition_penalty == 0.f) invalid_param("repetition_penalty", "repetition_penalty must be > 0");
+  }
+  if (const ojson* v = member(body, "presence_penalty")) s.presence_penalty = float(number(*v, "presence_penalty", -2, 2));
+  if (const ojson* v = member(body, "frequency_penalty")) s.frequency_penalty = float(number(*v, "frequency_penalty", -2, 2));
+  if (const ojson* v = member(body, "seed")) s.seed = uint64_t(integer(*v, "seed", INT64_MIN, INT64_MAX));
+  if (const ojson* v = member(body, "stop")) o.stop = stop_strings(*v);
+  if (const ojson* v = member(body, "stream")) o.stream = boolean(*v, "stream");
+  if (const ojson* v = member(body, "stream_options")) {
+    if (!o.stream) invalid_param("stream_options", "stream_options is only allowed when stream is true");
+    reject_unknown(object(*v, "stream_options"), "stream_options", {"include_usage"});
+    if (const ojson* u = member(*v, "include_usage")) o.include_usage = boolean(*u, "stream_options.include_usage");
+  }
+  if (const ojson* v = member(body, "ignore_eos")) o.ignore_eos = boolean(*v, "ignore_eos");
+  if (const ojson* v = member(body, "n"); v && integer(*v, "n", 1, 1 << 30) != 1)
+    invalid_param("n", "n must be 1: this server makes one choice per request", "unsupported_value");
+  if (const ojson* v = member(body, "logit_bias"); v && !object(*v, "logit_bias").empty())
+    invalid_param("logit_bias", "logit_bias is not supported", "unsupported_value");
+  if (const ojson* v = member(body, "user")) string(*v, "user");
+  return o;
+}
+
+// OpenAI content: a string, or an array of parts of which only text parts are supported.
+std::string message_content(const ojson& v, const std::string& param) {
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_array()) wrong_type(param, "a string or an array of content parts", v);
+  std::string text;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string p = fmt::format("{}[{}]", param, i);
+    const ojson& part = object(v[i], p);
+    reject_unknown(part, p, {"type", "text"});
+    const ojson* type = member(part, "type");
+    if (!type) invalid_param(p + ".type", p + ".type is required", "missing_required_parameter");
+    if (string(*type, p + ".type") != "text")
+      invalid_param(p + ".type", fmt::format("content part type '{}' is not supported (text only)", type->get<std::string>()),
+                    "unsupported_value");
+    const ojson* t = member(part, "text");
+    if (!t) invalid_param(p + ".text", p + ".text is required", "missing_required_parameter");
+    if (!text.empty()) text += "\n";
+    text += string(*t, p + ".text");
+  }
+  return text;
+}
+
+ojson tool_call(const ojson& v, const std::string& p) {
+  reject_unknown(object(v, p), p, {"id", "type", "function", "index"});
+  if (const ojson* t = member(v, "type"); t && string(*t, p + ".type") != "function")
+    invalid_param(p + ".type", p + ".type must be \"function\"");
+  if (const ojson* id = member(v, "id")) string(*id, p + ".id");
+  const ojson* f = member(v, "function");
+  if (!f) invalid_param(p + ".function", p + ".function is required", "missing_required_parameter");
+  const std::string fp = p + ".function";
+  reject_unknown(object(*f, fp), fp, {"name", "arguments"});
+  const ojson* name = member(*f, "name");
+  if (!name) invalid_param(fp + ".name", fp + ".name is required", "missing_required_parameter");
+  ojson fn = {{"name", string(*name, fp + ".name")}};
+  const ojson* args = member(*f, "arguments");
+  if (args && !args->is_string() && !args->is_object()) wrong_type(fp + ".arguments", "a string or an object", *args);
+  fn["arguments"] = args ? *args : ojson("{}");
+  return {{"type", "function"}, {"function", std::move(fn)}};
+}
+
+ojson message(const ojson& v, size_t index) {
+  const std::string p = fmt::format("messages[{}]", index);
+  reject_unknown(object(v, p), p, {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "refusal"});
+  const ojson* role_v = member(v, "role");
+  if (!role_v) invalid_param(p + ".role", p + ".role is required", "missing_required_parameter");
+  std::string role = string(*role_v, p + ".role");
+  if (role == "developer") role = "system";  // OpenAI's newer name for the system prompt
+  if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+    invalid_param(p + ".role", fmt::format("{}.role must be system, developer, user, assistant or tool, is '{}'", p, role));
+  ojson out = {{"role", role}};
+  const ojson* content = member(v, "content");
+  // An assistant turn that only calls tools has null content.
+  if (!content && role != "assistant") invalid_param(p + ".content", p + ".content is required", "missing_required_parameter");
+  out["content"] = content ? message_content(*content, p + ".content") : "";
+  if (const ojson* n = member(v, "name")) out["name"] = string(*n, p + ".name");
+  if (const ojson* r = member(v, "reasoning_content")) {
+    if (role != "assistant") invalid_param(p + ".reasoning_content", "reasoning_content is only allowed in assistant messages");
+    out["reasoning_content"] = string(*r, p + ".reasoning_content");
+  }
+  if (const ojson* r = member(v, "refusal")) string(*r, p + ".refusal");
+  if (const ojson* calls = member(v, "tool_calls")) {
+    if (role != "assistant") invalid_param(p + ".tool_calls", "tool_calls are only allowed in assistant messages");
+    ojson list = ojson::array();
+    for (size_t i = 0; i < array(*calls, p + ".tool_calls").size(); ++i)
+      list.push_back(tool_call((*calls)[i], fmt::format("{}.tool_calls[{}]", p, i)));
+    if (!list.empty()) out["tool_calls"] = std::move(list);
+  }
+  if (const ojson* id = member(v, "tool_call_id")) {
+    if (role != "tool") invalid_param(p + ".tool_call_id", "tool_call_id is only allowed in tool messages");
+    out["tool_call_id"] = string(*id, p + ".tool_call_id");
+  }
+  return out;
+}
+
+ojson tool_schema(const ojson& v, size_t index) {
+  const std::string p = fmt::format("tools[{}]", index);
+  reject_unknown(object(v, p), p, {"type", "function"});
+  const ojson* type = member(v, "type");
+  if (!type || string(*type, p + ".type") != "function") invalid_param(p + ".type", p + ".type must be \"function\"");
+  const ojson* f = member(v, "function");
+  if (!f) invalid_param(p + ".function", p + ".function is required", "missing_required_parameter");
+  const std::string fp = p + ".function";
+  reject_unknown(object(*f, fp), fp, {"name", "description", "parameters", "strict"});
+  const ojson* name = member(*f, "name");
+  if (!name || string(*name, fp + ".name").empty()) invalid_param(fp + ".name", fp + ".name is required", "missing_required_parameter");
+  if (const ojson* d = member(*f, "description")) string(*d, fp + ".description");
+  if (const ojson* s = member(*f, "parameters")) object(*s, fp + ".parameters");
+  if (const ojson* s = member(*f, "strict")) boolean(*s, fp + ".strict");
+  return v;
+}
+
+}  // namespace
+
+ojson parse_body(const std::string& body, int max_depth) {
+  if (body.empty()) throw ApiError(400, "the request body is empty: a JSON object is expected", "invalid_request_error");
+  if (size_t bad = utf8::first_invalid(body); bad != std::string::npos)
+    throw ApiError(400, fmt::format("the request body is not valid UTF-8 (byte {})", bad), "invalid_request_error", "",
+                   "invalid_utf8");
+  // Depth is checked on the text before parsing: the parsed value is walked recursively later
+  // (template rendering, dump), so a hostile nesting must never get that far.
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') in_string = true;
+    else if (c == '{' || c == '[') {
+      if (++depth > max_depth)
+        throw ApiError(400, fmt::format("the request body nests deeper than {} levels", max_depth), "invalid_request_error");
+    } else if (c == '}' || c == ']') --depth;
+  }
+  ojson j;
+  try {
+    j = ojson::parse(body);
+  } catch (const ojson::exception& e) {  // parse_error, or out_of_range for a number like 1e999
+    throw ApiError(400, fmt::format("malformed JSON in the request body: {}", e.what()), "invalid_request_error", "",
+                   "invalid_json");
+  }
+  if (!j.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object, is {}", j.type_name()),
+                                     "invalid_request_error");
+  return j;
+}
+
+ChatRequest parse_chat_request(const ojson& body) {
+  reject_unknown(body, "",
+                 {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+                  "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop", "stream",
+                  "stream_options", "n", "user", "tools", "tool_choice", "parallel_tool_calls", "logprobs",
+                  "top_logprobs", "response_format", "metadata", "store", "service_tier", "logit_bias", "ignore_eos",
+                  "chat_template_kwargs"});
+  ChatRequest r;
+  r.options = read_options(body);
+  const ojson* msgs = member(body, "messages");
+  if (!msgs) invalid_param("messages", "messages is required", "missing_required_parameter");
+  if (array(*msgs, "messages").empty()) invalid_param("messages", "messages must not be empty");
+  r.messages = ojson::array();
+  for (size_t i = 0; i < msgs->size(); ++i) r.messages.push_back(message((*msgs)[i], i));
+
+  if (const ojson* t = member(body, "tools")) {
+    ojson tools = ojson::array();
+    for (size_t i = 0; i < array(*t, "tools").size(); ++i) tools.push_back(tool_schema((*t)[i], i));
+    if (!tools.empty()) r.tools = std::move(tools);
+  }
+  if (const ojson* c = member(body, "tool_choice")) {
+    if (!c->is_string()) invalid_param("tool_choice", "tool_choice must be \"auto\" or \"none\" (forcing a tool is not supported)",
+                                       "unsupported_value");
+    const std::string choice = c->get<std::string>();
+    if (choice == "none") r.tools = nullptr;
+    else if (choice != "auto")
+      invalid_param("tool_choice", fmt::format("tool_choice must be \"auto\" or \"none\", is '{}'", choice), "unsupported_value");
+  }
+  if (const ojson* v = member(body, "parallel_tool_calls")) boolean(*v, "parallel_tool_calls");
+  if (const ojson* v = member(body, "logprobs"); v && boolean(*v, "logprobs"))
+    invalid_param("logprobs", "logprobs are not supported", "unsupported_value");
+  if (member(body, "top_logprobs")) invalid_param("top_logprobs", "top_logprobs is not supported", "unsupported_value");
+  if (const ojson* v = member(body, "response_format")) {
+    const ojson* type = member(object(*v, "response_format"), "type");
+    if (!type || string(*type, "response_format.type") != "text")
+      invalid_param("response_format", "only response_format {\"type\": \"text\"} is supported", "unsupported_value");
+  }
+  if (const ojson* v = member(body, "metadata")) object(*v, "metadata");
+  if (const ojson* v = member(body, "store")) boolean(*v, "store");
+  if (const ojson* v = member(body, "service_tier")) string(*v, "service_tier");
+  if (const ojson* v = member(body, "chat_template_kwargs")) r.template_kwargs = object(*v, "chat_template_kwargs");
+  return r;
+}
+
+TextCompletionRequest parse_completion_request(const ojson& body, int vocab) {
+  reject_unknown(body, "",
+                 {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                  "presence_penalty", "frequency_penalty", "seed", "stop", "stream", "stream_options", "n", "user",
+                  "echo", "suffix", "best_of", "logprobs", "logit_bias", "ignore_eos"});
+  TextCompletionRequest r;
+  r.options = read_options(body);
+  if (!r.options.max_tokens) r.options.max_tokens = 16;  // OpenAI's default for completions
+  const ojson* p = member(body, "prompt");
+  if (!p) invalid_param("prompt", "prompt is required", "missing_required_parameter");
+  // One prompt: a string, a list holding one string, a list of token ids or a list holding one.
+  const ojson* one = p;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) one = &(*p)[0];
+  if (one->is_string()) r.prompt = one->get<std::string>();
+  else if (one->is_array() && !one->empty() && std::all_of(one->begin(), one->end(), [](const ojson& x) { return x.is_number(); })) {
+    for (size_t i = 0; i < one->size(); ++i) r.prompt_ids.push_back(int(integer((*one)[i], fmt::format("prompt[{}]", i), 0, vocab - 1)));
+  } else if (p->is_array() && p->size() > 1 && std::all_of(p->begin(), p->end(), [](const ojson& x) { return !x.is_number(); }))
+    invalid_param("prompt", "prompt must be one prompt: batches of prompts are not supported", "unsupported_value");
+  else
+    wrong_type("prompt", "a string or an array of token ids", *p);
+  if (r.prompt.empty() && r.prompt_ids.empty()) invalid_param("prompt", "prompt must not be empty");
+  if (const ojson* v = member(body, "echo"); v && boolean(*v, "echo")) invalid_param("echo", "echo is not supported", "unsupported_value");
+  if (member(body, "suffix")) invalid_param("suffix", "suffix is not supported", "unsupported_value");
+  if (const ojson* v = member(body, "best_of"); v && integer(*v, "best_of", 1, 1 << 30) != 1)
+    invalid_param("best_of", "best_of must be 1", "unsupported_value");
+  if (member(body, "logprobs")) invalid_param("logprobs", "logprobs are not supported", "unsupported_value");
+  return r;
+}
+
+}  // namespace ms

@@ -1,0 +1,51 @@
+#pragma once
+// Reading OpenAI chat and text completion requests into what the engine runs.
+//
+// Policy for request members (documented in docs/serve.md):
+// - Members this server does not know are rejected (400, param names the member), as OpenAI
+//   itself does: a typo such as "max_token" must not be silently ignored.
+// - Known OpenAI members that change nothing here (user, metadata, store, parallel_tool_calls,
+//   service_tier) are accepted and ignored; ones asking for what this server cannot do (n > 1,
+//   logprobs, a JSON response_format, ...) are rejected naming the member.
+// - null means "not given", as in OpenAI's API.
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/sampler.h"
+
+namespace ms {
+
+struct CompletionOptions {
+  std::optional<int> max_tokens;  // max_tokens / max_completion_tokens; absent: up to the context
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // extension (vLLM's name): generate past end-of-sequence tokens
+};
+
+struct ChatRequest {
+  CompletionOptions options;
+  nlohmann::ordered_json messages;  // normalised for the chat template: content is a string
+  nlohmann::ordered_json tools;     // null when none (or tool_choice "none")
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
+};
+
+struct TextCompletionRequest {
+  CompletionOptions options;
+  std::string prompt;             // text, or ...
+  std::vector<int> prompt_ids;    // ... token ids, when the prompt was given as ids
+};
+
+// Both throw ApiError (400) naming the member at fault. `vocab` bounds token ids in prompts.
+ChatRequest parse_chat_request(const nlohmann::ordered_json& body);
+TextCompletionRequest parse_completion_request(const nlohmann::ordered_json& body, int vocab);
+
+// Parses a request body: invalid UTF-8, malformed JSON, a non-object or nesting deeper than
+// `max_depth` are 400s naming the problem.
+nlohmann::ordered_json parse_body(const std::string& body, int max_depth = 64);
+
+}  // namespace ms

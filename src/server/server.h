@@ -1,0 +1,64 @@
+#pragma once
+// `moestream serve`: an OpenAI-compatible HTTP server over one Engine (docs/serve.md).
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "runtime/engine.h"
+#include "server/openai_request.h"
+#include "runtime/session.h"
+#include "runtime/stats.h"
+#include "server/generation_queue.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}
+
+namespace ms {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;  // 0: any free port
+  std::string api_key;  // empty: no authentication
+  std::string model_name;  // the id /v1/models lists; default: the model directory's name
+  size_t queue_limit = 16;  // requests that may wait behind the running one
+  double request_timeout_s = 600;  // from arrival (queueing included) to the end of generation
+  double drain_timeout_s = 10;  // on shutdown: how long in-flight requests may take to finish
+  size_t max_body_bytes = 4 << 20;
+};
+
+class HttpServer {
+ public:
+  HttpServer(const Engine& engine, ServerOptions opts);
+  ~HttpServer();
+
+  // Binds the socket; returns the port (useful with port 0). Throws when binding fails.
+  int bind();
+  // Serves until shutdown(); returns once in-flight responses are done.
+  void serve();
+  // Graceful stop, callable from any thread: new requests get 503, running and waiting ones
+  // get drain_timeout_s to finish and are then cancelled, then the server stops.
+  void shutdown();
+
+ private:
+  class Formatter;
+  void add_routes();
+  void chat_completions(const httplib::Request& req, httplib::Response& res);
+  void completions(const httplib::Request& req, httplib::Response& res);
+  GenerationRequest generation_request(std::vector<int> prompt, const CompletionOptions& o, const char* prompt_param) const;
+  void start_job(httplib::Response& res, GenerationRequest g, std::shared_ptr<Formatter> f);
+  std::string stats_json() const;
+
+  const Engine& engine_;
+  ServerOptions opts_;
+  EngineStats stats_;
+  Session session_;
+  GenerationQueue queue_;
+  std::unique_ptr<httplib::Server> http_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> open_responses_{0};  // streamed responses not yet finished writing
+};
+
+}  // namespace ms

@@ -1,0 +1,150 @@
+// The official `openai` npm client against `moestream serve` (pycoder-moe): a chat, a streamed
+// chat, a conversation with tools holding an assistant tool call and the tool's result, a text
+// completion, an error, then SIGTERM and exit status 0.
+//   node openai_client.mjs MOESTREAM_BINARY MODEL_DIR
+// Exits 77 (ctest: skipped) when the model or the installed client is missing.
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { strict as assert } from 'node:assert';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const SKIP = 77;
+const [binary, modelArg] = process.argv.slice(2);
+const here = dirname(fileURLToPath(import.meta.url));
+const modelDir = process.env.MOESTREAM_SHARED ? join(process.env.MOESTREAM_SHARED, 'models/pycoder-moe') : modelArg;
+
+if (!existsSync(modelDir)) {
+  console.log(`SKIP: ${modelDir} not found (set MOESTREAM_SHARED to the shared/ folder)`);
+  process.exit(SKIP);
+}
+if (!existsSync(join(here, 'node_modules/openai'))) {
+  console.log(`SKIP: the openai client is not installed: run scripts/setup.sh (npm ci in ${here})`);
+  process.exit(SKIP);
+}
+const { default: OpenAI } = await import('openai');
+
+// Starts the server on a free port; resolves with the process and its port.
+function startServer(apiKey) {
+  const child = spawn(binary, ['serve', '--model', modelDir, '--port', '0', '--api-key', apiKey], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  return new Promise((resolve, reject) => {
+    let out = '';
+    const timer = setTimeout(() => reject(new Error('the server did not start within 60 s')), 60000);
+    child.stdout.on('data', (d) => {
+      out += d;
+      const m = out.match(/serving .* on http:\/\/[^:]+:(\d+)/);
+      if (m) {
+        clearTimeout(timer);
+        resolve({ child, port: Number(m[1]) });
+      }
+    });
+    child.on('exit', (code) => reject(new Error(`the server exited with ${code} before serving`)));
+  });
+}
+
+const tools = [{
+  type: 'function',
+  function: {
+    name: 'read_file',
+    description: 'Read a text file',
+    parameters: { type: 'object', properties: { path: { type: 'string' } }, required: ['path'] },
+  },
+}];
+
+async function main() {
+  const { child, port } = await startServer('node-test-key');
+  const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
+  try {
+    const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'node-test-key', maxRetries: 0 });
+
+    const models = await client.models.list();
+    const model = models.data[0].id;
+    assert.equal(model, 'pycoder-moe');
+
+    // A chat.
+    const chat = await client.chat.completions.create({
+      model,
+      messages: [{ role: 'system', content: 'You write Python.' }, { role: 'user', content: 'Add two numbers.' }],
+      max_tokens: 8,
+    });
+    assert.equal(chat.object, 'chat.completion');
+    assert.equal(chat.choices[0].message.role, 'assistant');
+    assert.equal(typeof chat.choices[0].message.content, 'string');
+    assert.equal(chat.choices[0].finish_reason, 'length');
+    assert.equal(chat.usage.completion_tokens, 8);
+    console.log('chat:', JSON.stringify(chat.choices[0].message.content));
+
+    // The same chat streamed, with usage in the last chunk: the same greedy text.
+    const stream = await client.chat.completions.create({
+      model,
+      messages: [{ role: 'system', content: 'You write Python.' }, { role: 'user', content: 'Add two numbers.' }],
+      max_tokens: 8,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    let text = '', finish = null, usage = null, chunks = 0;
+    for await (const chunk of stream) {
+      chunks++;
+      if (chunk.usage) usage = chunk.usage;
+      const c = chunk.choices[0];
+      if (!c) continue;
+      text += c.delta.content ?? '';
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+    assert.equal(text, chat.choices[0].message.content);
+    assert.equal(finish, 'length');
+    assert.equal(usage.completion_tokens, 8);
+    console.log(`streamed chat: ${chunks} chunks`);
+
+    // Tools, and a conversation already holding an assistant tool call and the tool's result.
+    const messages = [
+      { role: 'user', content: 'What does data.txt hold?' },
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'read_file', arguments: '{"path": "data.txt"}' } }],
+      },
+      { role: 'tool', tool_call_id: 'call_1', content: '3\n1\n2' },
+    ];
+    const withTools = await client.chat.completions.create({ model, messages, tools, max_tokens: 8 });
+    const msg = withTools.choices[0].message;
+    assert.equal(msg.role, 'assistant');
+    assert.ok(typeof msg.content === 'string' || msg.tool_calls?.length > 0);
+    for (const call of msg.tool_calls ?? []) JSON.parse(call.function.arguments);
+    assert.ok(['stop', 'length', 'tool_calls'].includes(withTools.choices[0].finish_reason));
+    assert.ok(withTools.usage.prompt_tokens > 60, 'the tool schema is in the prompt');
+    const toolStream = await client.chat.completions.create({ model, messages, tools, max_tokens: 8, stream: true });
+    for await (const chunk of toolStream) {
+      for (const call of chunk.choices[0]?.delta.tool_calls ?? []) JSON.parse(call.function.arguments);
+    }
+    console.log('tools:', JSON.stringify(msg));
+
+    // A text completion.
+    const completion = await client.completions.create({ model, prompt: 'def add(a, b):', max_tokens: 4 });
+    assert.equal(completion.object, 'text_completion');
+    assert.equal(typeof completion.choices[0].text, 'string');
+
+    // Errors arrive as the client's typed errors.
+    await assert.rejects(client.chat.completions.create({ model, messages: [] }), (e) => {
+      assert.ok(e instanceof OpenAI.BadRequestError, String(e));
+      assert.equal(e.status, 400);
+      assert.equal(e.param, 'messages');
+      return true;
+    });
+    const wrongKey = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'wrong', maxRetries: 0 });
+    await assert.rejects(wrongKey.models.list(), OpenAI.AuthenticationError);
+  } finally {
+    child.kill('SIGTERM');
+  }
+  const { code, signal } = await exited;
+  assert.equal(signal, null, `the server died of ${signal}`);
+  assert.equal(code, 0, 'the server exits 0 on SIGTERM');
+  console.log('PASS');
+}
+
+main().catch((e) => {
+  console.error('FAIL:', e);
+  process.exit(1);
+});

@@ -1,0 +1,157 @@
+// Reading OpenAI requests: every wrong input is a 400 naming the member at fault.
+#include "server/openai_request.h"
+
+#include <gtest/gtest.h>
+
+#include "server/api_error.h"
+
+namespace ms {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// The ApiError a chat request body raises (status 0 when it is accepted).
+ApiError chat_error(const std::string& body) {
+  try {
+    parse_chat_request(parse_body(body));
+  } catch (const ApiError& e) {
+    return e;
+  }
+  return ApiError(0, "", "");
+}
+
+ApiError completion_error(const std::string& body) {
+  try {
+    parse_completion_request(parse_body(body), 100);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  return ApiError(0, "", "");
+}
+
+const char* kHello = R"("messages": [{"role": "user", "content": "hi"}])";
+
+TEST(OpenAIRequest, ReadsAChatRequest) {
+  ChatRequest r = parse_chat_request(parse_body(
+      R"({"model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+          {"role": "user", "content": "hi"},
+          {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+          {"role": "tool", "tool_call_id": "c1", "content": "42"}],
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+          "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": "x",
+          "stream": true, "stream_options": {"include_usage": true}, "user": "u", "n": 1, "tool_choice": "auto"})"));
+  EXPECT_EQ(r.messages[0], json({{"role", "system"}, {"content", "a\nb"}}));
+  EXPECT_EQ(r.messages[2]["content"], "");
+  EXPECT_EQ(r.messages[2]["tool_calls"][0]["function"]["arguments"], "{\"x\": 1}");
+  EXPECT_EQ(r.messages[3]["tool_call_id"], "c1");
+  EXPECT_EQ(r.tools.size(), 1u);
+  EXPECT_EQ(*r.options.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.options.sampling.temperature, 0.5f);
+  EXPECT_EQ(r.options.sampling.seed, 3u);
+  EXPECT_EQ(r.options.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(r.options.stream && r.options.include_usage);
+}
+
+TEST(OpenAIRequest, NullMeansNotGiven) {
+  ChatRequest r = parse_chat_request(parse_body(std::string("{") + kHello + R"(, "temperature": null, "max_tokens": null, "tools": null})"));
+  EXPECT_FALSE(r.options.max_tokens);
+  EXPECT_TRUE(r.tools.is_null());
+}
+
+TEST(OpenAIRequest, ToolChoiceNoneDropsTools) {
+  ChatRequest r = parse_chat_request(parse_body(
+      std::string("{") + kHello + R"(, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"})"));
+  EXPECT_TRUE(r.tools.is_null());
+}
+
+struct Case {
+  std::string body, param, code;
+};
+
+TEST(OpenAIRequest, ChatErrorsNameTheMember) {
+  const std::string h = std::string("{") + kHello;
+  const std::vector<Case> cases = {
+      {R"({"model": "m"})", "messages", "missing_required_parameter"},
+      {R"({"messages": []})", "messages", "invalid_value"},
+      {R"({"messages": "hi"})", "messages", "invalid_type"},
+      {R"({"messages": [{"content": "hi"}]})", "messages[0].role", "missing_required_parameter"},
+      {R"({"messages": [{"role": "wizard", "content": "hi"}]})", "messages[0].role", "invalid_value"},
+      {R"({"messages": [{"role": "user"}]})", "messages[0].content", "missing_required_parameter"},
+      {R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content", "invalid_type"},
+      {R"({"messages": [{"role": "user", "content": "x", "colour": 1}]})", "messages[0].colour", "unknown_parameter"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})", "messages[0].content[0].image_url",
+       "unknown_parameter"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image"}]}]})", "messages[0].content[0].type", "unsupported_value"},
+      {R"({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]}]})",
+       "messages[0].tool_calls[0].function", "missing_required_parameter"},
+      {R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})", "messages[0].tool_calls", "invalid_value"},
+      {h + R"(, "max_token": 5})", "max_token", "unknown_parameter"},
+      {h + R"(, "max_tokens": "5"})", "max_tokens", "invalid_type"},
+      {h + R"(, "max_tokens": 0})", "max_tokens", "invalid_value"},
+      {h + R"(, "max_tokens": 1.5})", "max_tokens", "invalid_type"},
+      {h + R"(, "max_tokens": 18446744073709551615})", "max_tokens", "invalid_value"},
+      {h + R"(, "temperature": 3})", "temperature", "invalid_value"},
+      {h + R"(, "temperature": "hot"})", "temperature", "invalid_type"},
+      {h + R"(, "top_p": 0})", "top_p", "invalid_value"},
+      {h + R"(, "presence_penalty": -5})", "presence_penalty", "invalid_value"},
+      {h + R"(, "stop": [""]})", "stop", "invalid_value"},
+      {h + R"(, "stop": [1]})", "stop[0]", "invalid_type"},
+      {h + R"(, "stream": "yes"})", "stream", "invalid_type"},
+      {h + R"(, "stream_options": {"include_usage": true}})", "stream_options", "invalid_value"},
+      {h + R"(, "stream": true, "stream_options": {"usage": true}})", "stream_options.usage", "unknown_parameter"},
+      {h + R"(, "n": 2})", "n", "unsupported_value"},
+      {h + R"(, "logprobs": true})", "logprobs", "unsupported_value"},
+      {h + R"(, "response_format": {"type": "json_object"}})", "response_format", "unsupported_value"},
+      {h + R"(, "tools": [{"type": "function"}]})", "tools[0].function", "missing_required_parameter"},
+      {h + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]})", "tools[0].function.parameters",
+       "invalid_type"},
+      {h + R"(, "tool_choice": "required"})", "tool_choice", "unsupported_value"},
+      {h + R"(, "model": 7})", "model", "invalid_type"},
+  };
+  for (const Case& c : cases) {
+    ApiError e = chat_error(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.what();
+    EXPECT_EQ(e.code, c.code) << c.body << ": " << e.what();
+    EXPECT_EQ(e.to_json()["error"]["type"], "invalid_request_error");
+  }
+}
+
+TEST(OpenAIRequest, CompletionPrompts) {
+  TextCompletionRequest r = parse_completion_request(parse_body(R"({"prompt": ["def f():"]})"), 100);
+  EXPECT_EQ(r.prompt, "def f():");
+  EXPECT_EQ(*r.options.max_tokens, 16);  // OpenAI's default for completions
+  r = parse_completion_request(parse_body(R"({"prompt": [[1, 2, 3]], "max_tokens": 2})"), 100);
+  EXPECT_EQ(r.prompt_ids, (std::vector<int>{1, 2, 3}));
+  const std::vector<Case> cases = {
+      {R"({"max_tokens": 2})", "prompt", "missing_required_parameter"},
+      {R"({"prompt": ""})", "prompt", "invalid_value"},
+      {R"({"prompt": 5})", "prompt", "invalid_type"},
+      {R"({"prompt": [1, 200]})", "prompt[1]", "invalid_value"},
+      {R"({"prompt": [1, -1]})", "prompt[1]", "invalid_value"},
+      {R"({"prompt": ["a", "b"]})", "prompt", "unsupported_value"},
+      {R"({"prompt": "a", "echo": true})", "echo", "unsupported_value"},
+      {R"({"prompt": "a", "messages": []})", "messages", "unknown_parameter"},
+  };
+  for (const Case& c : cases) {
+    ApiError e = completion_error(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.what();
+    EXPECT_EQ(e.code, c.code) << c.body << ": " << e.what();
+  }
+}
+
+TEST(OpenAIRequest, BodyProblems) {
+  EXPECT_EQ(chat_error("").status, 400);
+  EXPECT_EQ(chat_error("{\"messages\": [").code, "invalid_json");
+  EXPECT_EQ(chat_error("[1, 2]").status, 400);
+  EXPECT_EQ(chat_error("{\"messages\": \"\xc3\x28\"}").code, "invalid_utf8");
+  EXPECT_EQ(chat_error(R"({"messages": "\ud800"})").code, "invalid_json");  // lone surrogate
+  EXPECT_EQ(chat_error(R"({"messages": [], "temperature": 1e999})").code, "invalid_json");
+  EXPECT_NE(std::string(chat_error(std::string(100000, '[')).what()).find("nests deeper"), std::string::npos);
+  // Brackets inside strings are not nesting.
+  EXPECT_EQ(chat_error(std::string("{") + kHello + R"(, "user": ")" + std::string(1000, '[') + "\"}").status, 0);
+}
+
+}  // namespace
+}  // namespace ms

@@ -1,0 +1,492 @@
+// `moestream serve` end to end, over HTTP on a loopback port, with pycoder-moe: endpoints,
+// every kind of bad input, the conversation cache, a load test, a fuzz loop, disconnects,
+// the queue limit, deadlines, API keys and SIGTERM.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <random>
+
+#include "server_fixture.h"
+
+namespace ms::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+const char* kModel = "models/pycoder-moe";
+
+std::string chat_body(const std::string& extra = "", const std::string& user = "Write a function that adds two numbers.") {
+  json b = {{"model", "pycoder-moe"}, {"messages", {{{"role", "user"}, {"content", user}}}}, {"max_tokens", 4}};
+  std::string s = b.dump();
+  if (!extra.empty()) s = s.substr(0, s.size() - 1) + ", " + extra + "}";
+  return s;
+}
+
+// An OpenAI error object with every member, and the status, code and param expected.
+void expect_error(const httplib::Result& r, int status, const std::string& code, const std::string& param = "") {
+  ASSERT_TRUE(r) << "no response";
+  EXPECT_EQ(r->status, status) << r->body;
+  json e = json::parse(r->body, nullptr, false);
+  ASSERT_TRUE(e.is_object() && e.contains("error")) << r->body;
+  const json& err = e["error"];
+  EXPECT_TRUE(err["message"].is_string() && !err["message"].get<std::string>().empty()) << r->body;
+  EXPECT_TRUE(err["type"].is_string()) << r->body;
+  EXPECT_TRUE(err.contains("param") && err.contains("code")) << r->body;
+  if (!code.empty()) {
+    EXPECT_EQ(err["code"], code) << r->body;
+  }
+  if (!param.empty()) {
+    EXPECT_EQ(err["param"], param) << r->body;
+  }
+}
+
+// A streamed chat or completion body is well-formed and complete: SSE events of one id, one
+// final finish_reason, then [DONE]. Returns the text.
+std::string check_stream(const std::string& body, bool chat, std::string* finish = nullptr) {
+  bool done = false;
+  std::vector<json> events = sse_events(body, &done);
+  EXPECT_TRUE(done) << body;
+  EXPECT_FALSE(events.empty());
+  std::string text, reason;
+  for (const json& e : events) {
+    EXPECT_EQ(e["id"], events[0]["id"]);
+    EXPECT_EQ(e["object"], chat ? "chat.completion.chunk" : "text_completion");
+    if (e["choices"].empty()) continue;  // the usage chunk
+    const json& c = e["choices"][0];
+    EXPECT_TRUE(reason.empty()) << "a chunk after the finish_reason: " << body;
+    if (chat && c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+    if (!chat) text += c["text"].get<std::string>();
+    if (!c["finish_reason"].is_null()) reason = c["finish_reason"];
+  }
+  EXPECT_FALSE(reason.empty()) << body;
+  if (finish) *finish = reason;
+  return text;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string dir = shared_path(kModel);
+    if (!dir.empty()) server_ = new ServerProcess(dir, {"--max-body-bytes", "1048576"});
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    MS_REQUIRE_SHARED(kModel, dir);
+    ASSERT_GT(server_->port(), 0) << "the server did not start";
+  }
+  static httplib::Result post(const std::string& path, const std::string& body) {
+    return server_->client().Post(path.c_str(), body, "application/json");
+  }
+  static json stats() { return json::parse(server_->client().Get("/api/stats")->body); }
+  static ServerProcess* server_;
+};
+ServerProcess* ServerTest::server_ = nullptr;
+
+TEST_F(ServerTest, HealthModelsStatsMetrics) {
+  auto c = server_->client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(json::parse(h->body)["status"], "ok");
+  json models = json::parse(c.Get("/v1/models")->body);
+  EXPECT_EQ(models["object"], "list");
+  EXPECT_EQ(models["data"][0]["id"], "pycoder-moe");
+
+  ASSERT_EQ(post("/v1/completions", R"({"prompt": "def add(a, b):", "max_tokens": 3})")->status, 200);
+  json s = stats();
+  EXPECT_GE(s["requests"]["served"].get<int>(), 1);
+  EXPECT_GT(s["uptime_s"].get<double>(), 0);
+  EXPECT_GT(s["resident_bytes"]["dense"].get<double>(), 0);
+  EXPECT_GT(s["resident_bytes"]["experts"].get<double>(), 0);
+  EXPECT_GT(s["resident_bytes"]["state"].get<double>(), 0);
+  ASSERT_EQ(s["layers"].size(), 8u);
+  uint64_t sum = 0;
+  for (auto n : s["layers"][0]["routed"]) sum += n.get<uint64_t>();
+  EXPECT_EQ(sum, s["layers"][0]["routed_total"].get<uint64_t>());
+  EXPECT_GT(sum, 0u);
+  EXPECT_EQ(s["layers"][0]["routed"].size(), 128u);
+  EXPECT_FALSE(s["recent_requests"].empty());
+  EXPECT_GT(s["recent_requests"].back()["decode_tok_s"].get<double>(), 0);
+
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  for (const char* line : {"# TYPE moestream_requests_served_total counter", "moestream_resident_bytes{kind=\"dense\"}",
+                           "moestream_expert_routed_total{layer=\"0\",expert=\"0\"}", "moestream_uptime_seconds"})
+    EXPECT_NE(m->body.find(line), std::string::npos) << line;
+}
+
+TEST_F(ServerTest, ChatCompletion) {
+  auto r = post("/v1/chat/completions", chat_body());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_TRUE(j["choices"][0]["message"]["content"].is_string());
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(j["usage"]["total_tokens"].get<int>(), j["usage"]["prompt_tokens"].get<int>() + 4);
+}
+
+TEST_F(ServerTest, StreamedChatWithUsage) {
+  StreamResult r = post_streaming(*server_, "/v1/chat/completions",
+                                  chat_body(R"("stream": true, "stream_options": {"include_usage": true})"));
+  ASSERT_EQ(r.status, 200);
+  std::string finish;
+  check_stream(r.body, true, &finish);
+  EXPECT_EQ(finish, "length");
+  bool done;
+  std::vector<json> events = sse_events(r.body, &done);
+  EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(events.back()["choices"].empty());
+  EXPECT_EQ(events.back()["usage"]["completion_tokens"], 4);
+  for (size_t i = 0; i + 1 < events.size(); ++i) EXPECT_TRUE(events[i]["usage"].is_null());
+}
+
+TEST_F(ServerTest, Completions) {
+  auto r = post("/v1/completions", R"({"prompt": "def add(a, b):", "max_tokens": 5, "seed": 1})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  const std::string whole = j["choices"][0]["text"];
+  // The same greedy answer streamed, and from token ids.
+  StreamResult s = post_streaming(*server_, "/v1/completions", R"({"prompt": "def add(a, b):", "max_tokens": 5, "stream": true})");
+  EXPECT_EQ(check_stream(s.body, false), whole);
+  json ids = json::parse(post("/v1/completions", R"({"prompt": "def add(a, b):", "max_tokens": 1})")->body);
+  EXPECT_EQ(ids["usage"]["prompt_tokens"], j["usage"]["prompt_tokens"]);
+}
+
+TEST_F(ServerTest, StopStringsEndTheAnswer) {
+  json j = json::parse(post("/v1/completions", R"({"prompt": "def fib(n):", "max_tokens": 40, "stop": ["fib"]})")->body);
+  EXPECT_EQ(j["choices"][0]["text"].get<std::string>().find("fib"), std::string::npos);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(ServerTest, NextTurnReusesTheConversationCache) {
+  json body = json::parse(chat_body());
+  body["max_tokens"] = 8;
+  json first = json::parse(post("/v1/chat/completions", body.dump())->body);
+  body["messages"].push_back({{"role", "assistant"}, {"content", first["choices"][0]["message"]["content"]}});
+  body["messages"].push_back({{"role", "user"}, {"content", "Now multiply them."}});
+  json second = json::parse(post("/v1/chat/completions", body.dump())->body);
+  EXPECT_GE(second["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), first["usage"]["prompt_tokens"].get<int>());
+}
+
+TEST_F(ServerTest, ToolsAndAToolResultGoThroughTheTemplate) {
+  const std::string body = R"({"messages": [
+      {"role": "user", "content": "What is in data.txt?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\": \"data.txt\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "1 2 3"}],
+    "tools": [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+               "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}],
+    "max_tokens": 6})";
+  auto r = post("/v1/chat/completions", body);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 60);  // the tool schema is in the prompt
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+}
+
+TEST_F(ServerTest, BadInputGetsOpenAIErrors) {
+  expect_error(post("/v1/chat/completions", "{\"messages\": ["), 400, "invalid_json");
+  expect_error(post("/v1/chat/completions", ""), 400, "");
+  expect_error(post("/v1/chat/completions", "[]"), 400, "");
+  expect_error(post("/v1/chat/completions", R"({"model": "pycoder-moe"})"), 400, "missing_required_parameter", "messages");
+  expect_error(post("/v1/chat/completions", R"({"messages": "hello"})"), 400, "invalid_type", "messages");
+  expect_error(post("/v1/chat/completions", chat_body(R"("temperature": "warm")")), 400, "invalid_type", "temperature");
+  expect_error(post("/v1/chat/completions", chat_body(R"("max_tokens_typo": 3)")), 400, "unknown_parameter", "max_tokens_typo");
+  expect_error(post("/v1/chat/completions", chat_body(R"("n": 3)")), 400, "unsupported_value", "n");
+  expect_error(post("/v1/completions", R"({"prompt": 12})"), 400, "invalid_type", "prompt");
+  expect_error(post("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"caf\xe9\"}]}"), 400, "invalid_utf8");
+  expect_error(post("/v1/chat/completions", std::string(200, '[')), 400, "");
+  expect_error(server_->client().Get("/v1/nothing"), 404, "not_found");
+}
+
+TEST_F(ServerTest, PromptLongerThanTheContext) {
+  json ids = json::array();
+  for (int i = 0; i < 32800; ++i) ids.push_back(100 + i % 50);
+  expect_error(post("/v1/completions", json({{"prompt", ids}, {"max_tokens", 1}}).dump()), 400, "context_length_exceeded", "prompt");
+  std::string text;
+  for (int i = 0; i < 33000; ++i) text += " x";
+  expect_error(post("/v1/chat/completions", chat_body("", text)), 400, "context_length_exceeded", "messages");
+}
+
+TEST_F(ServerTest, OversizedBodyIs413) {
+  std::string big = chat_body("", std::string(2 << 20, 'a'));
+  expect_error(post("/v1/chat/completions", big), 413, "payload_too_large");
+  EXPECT_EQ(server_->client().Get("/health")->status, 200);
+}
+
+// 8 clients streaming 20 requests each at once: every answer complete and well-formed.
+TEST_F(ServerTest, LoadOfConcurrentStreamingClients) {
+  std::atomic<int> good{0};
+  std::vector<std::thread> clients;
+  const auto start = std::chrono::steady_clock::now();
+  for (int c = 0; c < 8; ++c)
+    clients.emplace_back([&, c] {
+      for (int i = 0; i < 20; ++i) {
+        const bool chat = (c + i) % 2 == 0;
+        const std::string body = chat ? chat_body(R"("stream": true, "max_tokens": 3)", "Client " + std::to_string(c) + " asks " + std::to_string(i))
+                                      : json({{"prompt", "def f" + std::to_string(c * 100 + i) + "():"}, {"max_tokens", 3}, {"stream", true}}).dump();
+        StreamResult r = post_streaming(*server_, chat ? "/v1/chat/completions" : "/v1/completions", body);
+        EXPECT_EQ(r.status, 200) << r.body;
+        std::string finish;
+        try {
+          check_stream(r.body, chat, &finish);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << e.what() << ": " << r.body;
+          continue;
+        }
+        if (r.status == 200 && finish == "length") ++good;
+      }
+    });
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(good.load(), 160);
+  std::printf("[ load ] 160 streamed requests in %.2f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+int connect_loopback(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+  close(fd);
+  return -1;
+}
+
+// Sends raw bytes on a fresh connection and reads whatever comes back.
+std::string raw_exchange(int port, const std::string& bytes) {
+  std::string out;
+  int fd = connect_loopback(port);
+  if (fd < 0) return out;
+  timeval tv{2, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  (void)!write(fd, bytes.data(), bytes.size());
+  shutdown(fd, SHUT_WR);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, size_t(n));
+  close(fd);
+  return out;
+}
+
+// Mutated requests (flipped, inserted, deleted bytes; swapped values) and raw garbage: every
+// answer is 200 or a 4xx OpenAI error, and the server still answers /health.
+TEST_F(ServerTest, FuzzedRequestsLeaveTheServerHealthy) {
+  std::mt19937 rng(12345);
+  const std::vector<std::string> seeds = {
+      chat_body(R"("max_tokens": 2, "temperature": 0.5, "stop": ["x"], "stream": false)"),
+      chat_body(R"("stream": true, "stream_options": {"include_usage": true}, "max_tokens": 2)"),
+      R"({"prompt": [1, 2, 3], "max_tokens": 2, "top_p": 0.5})",
+      R"({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}, {"role": "tool", "content": "r"}], "tools": [{"type": "function", "function": {"name": "f"}}], "max_tokens": 2})",
+  };
+  const std::vector<std::string> junk = {"null", "-1", "1e999", "\"\\u0000\"", "[]", "{}", "true", "\"\xff\"", "99999999999999999999", "{\"a\":"};
+  int statuses[6] = {};
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string body = seeds[rng() % seeds.size()];
+    const int edits = 1 + int(rng() % 3);
+    for (int e = 0; e < edits && !body.empty(); ++e) {
+      const size_t at = rng() % body.size();
+      switch (rng() % 5) {
+        case 0: body[at] = char(rng() % 256); break;
+        case 1: body.insert(at, 1, "{}[]\",:\\0a\xc3"[rng() % 12]); break;
+        case 2: body.erase(at, 1 + rng() % 8); break;
+        case 3: body.resize(at); break;
+        default: {  // replace a value after a colon with junk
+          const size_t colon = body.find(':', at);
+          if (colon != std::string::npos) body.insert(colon + 1, junk[rng() % junk.size()] + ",");
+        }
+      }
+    }
+    // Whatever the mutation did to max_tokens, the answer must stay short.
+    if (body.find("max_tokens") == std::string::npos) continue;
+    const bool to_chat = body.find("prompt") == std::string::npos;
+    auto r = post(to_chat ? "/v1/chat/completions" : "/v1/completions", body);
+    ASSERT_TRUE(r) << "no answer to: " << body;
+    ++statuses[r->status / 100];
+    if (r->status == 200) continue;
+    ASSERT_GE(r->status, 400) << body;
+    ASSERT_LT(r->status, 500) << body << " → " << r->body;
+    json e = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(e.is_object() && e["error"]["message"].is_string()) << body << " → " << r->body;
+  }
+  for (const std::string& garbage : {std::string("GARBAGE\r\n\r\n"), std::string("POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n{"),
+                                     std::string("POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
+                                     std::string(10000, '\xff'), std::string("GET /health HTTP/1.1\r\n") + std::string(20000, 'h')})
+    raw_exchange(server_->port(), garbage);
+  std::printf("[ fuzz ] 2xx %d, 4xx %d\n", statuses[2], statuses[4]);
+  EXPECT_GT(statuses[4], 100);
+  auto h = server_->client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
+TEST_F(ServerTest, PortInUseFailsClearly) {
+  MS_REQUIRE_SHARED(kModel, dir);
+  std::string err;
+  EXPECT_EQ(run_cli("serve --model " + dir + " --port " + std::to_string(server_->port()), nullptr, &err), 1);
+  EXPECT_NE(err.find("cannot listen on 127.0.0.1:" + std::to_string(server_->port())), std::string::npos) << err;
+  EXPECT_EQ(run_cli("serve --model " + dir + " --port 70000", nullptr, &err), 2);
+}
+
+// Polls /api/stats until more than `before` requests were cancelled and nothing runs.
+bool cancelled_soon(const ServerProcess& server, int before) {
+  for (int i = 0; i < 100; ++i) {
+    auto r = server.client().Get("/api/stats");
+    if (r) {
+      json s = json::parse(r->body);
+      if (s["requests"]["cancelled"].get<int>() > before && s["queue"]["running"] == 0) return true;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  return false;
+}
+
+const char* kEndless = R"({"prompt": "def fib(n):", "max_tokens": 100000, "ignore_eos": true)";
+
+TEST_F(ServerTest, DisconnectCancelsAStreamedGeneration) {
+  const int before = stats()["requests"]["cancelled"];
+  int events = 0;
+  post_streaming(*server_, "/v1/completions", std::string(kEndless) + R"(, "stream": true})",
+                 [&](const std::string& so_far) { return ++events < 3; });
+  EXPECT_TRUE(cancelled_soon(*server_, before));
+  EXPECT_LT(stats()["recent_requests"].back()["completion_tokens"].get<int>(), 2000);
+}
+
+TEST_F(ServerTest, DisconnectCancelsAWholeGeneration) {
+  const int before = stats()["requests"]["cancelled"];
+  const std::string body = std::string(kEndless) + "}";
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  int fd = connect_loopback(server_->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
+  std::this_thread::sleep_for(300ms);  // generating by now
+  close(fd);
+  EXPECT_TRUE(cancelled_soon(*server_, before));
+  EXPECT_LT(stats()["recent_requests"].back()["completion_tokens"].get<int>(), 5000);
+}
+
+// A server with one waiting place and a 2 s deadline.
+class LimitsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MS_REQUIRE_SHARED(kModel, dir);
+    server_ = std::make_unique<ServerProcess>(dir, std::vector<std::string>{"--queue-limit", "1", "--request-timeout", "2"});
+    ASSERT_GT(server_->port(), 0);
+  }
+  std::unique_ptr<ServerProcess> server_;
+};
+
+TEST_F(LimitsTest, FullQueueAnswers429) {
+  std::atomic<bool> release{false}, running{false};
+  StreamResult a, b;
+  std::thread ta([&] {
+    a = post_streaming(*server_, "/v1/completions", std::string(kEndless) + R"(, "stream": true})", [&](const std::string&) {
+      running = true;
+      return !release;
+    });
+  });
+  while (!running) std::this_thread::sleep_for(5ms);
+  std::atomic<bool> b_answered{false};
+  std::thread tb([&] {  // waits in the queue; its headers (200) come at once
+    b = post_streaming(*server_, "/v1/completions", std::string(kEndless) + R"(, "stream": true})", [&](const std::string&) {
+      b_answered = true;
+      return !release;
+    });
+  });
+  for (int i = 0; i < 200 && json::parse(server_->client().Get("/api/stats")->body)["queue"]["waiting"] != 1; ++i)
+    std::this_thread::sleep_for(10ms);
+  auto c = server_->client().Post("/v1/completions", R"({"prompt": "x", "max_tokens": 1})", "application/json");
+  expect_error(c, 429, "queue_full");
+  EXPECT_EQ(json::parse(c->body)["error"]["type"], "rate_limit_error");
+  release = true;
+  ta.join();
+  tb.join();
+  EXPECT_EQ(json::parse(server_->client().Get("/api/stats")->body)["requests"]["rejected"], 1);
+}
+
+TEST_F(LimitsTest, DeadlineCutsTheAnswerOffWithFinishReasonTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  auto r = server_->client().Post("/v1/completions", std::string(kEndless) + "}", "application/json");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(r);
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "timeout");
+  EXPECT_GT(j["usage"]["completion_tokens"].get<int>(), 0);
+  EXPECT_FALSE(j["choices"][0]["text"].get<std::string>().empty());
+  EXPECT_LT(took, 10);
+  // Streamed too.
+  StreamResult s = post_streaming(*server_, "/v1/completions", std::string(kEndless) + R"(, "stream": true})");
+  std::string finish;
+  check_stream(s.body, false, &finish);
+  EXPECT_EQ(finish, "timeout");
+}
+
+TEST(ServerAuth, ApiKeyIsRequiredWhenSet) {
+  MS_REQUIRE_SHARED(kModel, dir);
+  ServerProcess server(dir, {"--api-key", "sesame"});
+  ASSERT_GT(server.port(), 0);
+  auto c = server.client();
+  expect_error(c.Get("/v1/models"), 401, "invalid_api_key");
+  expect_error(c.Get("/v1/models", {{"Authorization", "Bearer wrong"}}), 401, "invalid_api_key");
+  expect_error(c.Post("/v1/completions", {{"Authorization", "sesame"}}, "{}", "application/json"), 401, "invalid_api_key");
+  auto ok = c.Get("/v1/models", {{"Authorization", "Bearer sesame"}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  auto gen = c.Post("/v1/completions", {{"Authorization", "Bearer sesame"}}, R"({"prompt": "x", "max_tokens": 1})", "application/json");
+  EXPECT_EQ(gen->status, 200);
+  EXPECT_EQ(c.Get("/health")->status, 200);  // for load balancers' probes
+}
+
+// SIGTERM: the running answer finishes, then the server exits 0.
+TEST(ServerShutdown, SigtermFinishesInFlightRequestsAndExitsZero) {
+  MS_REQUIRE_SHARED(kModel, dir);
+  ServerProcess server(dir, {"--drain-timeout", "120"});  // ample even for a sanitizer build on a busy machine
+  ASSERT_GT(server.port(), 0);
+  std::atomic<bool> started{false};
+  StreamResult r;
+  std::thread t([&] {
+    r = post_streaming(server, "/v1/completions", R"({"prompt": "def fib(n):", "max_tokens": 100, "ignore_eos": true, "stream": true})",
+                       [&](const std::string&) { return started = true; });
+  });
+  while (!started) std::this_thread::sleep_for(5ms);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(server.signal_and_wait(SIGTERM, 150s), 0);
+  std::printf("[ stop ] exited %.2f s after SIGTERM\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  t.join();
+  std::string finish;
+  check_stream(r.body, false, &finish);
+  EXPECT_EQ(finish, "length");
+}
+
+// SIGTERM with an answer that would run past --drain-timeout: it is cancelled (and says so).
+TEST(ServerShutdown, SigtermCancelsWhatOutlivesTheDrainTimeout) {
+  MS_REQUIRE_SHARED(kModel, dir);
+  ServerProcess server(dir, {"--drain-timeout", "0.5"});
+  ASSERT_GT(server.port(), 0);
+  std::atomic<bool> started{false};
+  StreamResult r;
+  std::thread t([&] {
+    r = post_streaming(server, "/v1/completions", std::string(kEndless) + R"(, "stream": true})",
+                       [&](const std::string&) { return started = true; });
+  });
+  while (!started) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(server.signal_and_wait(SIGTERM, 30s), 0);
+  t.join();
+  std::string finish;
+  check_stream(r.body, false, &finish);
+  EXPECT_EQ(finish, "cancelled");
+}
+
+}  // namespace
+}  // namespace ms::test
