@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "server/server.h"
 #include "util/error.h"
 
@@ -28,9 +29,9 @@ sigset_t stop_signals() {
 
 void add_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)");
-  auto model = std::make_shared<std::string>();
+  auto model = std::make_shared<ModelArgs>();
   auto o = std::make_shared<ServerOptions>();
-  cmd->add_option("--model", *model, "Model directory")->required();
+  add_model_options(cmd, *model, true);
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "Port to listen on (0: any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health");
@@ -52,7 +53,7 @@ void add_serve(CLI::App& app) {
   cmd->callback([model, o] {
     const sigset_t signals = stop_signals();
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    auto engine = Engine::load(*model);
+    auto engine = Engine::load(model->model, model_options(*model));
     HttpServer server(*engine, *o);
     const int port = server.bind();
     std::printf("moestream: serving %s on http://%s:%d\n", engine->dir().c_str(), o->host.c_str(), port);

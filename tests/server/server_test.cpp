@@ -490,3 +490,31 @@ TEST(ServerShutdown, SigtermCancelsWhatOutlivesTheDrainTimeout) {
 
 }  // namespace
 }  // namespace ms::test
+
+namespace ms {
+namespace {
+
+using test::ServerProcess;
+using json = nlohmann::json;
+
+// A streamed model (the embedded engine directory with a small pool): /api/stats and
+// /metrics report the expert pool from the same stats object `--stats` prints.
+TEST(ServerPool, StatsReportTheStreamingPool) {
+  ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", {"--expert-slots", "12"});
+  auto c = server.client();
+  auto r = c.Post("/v1/completions", R"({"prompt": "def f(", "max_tokens": 4})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json stats = json::parse(c.Get("/api/stats")->body);
+  const json& pool = stats["expert_pool"];
+  ASSERT_EQ(pool["layers"].size(), 9u) << pool.dump();  // 8 layers + the MTP head
+  EXPECT_EQ(pool["layers"][0]["slots"], 12);
+  EXPECT_GT(pool["misses"].get<uint64_t>(), 0u);
+  EXPECT_GT(pool["bytes_read"].get<uint64_t>(), 0u);
+  EXPECT_GT(stats["resident_bytes"]["experts"].get<uint64_t>(), 0u);
+  const std::string metrics = c.Get("/metrics")->body;
+  EXPECT_NE(metrics.find("moestream_pool_misses_total{layer=\"model.layers.0.mlp\"}"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ms
