@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <set>
 
 #include "kernels/cuda/device.h"
@@ -98,6 +99,44 @@ TEST(CudaForward, CheckpointRestoresDeviceState) {
   const std::vector<float> first = model->forward(next, 2, s).logits;
   s.restore(c);
   EXPECT_EQ(model->forward(next, 2, s).logits, first);
+}
+
+// The embedded pycoder-moe-q4 (Qwen3-Next, 4-bit affine, an engine directory with an MTP head)
+// on the GPU against the CPU path, which the fixtures and pycoder_test tie to transformers.
+TEST(CudaForward, PycoderQ4MatchesTheCpu) {
+  if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " not present";
+  auto cpu = Model::load(dir), gpu = Model::load(dir, {.device = Device::Cuda});
+  std::vector<int> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 7919 + 13) % cpu->config().vocab);
+  const int T = int(ids.size());
+  State sc = cpu->new_state(), sg = gpu->new_state();
+  const ForwardOptions all{.all_logits = true, .hidden = true, .routes = true};
+  ForwardResult rc = cpu->forward(ids.data(), T, sc, all), rg = gpu->forward(ids.data(), T, sg, all);
+  float err = 0.f;
+  for (size_t i = 0; i < rc.logits.size(); ++i) err = std::max(err, std::abs(rc.logits[i] - rg.logits[i]));
+  std::printf("cuda pycoder-moe-q4: max |gpu logit - cpu logit| = %.3g\n", err);
+  EXPECT_LE(err, kTol);
+  int mismatched = 0;
+  for (size_t l = 0; l < rc.routes.size(); ++l)
+    for (int t = 0; t < T; ++t) {
+      const int K = cpu->config().top_k;
+      const int* a = rc.routes[l].data() + size_t(t) * size_t(K);
+      const int* b = rg.routes[l].data() + size_t(t) * size_t(K);
+      if (std::set<int>(a, a + K) != std::set<int>(b, b + K)) ++mismatched;
+    }
+  EXPECT_EQ(mismatched, 0);
+  State mc = cpu->new_state(), mg = gpu->new_state();
+  const std::vector<float> mtp_c = cpu->mtp_forward(rc.hidden_pre_norm.data(), ids.data() + 1, T - 1, 0, mc);
+  const std::vector<float> mtp_g = gpu->mtp_forward(rc.hidden_pre_norm.data(), ids.data() + 1, T - 1, 0, mg);
+  float mtp_err = 0.f;
+  for (size_t i = 0; i < mtp_c.size(); ++i) mtp_err = std::max(mtp_err, std::abs(mtp_c[i] - mtp_g[i]));
+  std::printf("cuda pycoder-moe-q4: max |gpu mtp logit - cpu mtp logit| = %.3g\n", mtp_err);
+  EXPECT_LE(mtp_err, kTol);
+  State gc = cpu->new_state(), gg = gpu->new_state();
+  const GenerateOptions gen{.max_tokens = 48, .stop_at_eos = false};
+  EXPECT_EQ(generate_greedy(*gpu, gg, ids, gen), generate_greedy(*cpu, gc, ids, gen));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaForward,
