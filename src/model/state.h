@@ -49,7 +49,8 @@ class State {
   void reset();
 
   // The caches on the GPU once the sequence has run there (Device::Cuda); null on the CPU.
-  // Checkpoints then hold the device's linear-attention states.
+  // Checkpoints then hold the device's linear-attention states. A copied State shares these
+  // caches: copy a position with checkpoint(), not by copying the State.
   std::shared_ptr<DeviceState> device;
 
  private:

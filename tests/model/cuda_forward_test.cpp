@@ -20,6 +20,12 @@ namespace {
 
 constexpr float kTol = 5e-3f;
 
+ModelOptions on_gpu() {
+  ModelOptions o;
+  o.device = Device::Cuda;
+  return o;
+}
+
 std::vector<int> ids_of(const TensorView& t) {
   std::vector<int> ids;
   for (int64_t i = 0; i < t.numel(); ++i)
@@ -45,7 +51,7 @@ TEST_P(CudaForward, MatchesTransformersOnTheGpu) {
   if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const Case c = GetParam();
   MS_REQUIRE_SHARED(std::string("fixtures/") + c.fixture, dir);
-  auto model = Model::load(dir, {.device = Device::Cuda});
+  auto model = Model::load(dir, on_gpu());
   ASSERT_EQ(model->device(), Device::Cuda);
   TensorStore ref = TensorStore::open(dir + "/reference.safetensors");
   const std::string p = c.prompt;
@@ -90,7 +96,7 @@ TEST_P(CudaForward, MatchesTransformersOnTheGpu) {
 TEST(CudaForward, CheckpointRestoresDeviceState) {
   if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
   MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", dir);
-  auto model = Model::load(dir, {.device = Device::Cuda});
+  auto model = Model::load(dir, on_gpu());
   State s = model->new_state();
   const std::vector<int> prompt = {1, 17, 42, 99, 5};
   model->forward(prompt.data(), int(prompt.size()), s);
@@ -107,7 +113,7 @@ TEST(CudaForward, PycoderQ4MatchesTheCpu) {
   if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
   if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " not present";
-  auto cpu = Model::load(dir), gpu = Model::load(dir, {.device = Device::Cuda});
+  auto cpu = Model::load(dir), gpu = Model::load(dir, on_gpu());
   std::vector<int> ids;
   for (int i = 0; i < 40; ++i) ids.push_back((i * 7919 + 13) % cpu->config().vocab);
   const int T = int(ids.size());
