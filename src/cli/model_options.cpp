@@ -72,6 +72,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   cmd->add_option("--io", a.io, "Expert reads: io_uring or a pread thread pool")->check(CLI::IsMember({"auto", "uring", "pread"}));
   cmd->add_flag("--no-direct-io", a.no_direct_io, "Read experts through the page cache (no O_DIRECT)");
   cmd->add_flag("--verify", a.verify, "Checksum every expert record read");
+  cmd->add_option("--device", a.device, "Where the forward runs: cpu, or cuda (every weight in VRAM; builds with CUDA)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
 ModelOptions model_options(const ModelArgs& a) {
@@ -83,6 +85,7 @@ ModelOptions model_options(const ModelArgs& a) {
   o.experts.direct_io = !a.no_direct_io;
   o.experts.verify = a.verify;
   if (!a.memory.empty()) o.memory_budget = parse_bytes(a.memory);
+  o.device = a.device == "cuda" ? Device::Cuda : Device::Cpu;
   return o;
 }
 

@@ -14,6 +14,7 @@ struct ModelArgs {
   int expert_slots = 0;
   std::string pool_profile, memory, policy = "lru", io = "auto";
   bool no_direct_io = false, verify = false;
+  std::string device = "cpu";
 };
 
 // --model defaults to the embedded pycoder-moe-q4 when `default_model` is set.

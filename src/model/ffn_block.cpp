@@ -1,19 +1,21 @@
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "model/backend_cpu.h"
+#include "model/backend_cuda.h"
 #include "model/blocks.h"
 
 namespace ms {
 
-void mlp_forward(const MlpWeights& w, const float* x, int T, float* out) {
+template <class B>
+void mlp_forward(const B& be, const MlpWeights& w, const float* x, int T, float* out) {
   const size_t n = size_t(T) * size_t(w.gate.rows);
-  std::vector<float> g(n), u(n);
-  cpu::matmul(x, T, w.gate, g.data());
-  cpu::matmul(x, T, w.up, u.data());
-  cpu::silu_mul(g.data(), u.data(), g.data(), int64_t(n));
-  cpu::matmul(g.data(), T, w.down, out);
+  typename B::Buf g = be.alloc(n), u = be.alloc(n);
+  be.matmul(x, T, be.mat(w.gate), g.data());
+  be.matmul(x, T, be.mat(w.up), u.data());
+  be.silu_mul(g.data(), u.data(), g.data(), int64_t(n));
+  be.matmul(g.data(), T, be.mat(w.down), out);
 }
 
 namespace {
@@ -23,11 +25,15 @@ struct Routing {
   std::vector<float> weights;   // [T, top_k]
 };
 
-Routing route(const ModelConfig& cfg, const Mat& router, const float* x, int T, float* probs_out) {
+// The router's probabilities come to the host: grouping tokens by expert needs the routed ids
+// there anyway, and top-k on the host keeps the routed sets the CPU path's.
+template <class B>
+Routing route(const B& be, const ModelConfig& cfg, const Mat& router, const float* x, int T, float* probs_out) {
   const int E = cfg.n_experts, K = cfg.top_k;
-  std::vector<float> probs(size_t(T) * size_t(E));
-  cpu::matmul(x, T, router, probs.data());
-  cpu::softmax(probs.data(), T, E);
+  typename B::Buf logits = be.alloc(size_t(T) * size_t(E));
+  be.matmul(x, T, be.mat(router), logits.data());
+  be.softmax(logits.data(), T, E);
+  const std::vector<float> probs = be.to_host(std::move(logits));
   Routing r{std::vector<int>(size_t(T) * size_t(K)), std::vector<float>(size_t(T) * size_t(K))};
   for (int t = 0; t < T; ++t) {
     const float* p = probs.data() + size_t(t) * size_t(E);
@@ -46,8 +52,9 @@ Routing route(const ModelConfig& cfg, const Mat& router, const float* x, int T, 
 // Runs each routed expert once over the tokens that chose it. Per-(token, slot) results are
 // summed in top-k order afterwards, so the answer depends neither on the order experts run in
 // nor on how they are split into waves.
-void routed_experts(const ModelConfig& cfg, const FfnWeights& w, const Routing& r, const float* x, int T, float* out,
-                    ExpertStore* store) {
+template <class B>
+void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, const Routing& r, const float* x, int T,
+                    float* out, ExpertStore* store) {
   const int H = cfg.hidden, K = cfg.top_k;
   std::vector<std::vector<int>> users(size_t(cfg.n_experts));  // (token * K + slot) per expert
   std::vector<int> order;                                       // distinct experts, first use first
@@ -56,24 +63,20 @@ void routed_experts(const ModelConfig& cfg, const FfnWeights& w, const Routing& 
     if (u.empty()) order.push_back(r.ids[size_t(i)]);
     u.push_back(i);
   }
+  const auto groups = be.expert_groups(users, r.weights, K);
 
-  std::vector<float> partial(size_t(T) * size_t(K) * size_t(H));
-  std::vector<float> xb, yb;
+  // An expert serves each token at most once: T rows are enough for any of them.
+  typename B::Buf partial = be.alloc(size_t(T) * size_t(K) * size_t(H));
+  typename B::Buf xb = be.alloc(size_t(T) * size_t(H)), yb = be.alloc(size_t(T) * size_t(H));
   auto run = [&](int e, const MlpWeights& mlp) {
-    const auto& u = users[size_t(e)];
-    const int n = int(u.size());
-    xb.resize(size_t(n) * size_t(H));
-    yb.resize(size_t(n) * size_t(H));
-    for (int j = 0; j < n; ++j) std::copy_n(x + size_t(u[size_t(j)] / K) * size_t(H), H, xb.data() + size_t(j) * size_t(H));
-    mlp_forward(mlp, xb.data(), n, yb.data());
-    for (int j = 0; j < n; ++j) {
-      const float wt = r.weights[size_t(u[size_t(j)])];
-      float* dst = partial.data() + size_t(u[size_t(j)]) * size_t(H);
-      for (int h = 0; h < H; ++h) dst[h] = wt * yb[size_t(j) * size_t(H) + size_t(h)];
-    }
+    be.gather_users(groups, e, x, H, xb.data());
+    mlp_forward(be, mlp, xb.data(), int(users[size_t(e)].size()), yb.data());
+    be.scatter_users(groups, e, yb.data(), H, partial.data());
   };
   if (w.store_layer < 0) {
     for (int e : order) run(e, w.experts[size_t(e)]);
+  } else if (const std::vector<MlpWeights>* resident = be.resident_experts(w)) {
+    for (int e : order) run(e, (*resident)[size_t(e)]);
   } else {
     const size_t cap = size_t(store->capacity(w.store_layer));
     for (size_t b = 0; b < order.size(); b += cap) {
@@ -83,39 +86,38 @@ void routed_experts(const ModelConfig& cfg, const FfnWeights& w, const Routing& 
       store->release(w.store_layer);
     }
   }
-  for (int t = 0; t < T; ++t) {
-    float* o = out + size_t(t) * size_t(H);
-    std::fill(o, o + H, 0.f);
-    for (int k = 0; k < K; ++k) {
-      const float* p = partial.data() + (size_t(t) * size_t(K) + size_t(k)) * size_t(H);
-      for (int h = 0; h < H; ++h) o[h] += p[h];
-    }
-  }
+  be.sum_slots(partial.data(), T, K, H, out);
 }
 
-void add_shared_expert(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out) {
+template <class B>
+void add_shared_expert(const B& be, const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out) {
   const int H = cfg.hidden;
-  std::vector<float> s(size_t(T) * size_t(H)), g(static_cast<size_t>(T));
-  mlp_forward(w.shared_expert, x, T, s.data());
-  cpu::matmul(x, T, w.shared_expert_gate, g.data());
-  for (int t = 0; t < T; ++t) {
-    const float gate = 1.0f / (1.0f + std::exp(-g[size_t(t)]));
-    for (int h = 0; h < H; ++h) out[size_t(t) * size_t(H) + size_t(h)] += gate * s[size_t(t) * size_t(H) + size_t(h)];
-  }
+  typename B::Buf s = be.alloc(size_t(T) * size_t(H)), g = be.alloc(size_t(T));
+  mlp_forward(be, w.shared_expert, x, T, s.data());
+  be.matmul(x, T, be.mat(w.shared_expert_gate), g.data());
+  be.sigmoid_gated_add(out, s.data(), g.data(), T, H);
 }
 
 }  // namespace
 
-void ffn_block(const ModelConfig& cfg, const FfnWeights& w, bool moe, const float* x, int T, float* out, int* routes,
-               ExpertStore* store, float* router_probs) {
+template <class B>
+void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool moe, const float* x, int T, float* out,
+               int* routes, ExpertStore* store, float* router_probs) {
   if (!moe) {
-    mlp_forward(w.dense, x, T, out);
+    mlp_forward(be, w.dense, x, T, out);
     return;
   }
-  Routing r = route(cfg, w.router, x, T, router_probs);
+  Routing r = route(be, cfg, w.router, x, T, router_probs);
   if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
-  routed_experts(cfg, w, r, x, T, out, store);
-  if (cfg.shared_inter > 0) add_shared_expert(cfg, w, x, T, out);
+  routed_experts(be, cfg, w, r, x, T, out, store);
+  if (cfg.shared_inter > 0) add_shared_expert(be, cfg, w, x, T, out);
 }
+
+template void ffn_block(const CpuBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*, int*,
+                        ExpertStore*, float*);
+#if MOESTREAM_CUDA
+template void ffn_block(const CudaBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*, int*,
+                        ExpertStore*, float*);
+#endif
 
 }  // namespace ms

@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "kernels/cpu/ops.h"
+#include "model/backend_cpu.h"
+#include "model/backend_cuda.h"
 #include "model/blocks.h"
 #include "util/error.h"
 #include "util/half.h"
+#if MOESTREAM_CUDA
+#include "kernels/cuda/device.h"
+#endif
 
 namespace ms {
 
@@ -52,6 +56,19 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
 }  // namespace
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt) {
+  std::unique_ptr<Model> m = load_on_host(dir, opt);
+  if (opt.device == Device::Cuda) {
+#if MOESTREAM_CUDA
+    if (!cuda::cuda_available()) fail("--device cuda: no CUDA device (or no driver that can run this build) is present");
+    m->device_ = std::make_shared<const DeviceWeights>(m->w_, m->experts_.get(), m->cfg_.n_experts);
+#else
+    fail("--device cuda: this build has no CUDA backend (nvcc was not found when it was configured)");
+#endif
+  }
+  return m;
+}
+
+std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOptions& opt) {
   ModelConfig cfg = load_config(dir);
   if (!is_engine_dir(dir)) return std::unique_ptr<Model>(new Model(TensorStore::open(dir), std::move(cfg), nullptr, {}));
   EngineIndex index = read_engine_index(dir, cfg);
@@ -92,28 +109,46 @@ void Model::embed(const int* ids, int T, float* out) const {
 }
 
 // x += attention(norm(x)); x += ffn(norm(x))
-void Model::decoder_layer(const LayerWeights& lw, const float* x_in, int T, KVCache& kv, LinearState* lin, int pos0,
-                          float* x, int* routes, float* router_probs) const {
+template <class B>
+void Model::decoder_layer(const B& be, const LayerWeights& lw, int T, typename B::KV& kv, typename B::Linear* lin,
+                          int pos0, float* x, int* routes, float* router_probs) const {
   const size_t n = size_t(T) * size_t(cfg_.hidden);
   const float offset = cfg_.zero_centred_norms() ? 1.f : 0.f;
-  std::vector<float> h(n), y(n);
-  if (x_in != x) std::copy_n(x_in, n, x);
-  cpu::rmsnorm(x, T, cfg_.hidden, lw.input_norm.data(), offset, cfg_.rms_eps, h.data());
-  if (lw.type == LayerType::FullAttention) attention_block(cfg_, lw.attn, h.data(), T, kv, pos0, y.data());
-  else deltanet_block(cfg_, lw.linear, h.data(), T, *lin, y.data());
-  for (size_t i = 0; i < n; ++i) x[i] += y[i];
-  cpu::rmsnorm(x, T, cfg_.hidden, lw.post_attention_norm.data(), offset, cfg_.rms_eps, h.data());
-  ffn_block(cfg_, lw.ffn, lw.moe, h.data(), T, y.data(), routes, experts_.get(), router_probs);
-  for (size_t i = 0; i < n; ++i) x[i] += y[i];
+  typename B::Buf h = be.alloc(n), y = be.alloc(n);
+  be.rmsnorm(x, T, cfg_.hidden, be.vec(lw.input_norm), offset, cfg_.rms_eps, h.data());
+  if (lw.type == LayerType::FullAttention) attention_block(be, cfg_, lw.attn, h.data(), T, kv, pos0, y.data());
+  else deltanet_block(be, cfg_, lw.linear, h.data(), T, *lin, y.data());
+  be.add(x, y.data(), n);
+  be.rmsnorm(x, T, cfg_.hidden, be.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h.data());
+  ffn_block(be, cfg_, lw.ffn, lw.moe, h.data(), T, y.data(), routes, experts_.get(), router_probs);
+  be.add(x, y.data(), n);
 }
 
 ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardOptions& opt) const {
   if (T <= 0) fail("forward needs at least one token");
-  const int H = cfg_.hidden, pos0 = state.position();
+  ForwardResult r;
+#if MOESTREAM_CUDA
+  if (device_) {
+    if (!state.device) state.device = std::make_shared<DeviceState>(cfg_);
+    r = forward_on(CudaBackend{*device_, *state.device}, ids, T, state.position(), opt);
+  } else {
+    r = forward_on(CpuBackend{state}, ids, T, state.position(), opt);
+  }
+#else
+  r = forward_on(CpuBackend{state}, ids, T, state.position(), opt);
+#endif
+  state.advance(T);
+  return r;
+}
+
+template <class B>
+ForwardResult Model::forward_on(const B& be, const int* ids, int T, int pos0, const ForwardOptions& opt) const {
+  const int H = cfg_.hidden;
   const float offset = cfg_.zero_centred_norms() ? 1.f : 0.f;
   ForwardResult r;
-  std::vector<float> x(size_t(T) * size_t(H));
-  embed(ids, T, x.data());
+  std::vector<float> embedded(size_t(T) * size_t(H));
+  embed(ids, T, embedded.data());
+  typename B::Buf x = be.upload(std::move(embedded));
   if (opt.routes) {
     r.routes.resize(size_t(cfg_.n_layers));
     r.router_probs.resize(size_t(cfg_.n_layers));
@@ -128,41 +163,54 @@ ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardO
       routes = r.routes[size_t(l)].data();
       probs = r.router_probs[size_t(l)].data();
     }
-    LinearState* lin = lw.type == LayerType::LinearAttention ? &state.linear(l) : nullptr;
-    decoder_layer(lw, x.data(), T, state.kv(l), lin, pos0, x.data(), routes, probs);
+    typename B::Linear* lin = lw.type == LayerType::LinearAttention ? &be.linear(l) : nullptr;
+    decoder_layer(be, lw, T, be.kv(l), lin, pos0, x.data(), routes, probs);
   }
-  state.advance(T);
 
-  std::vector<float> xn(x.size());
-  cpu::rmsnorm(x.data(), T, H, w_.final_norm.data(), offset, cfg_.rms_eps, xn.data());
+  typename B::Buf xn = be.alloc(x.size());
+  be.rmsnorm(x.data(), T, H, be.vec(w_.final_norm), offset, cfg_.rms_eps, xn.data());
   const int rows = opt.all_logits ? T : 1;
-  r.logits.resize(size_t(rows) * size_t(cfg_.vocab));
-  cpu::matmul(xn.data() + size_t(T - rows) * size_t(H), rows, w_.lm_head, r.logits.data());
+  typename B::Buf logits = be.alloc(size_t(rows) * size_t(cfg_.vocab));
+  be.matmul(xn.data() + size_t(T - rows) * size_t(H), rows, be.mat(w_.lm_head), logits.data());
+  r.logits = be.to_host(std::move(logits));
   if (opt.hidden) {
-    r.hidden_pre_norm = std::move(x);
-    r.hidden_post_norm = std::move(xn);
+    r.hidden_pre_norm = be.to_host(std::move(x));
+    r.hidden_post_norm = be.to_host(std::move(xn));
   }
   return r;
 }
 
 std::vector<float> Model::mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state) const {
   if (!w_.mtp) fail("this model has no MTP head (no mtp.* tensors)");
+#if MOESTREAM_CUDA
+  if (device_) {
+    if (!state.device) state.device = std::make_shared<DeviceState>(cfg_);
+    return mtp_forward_on(CudaBackend{*device_, *state.device}, hidden, next_ids, T, pos0);
+  }
+#endif
+  return mtp_forward_on(CpuBackend{state}, hidden, next_ids, T, pos0);
+}
+
+template <class B>
+std::vector<float> Model::mtp_forward_on(const B& be, const float* hidden, const int* next_ids, int T, int pos0) const {
   const MtpWeights& m = *w_.mtp;
   const int H = cfg_.hidden;
   const size_t n = size_t(T) * size_t(H);
-  std::vector<float> e(n), cat(2 * n), x(n);
-  embed(next_ids, T, e.data());
+  std::vector<float> embedded(n);
+  embed(next_ids, T, embedded.data());
+  typename B::Buf e = be.upload(std::move(embedded)), hid = be.upload(std::vector<float>(hidden, hidden + n));
+  typename B::Buf cat = be.alloc(2 * n), x = be.alloc(n);
   for (int t = 0; t < T; ++t) {  // concat(norm(embedding), norm(hidden)) per row
     float* row = cat.data() + size_t(t) * 2 * size_t(H);
-    cpu::rmsnorm(e.data() + size_t(t) * size_t(H), 1, H, m.pre_fc_norm_embedding.data(), 1.f, cfg_.rms_eps, row);
-    cpu::rmsnorm(hidden + size_t(t) * size_t(H), 1, H, m.pre_fc_norm_hidden.data(), 1.f, cfg_.rms_eps, row + H);
+    be.rmsnorm(e.data() + size_t(t) * size_t(H), 1, H, be.vec(m.pre_fc_norm_embedding), 1.f, cfg_.rms_eps, row);
+    be.rmsnorm(hid.data() + size_t(t) * size_t(H), 1, H, be.vec(m.pre_fc_norm_hidden), 1.f, cfg_.rms_eps, row + H);
   }
-  cpu::matmul(cat.data(), T, m.fc, x.data());
-  decoder_layer(m.layer, x.data(), T, state.mtp_kv(), nullptr, pos0, x.data(), nullptr, nullptr);
-  cpu::rmsnorm(x.data(), T, H, m.norm.data(), 1.f, cfg_.rms_eps, x.data());
-  std::vector<float> logits(size_t(T) * size_t(cfg_.vocab));
-  cpu::matmul(x.data(), T, w_.lm_head, logits.data());
-  return logits;
+  be.matmul(cat.data(), T, be.mat(m.fc), x.data());
+  decoder_layer(be, m.layer, T, be.mtp_kv(), nullptr, pos0, x.data(), nullptr, nullptr);
+  be.rmsnorm(x.data(), T, H, be.vec(m.norm), 1.f, cfg_.rms_eps, x.data());
+  typename B::Buf logits = be.alloc(size_t(T) * size_t(cfg_.vocab));
+  be.matmul(x.data(), T, be.mat(w_.lm_head), logits.data());
+  return be.to_host(std::move(logits));
 }
 
 }  // namespace ms

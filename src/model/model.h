@@ -11,6 +11,10 @@
 
 namespace ms {
 
+class DeviceWeights;  // model/backend_cuda.h
+
+enum class Device { Cpu, Cuda };
+
 struct ForwardOptions {
   bool all_logits = false;  // logits of every position, not only the last
   bool hidden = false;      // keep the last hidden states (before and after the final norm)
@@ -31,6 +35,8 @@ struct ModelOptions {
   StoreOptions experts;
   uint64_t memory_budget = 0;  // bytes for everything (dense + KV + activations + pool); 0 = unset
   int context = 4096;          // tokens the KV budget provides for
+  // Cuda: every weight resident in VRAM, the forward on the GPU (builds with MOESTREAM_CUDA).
+  Device device = Device::Cpu;
 };
 
 // Where a memory budget goes (DESIGN.md invariant 5).
@@ -61,18 +67,27 @@ class Model {
   // The streaming expert store of an engine directory; null for a Hugging Face checkpoint.
   const ExpertStore* experts() const { return experts_.get(); }
   const MemoryPlan& memory_plan() const { return plan_; }
+  Device device() const { return device_ ? Device::Cuda : Device::Cpu; }
 
  private:
   Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan);
+  static std::unique_ptr<Model> load_on_host(const std::string& dir, const ModelOptions& opt);
   void embed(const int* ids, int T, float* out) const;
-  void decoder_layer(const LayerWeights& lw, const float* x_in, int T, KVCache& kv, LinearState* lin, int pos0, float* x,
-                     int* routes, float* router_probs) const;
+  // The forward written once over a backend B (model/blocks.h): CpuBackend or CudaBackend.
+  template <class B>
+  ForwardResult forward_on(const B& be, const int* ids, int T, int pos0, const ForwardOptions& opt) const;
+  template <class B>
+  std::vector<float> mtp_forward_on(const B& be, const float* hidden, const int* next_ids, int T, int pos0) const;
+  template <class B>
+  void decoder_layer(const B& be, const LayerWeights& lw, int T, typename B::KV& kv, typename B::Linear* lin, int pos0,
+                     float* x, int* routes, float* router_probs) const;
 
   TensorStore store_;
   ModelConfig cfg_;
   std::unique_ptr<ExpertStore> experts_;  // engine directory: routed experts, streamed
   MemoryPlan plan_;
   ModelWeights w_;
+  std::shared_ptr<const DeviceWeights> device_;  // the weights in VRAM on --device cuda, else null
 };
 
 }  // namespace ms

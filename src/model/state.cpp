@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "model/backend_cuda.h"
 #include "util/error.h"
 
 namespace ms {
@@ -36,10 +37,21 @@ size_t State::bytes() const {
   return b;
 }
 
+State::Checkpoint State::checkpoint() const {
+  Checkpoint c{pos_, linear_};
+#if MOESTREAM_CUDA
+  if (device) download_linear(*device, c.linear);
+#endif
+  return c;
+}
+
 void State::restore(const Checkpoint& c) {
   if (c.pos > pos_) fail("cannot restore a checkpoint at position {} ahead of the current position {}", c.pos, pos_);
   pos_ = c.pos;
   linear_ = c.linear;
+#if MOESTREAM_CUDA
+  if (device) upload_linear(*device, linear_);
+#endif
 }
 
 void State::reset() {
@@ -48,6 +60,9 @@ void State::reset() {
     std::fill(s.conv.begin(), s.conv.end(), 0.f);
     std::fill(s.recurrent.begin(), s.recurrent.end(), 0.f);
   }
+#if MOESTREAM_CUDA
+  if (device) upload_linear(*device, linear_);
+#endif
 }
 
 }  // namespace ms

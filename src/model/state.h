@@ -2,11 +2,14 @@
 // Everything a sequence carries between forward calls: the KV cache of full-attention layers,
 // the conv and recurrent state of Gated DeltaNet layers, and the position. A checkpoint can be
 // taken at any position and restored later (speculative decoding rolls back rejected drafts).
+#include <memory>
 #include <vector>
 
 #include "format/config.h"
 
 namespace ms {
+
+struct DeviceState;  // model/backend_cuda.h
 
 struct KVCache {
   int n_kv = 0, head_dim = 0, length = 0;
@@ -41,9 +44,14 @@ class State {
   };
   // KV entries past a restored position are simply overwritten later, so a checkpoint needs
   // only the position and the (small, fixed-size) linear-attention states.
-  Checkpoint checkpoint() const { return {pos_, linear_}; }
+  Checkpoint checkpoint() const;
   void restore(const Checkpoint& c);
   void reset();
+
+  // The caches on the GPU once the sequence has run there (Device::Cuda); null on the CPU.
+  // Checkpoints then hold the device's linear-attention states. A copied State shares these
+  // caches: copy a position with checkpoint(), not by copying the State.
+  std::shared_ptr<DeviceState> device;
 
  private:
   int pos_ = 0;

@@ -159,6 +159,26 @@ TEST(Cli, GenerateMatchesReferenceGreedy) {
   }
 }
 
+// With a GPU (and a CUDA build) --device cuda gives the reference's greedy tokens; without,
+// it fails in one line naming the option.
+TEST(Cli, DeviceCudaRunsOrSaysWhyNot) {
+  MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", model);
+  TensorStore ref = TensorStore::open(model + "/reference.safetensors");
+  std::string out, err;
+  const int rc = run_cli("generate --device cuda --model " + model + " --ids " + join(ids_of(ref.get("p0.input_ids"))) +
+                             " --max-tokens 24 --ignore-eos",
+                         &out, &err);
+  if (rc == 0) {
+    EXPECT_EQ(out, join(ids_of(ref.get("p0.greedy"))) + "\n");
+  } else {
+    EXPECT_EQ(rc, 1) << err;
+    EXPECT_NE(err.find("--device cuda"), std::string::npos) << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  }
+  EXPECT_EQ(run_cli("generate --device tpu --model " + model + " --ids 3", &out, &err), 2);
+  EXPECT_NE(err.find("--device"), std::string::npos) << err;
+}
+
 TEST(Cli, GenerateRejectsTokenOutsideVocabulary) {
   MS_REQUIRE_SHARED("fixtures/qwen3-moe-tiny", model);
   std::string out, err;

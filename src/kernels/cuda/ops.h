@@ -32,4 +32,26 @@ void gated_delta_rule(const float* q, const float* k, const float* v, const floa
 void l2norm_heads(float* x, int rows, int dim, float eps);
 void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out);
 
+// The model's glue (model_ops.cu), each the loop of src/model/ it stands for.
+void add(float* x, const float* y, int64_t n);                 // x += y
+void sigmoid_mul(float* x, const float* gate, int64_t n);      // x *= sigmoid(gate)
+void scale(float* x, float s, int64_t n);                      // x *= s
+// rows rows of width floats from src (row stride src_stride) to dst (row stride dst_stride).
+void copy_rows(float* dst, int dst_stride, const float* src, int src_stride, int width, int rows);
+// Qwen3-Next's in_proj_qkvz / in_proj_ba outputs regrouped into the conv's channel order
+// (all q, all k, all v) and z, b, a (src/model/deltanet_block.cpp).
+void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv, float* z,
+                    float* b, float* a);
+// beta = sigmoid(b); g = -exp(A_log[h]) * softplus(a + dt_bias[h]), per [T, nv].
+void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
+                    float* beta);
+// out[t] += sigmoid(g[t]) * s[t], rows of H.
+void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H);
+// dst[j] = src[rows[j]], rows of H; rows is a device array of n.
+void gather_rows(const float* src, const int* rows, int n, int H, float* dst);
+// dst[rows[j]] = wt[j] * y[j], rows of H; rows, wt device arrays of n.
+void scatter_scaled(const float* y, const int* rows, const float* wt, int n, int H, float* dst);
+// out[t] = sum over k in order of partial[t, k], rows of H.
+void sum_slots(const float* partial, int T, int K, int H, float* out);
+
 }  // namespace ms::cuda

@@ -1,0 +1,157 @@
+// The small glue kernels of the model's forward on the GPU: residual adds, gates, the Gated
+// DeltaNet projection split, and the gather/scatter around the routed experts. Each follows the
+// loop it replaces in src/model/ (formulas in ops.h); elementwise, so results match the CPU's up
+// to expf.
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops.h"
+
+namespace ms::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
+
+__device__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
+__global__ void sigmoid_mul_kernel(float* x, const float* gate, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) x[i] *= sigmoid(gate[i]);
+}
+
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) x[i] *= s;
+}
+
+// One block per (token, key head): the group [q(dk), k(dk), v(r·dv), z(r·dv)] and [b(r), a(r)].
+__global__ void deltanet_split_kernel(const float* qkvz, const float* ba, int nk, int nv, int dk, int dv, float* qkv,
+                                      float* z, float* b, float* a) {
+  const int t = blockIdx.x / nk, h = blockIdx.x % nk, r = nv / nk;
+  const size_t key_dim = size_t(nk) * dk, value_dim = size_t(nv) * dv, conv_dim = 2 * key_dim + value_dim;
+  const size_t group = size_t(2 * dk + 2 * r * dv), vw = size_t(r) * dv;
+  const float* src = qkvz + size_t(t) * nk * group + h * group;
+  float* row = qkv + size_t(t) * conv_dim;
+  for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+    row[h * size_t(dk) + i] = src[i];
+    row[key_dim + h * size_t(dk) + i] = src[dk + i];
+  }
+  for (size_t i = threadIdx.x; i < vw; i += blockDim.x) {
+    row[2 * key_dim + h * vw + i] = src[2 * dk + i];
+    z[size_t(t) * value_dim + h * vw + i] = src[2 * dk + vw + i];
+  }
+  const float* bsrc = ba + size_t(t) * 2 * nv + h * 2 * size_t(r);
+  for (int i = threadIdx.x; i < r; i += blockDim.x) {
+    b[size_t(t) * nv + h * size_t(r) + i] = bsrc[i];
+    a[size_t(t) * nv + h * size_t(r) + i] = bsrc[r + i];
+  }
+}
+
+__global__ void deltanet_gates_kernel(const float* b, const float* a, const float* A_log, const float* dt_bias,
+                                      int64_t n, int nv, float* g, float* beta) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  const int h = int(i % nv);
+  const float v = a[i] + dt_bias[h];
+  const float softplus = v > 20.f ? v : log1pf(expf(v));
+  beta[i] = sigmoid(b[i]);
+  g[i] = -expf(A_log[h]) * softplus;
+}
+
+__global__ void gated_add_kernel(float* out, const float* s, const float* g, int H) {
+  const float gate = sigmoid(g[blockIdx.x]);
+  for (int h = threadIdx.x; h < H; h += kThreads) out[size_t(blockIdx.x) * H + h] += gate * s[size_t(blockIdx.x) * H + h];
+}
+
+__global__ void gather_rows_kernel(const float* src, const int* rows, int H, float* dst) {
+  const float* s = src + size_t(rows[blockIdx.x]) * H;
+  for (int h = threadIdx.x; h < H; h += kThreads) dst[size_t(blockIdx.x) * H + h] = s[h];
+}
+
+__global__ void scatter_scaled_kernel(const float* y, const int* rows, const float* wt, int H, float* dst) {
+  const float w = wt[blockIdx.x];
+  float* d = dst + size_t(rows[blockIdx.x]) * H;
+  for (int h = threadIdx.x; h < H; h += kThreads) d[h] = w * y[size_t(blockIdx.x) * H + h];
+}
+
+__global__ void sum_slots_kernel(const float* partial, int K, int H, float* out) {
+  for (int h = threadIdx.x; h < H; h += kThreads) {
+    float o = 0.f;
+    for (int k = 0; k < K; ++k) o += partial[(size_t(blockIdx.x) * K + k) * H + h];
+    out[size_t(blockIdx.x) * H + h] = o;
+  }
+}
+
+}  // namespace
+
+void add(float* x, const float* y, int64_t n) {
+  if (n <= 0) return;
+  add_kernel<<<blocks_for(n), kThreads>>>(x, y, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void sigmoid_mul(float* x, const float* gate, int64_t n) {
+  if (n <= 0) return;
+  sigmoid_mul_kernel<<<blocks_for(n), kThreads>>>(x, gate, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void scale(float* x, float s, int64_t n) {
+  if (n <= 0) return;
+  scale_kernel<<<blocks_for(n), kThreads>>>(x, s, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void copy_rows(float* dst, int dst_stride, const float* src, int src_stride, int width, int rows) {
+  if (rows <= 0 || width <= 0) return;
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_stride) * sizeof(float), src, size_t(src_stride) * sizeof(float),
+                               size_t(width) * sizeof(float), size_t(rows), cudaMemcpyDeviceToDevice));
+}
+
+void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv, float* z,
+                    float* b, float* a) {
+  if (T <= 0) return;
+  deltanet_split_kernel<<<unsigned(T * nk), 128>>>(qkvz, ba, nk, nv, dk, dv, qkv, z, b, a);
+  CUDA_CHECK_LAUNCH();
+}
+
+void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
+                    float* beta) {
+  const int64_t n = int64_t(T) * nv;
+  if (n <= 0) return;
+  deltanet_gates_kernel<<<blocks_for(n), kThreads>>>(b, a, A_log, dt_bias, n, nv, g, beta);
+  CUDA_CHECK_LAUNCH();
+}
+
+void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H) {
+  if (T <= 0) return;
+  gated_add_kernel<<<unsigned(T), kThreads>>>(out, s, g, H);
+  CUDA_CHECK_LAUNCH();
+}
+
+void gather_rows(const float* src, const int* rows, int n, int H, float* dst) {
+  if (n <= 0) return;
+  gather_rows_kernel<<<unsigned(n), kThreads>>>(src, rows, H, dst);
+  CUDA_CHECK_LAUNCH();
+}
+
+void scatter_scaled(const float* y, const int* rows, const float* wt, int n, int H, float* dst) {
+  if (n <= 0) return;
+  scatter_scaled_kernel<<<unsigned(n), kThreads>>>(y, rows, wt, H, dst);
+  CUDA_CHECK_LAUNCH();
+}
+
+void sum_slots(const float* partial, int T, int K, int H, float* out) {
+  if (T <= 0) return;
+  sum_slots_kernel<<<unsigned(T), kThreads>>>(partial, K, H, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ms::cuda

@@ -1,0 +1,118 @@
+#pragma once
+// The CPU backend of the forward (model/blocks.h): activations in host vectors, the cpu::
+// kernels, and the model's glue loops written out. The forward's numerics on the CPU are these.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/deltanet.h"
+#include "kernels/cpu/ops.h"
+#include "model/state.h"
+#include "model/weights.h"
+
+namespace ms {
+
+struct CpuBackend {
+  using Buf = std::vector<float>;
+  using KV = KVCache;
+  using Linear = LinearState;
+
+  State& state;
+
+  // Activations.
+  Buf alloc(size_t n) const { return Buf(n); }
+  Buf upload(std::vector<float> host) const { return host; }
+  std::vector<float> to_host(Buf b) const { return b; }
+  // Weights as the kernels take them.
+  const Mat& mat(const Mat& m) const { return m; }
+  const float* vec(const std::vector<float>& v) const { return v.data(); }
+  // The sequence's caches.
+  KV& kv(int layer) const { return state.kv(layer); }
+  KV& mtp_kv() const { return state.mtp_kv(); }
+  Linear& linear(int layer) const { return state.linear(layer); }
+  // Streamed experts come through the ExpertStore in waves on the CPU.
+  const std::vector<MlpWeights>* resident_experts(const FfnWeights&) const { return nullptr; }
+
+  void matmul(const float* x, int T, const Mat& W, float* y) const { cpu::matmul(x, T, W, y); }
+  void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) const {
+    cpu::rmsnorm(x, rows, dim, w, offset, eps, out);
+  }
+  void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta) const {
+    cpu::rope(x, T, heads, head_dim, rot_dim, pos0, theta);
+  }
+  void attention(const float* q, const float* k, const float* v, int T, int pos0, int nh, int nkv, int hd, float* out) const {
+    cpu::attention(q, k, v, T, pos0, nh, nkv, hd, out);
+  }
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n) const { cpu::silu_mul(gate, up, out, n); }
+  void softmax(float* x, int rows, int n) const { cpu::softmax(x, rows, n); }
+  void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* st, float* out) const {
+    cpu::causal_conv1d_silu(x, T, C, w, K, st, out);
+  }
+  void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T, int nk,
+                        int nv, int dk, int dv, float* st, float* out) const {
+    cpu::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);
+  }
+  void l2norm_heads(float* x, int rows, int dim, float eps) const { cpu::l2norm_heads(x, rows, dim, eps); }
+  void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) const {
+    cpu::rmsnorm_gated(x, z, w, rows, dim, eps, out);
+  }
+
+  void add(float* x, const float* y, size_t n) const {
+    for (size_t i = 0; i < n; ++i) x[i] += y[i];
+  }
+  void sigmoid_mul(float* x, const float* gate, size_t n) const {
+    for (size_t i = 0; i < n; ++i) x[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+  }
+  void scale(float* x, float s, size_t n) const {
+    for (size_t i = 0; i < n; ++i) x[i] *= s;
+  }
+  void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t width, size_t rows) const {
+    for (size_t r = 0; r < rows; ++r) std::copy_n(src + r * src_stride, width, dst + r * dst_stride);
+  }
+  void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv, float* z,
+                      float* b, float* a) const;
+  void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
+                      float* beta) const;
+  void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H) const {
+    for (int t = 0; t < T; ++t) {
+      const float gate = 1.0f / (1.0f + std::exp(-g[size_t(t)]));
+      for (int h = 0; h < H; ++h) out[size_t(t) * size_t(H) + size_t(h)] += gate * s[size_t(t) * size_t(H) + size_t(h)];
+    }
+  }
+
+  // The routed experts' users: (token * K + slot) per expert, and the routing weight of each.
+  struct ExpertGroups {
+    const std::vector<std::vector<int>>& users;
+    const std::vector<float>& weights;
+    int K;
+  };
+  ExpertGroups expert_groups(const std::vector<std::vector<int>>& users, const std::vector<float>& weights, int K) const {
+    return {users, weights, K};
+  }
+  // xb[j] = x[token of user j of expert e]
+  void gather_users(const ExpertGroups& g, int e, const float* x, int H, float* xb) const {
+    const auto& u = g.users[size_t(e)];
+    for (size_t j = 0; j < u.size(); ++j) std::copy_n(x + size_t(u[j] / g.K) * size_t(H), H, xb + j * size_t(H));
+  }
+  // partial[user j of expert e] = weight * yb[j]
+  void scatter_users(const ExpertGroups& g, int e, const float* yb, int H, float* partial) const {
+    const auto& u = g.users[size_t(e)];
+    for (size_t j = 0; j < u.size(); ++j) {
+      const float wt = g.weights[size_t(u[j])];
+      float* dst = partial + size_t(u[j]) * size_t(H);
+      for (int h = 0; h < H; ++h) dst[h] = wt * yb[j * size_t(H) + size_t(h)];
+    }
+  }
+  void sum_slots(const float* partial, int T, int K, int H, float* out) const {
+    for (int t = 0; t < T; ++t) {
+      float* o = out + size_t(t) * size_t(H);
+      std::fill(o, o + H, 0.f);
+      for (int k = 0; k < K; ++k) {
+        const float* p = partial + (size_t(t) * size_t(K) + size_t(k)) * size_t(H);
+        for (int h = 0; h < H; ++h) o[h] += p[h];
+      }
+    }
+  }
+};
+
+}  // namespace ms

@@ -1,0 +1,224 @@
+#include "model/backend_cuda.h"
+
+#if MOESTREAM_CUDA
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/check.h"
+#include "util/error.h"
+
+namespace ms {
+
+void* device_alloc(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  static const bool pool_kept = [] {
+    // Keep freed blocks in the default pool instead of returning them at every synchronisation:
+    // a forward frees and takes the same sizes again.
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    return true;
+  }();
+  (void)pool_kept;
+  void* p = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&p, bytes, 0));
+  return p;
+}
+
+void device_free(void* p) {
+  if (p) cudaFreeAsync(p, 0);  // no throwing from destructors; a fault shows at the next check
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+  if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
+void copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+void copy_on_device(void* dst, const void* src, size_t bytes) {
+  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+}
+
+void zero_on_device(void* dst, size_t bytes) {
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, 0));
+}
+
+void DeviceKV::reserve(int n) {
+  const size_t per_pos = size_t(n_kv) * size_t(head_dim);
+  if (k.size() >= size_t(n) * per_pos) return;
+  const size_t cap = std::max(size_t(n), k.size() / std::max<size_t>(1, per_pos) * 2);
+  for (DeviceArray<float>* a : {&k, &v}) {
+    DeviceArray<float> grown(cap * per_pos);
+    copy_on_device(grown.data(), a->data(), a->size() * sizeof(float));
+    *a = std::move(grown);
+  }
+}
+
+namespace {
+DeviceArray<float> zeros(size_t n) {
+  DeviceArray<float> a(n);
+  zero_on_device(a.data(), n * sizeof(float));
+  return a;
+}
+}  // namespace
+
+DeviceState::DeviceState(const ModelConfig& cfg) : kv(size_t(cfg.n_layers)), linear(size_t(cfg.n_layers)) {
+  const int conv_dim = 2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    if (cfg.layer_types[size_t(l)] == LayerType::FullAttention) {
+      kv[size_t(l)].n_kv = cfg.n_kv_heads;
+      kv[size_t(l)].head_dim = cfg.head_dim;
+    } else {
+      linear[size_t(l)].conv = zeros(size_t(conv_dim) * size_t(cfg.conv_kernel - 1));
+      linear[size_t(l)].recurrent = zeros(size_t(cfg.lin_v_heads) * size_t(cfg.lin_k_dim) * size_t(cfg.lin_v_dim));
+    }
+  }
+  mtp_kv.n_kv = cfg.n_kv_heads;
+  mtp_kv.head_dim = cfg.head_dim;
+}
+
+void download_linear(const DeviceState& d, std::vector<LinearState>& host) {
+  for (size_t l = 0; l < host.size(); ++l) {
+    copy_to_host(host[l].conv.data(), d.linear[l].conv.data(), host[l].conv.size() * sizeof(float));
+    copy_to_host(host[l].recurrent.data(), d.linear[l].recurrent.data(), host[l].recurrent.size() * sizeof(float));
+  }
+}
+
+void upload_linear(DeviceState& d, const std::vector<LinearState>& host) {
+  for (size_t l = 0; l < host.size(); ++l) {
+    copy_to_device(d.linear[l].conv.data(), host[l].conv.data(), host[l].conv.size() * sizeof(float));
+    copy_to_device(d.linear[l].recurrent.data(), host[l].recurrent.data(), host[l].recurrent.size() * sizeof(float));
+  }
+}
+
+DeviceWeights::DeviceWeights(const ModelWeights& w, ExpertStore* experts, int n_experts) {
+  auto add_mlp = [&](const MlpWeights& m, const char* what) {
+    add(m.gate, what);
+    add(m.up, what);
+    add(m.down, what);
+  };
+  auto add_layer = [&](const LayerWeights& l) {
+    add(l.input_norm);
+    add(l.post_attention_norm);
+    if (l.type == LayerType::FullAttention) {
+      for (const Mat* m : {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj}) add(*m, "attention");
+      add(l.attn.q_norm);
+      add(l.attn.k_norm);
+    } else {
+      for (const Mat* m : {&l.linear.in_proj_qkvz, &l.linear.in_proj_ba, &l.linear.out_proj}) add(*m, "linear attention");
+      for (const auto* v : {&l.linear.conv1d, &l.linear.A_log, &l.linear.dt_bias, &l.linear.norm}) add(*v);
+    }
+    if (!l.moe) return add_mlp(l.ffn.dense, "dense mlp");
+    add(l.ffn.router, "router");
+    if (l.ffn.store_layer >= 0) add_streamed_experts(*experts, l.ffn, n_experts);
+    for (const MlpWeights& e : l.ffn.experts) add_mlp(e, "expert");
+    if (l.ffn.shared_expert.gate.data) {
+      add_mlp(l.ffn.shared_expert, "shared expert");
+      add(l.ffn.shared_expert_gate, "shared expert gate");
+    }
+  };
+  for (const LayerWeights& l : w.layers) add_layer(l);
+  add(w.final_norm);
+  add(w.lm_head, "lm_head");
+  if (w.mtp) {
+    add(w.mtp->fc, "mtp.fc");
+    for (const auto* v : {&w.mtp->pre_fc_norm_embedding, &w.mtp->pre_fc_norm_hidden, &w.mtp->norm}) add(*v);
+    add_layer(w.mtp->layer);
+  }
+}
+
+Mat DeviceWeights::upload(const Mat& m, const char* what) {
+  auto copy = [&](const void* src, size_t bytes) {
+    buffers_.push_back(DeviceArray<unsigned char>::from(static_cast<const unsigned char*>(src), bytes));
+    bytes_ += bytes;
+    return buffers_.back().data();
+  };
+  Mat d = m;
+  if (m.type == WeightType::BF16) {
+    d.data = copy(m.data, size_t(m.rows) * size_t(m.cols) * 2);
+  } else if (m.type == WeightType::Affine) {
+    const size_t groups = size_t(m.rows) * size_t(m.cols / m.group);
+    d.data = copy(m.data, size_t(m.rows) * m.quant().row_bytes());
+    d.scales = reinterpret_cast<const uint16_t*>(copy(m.scales, groups * 2));
+    d.biases = reinterpret_cast<const uint16_t*>(copy(m.biases, groups * 2));
+  } else {
+    fail("{} weights [{}, {}] are float32 in memory; the CUDA matmul reads bf16 or affine weights only", what, m.rows,
+         m.cols);
+  }
+  return d;
+}
+
+void DeviceWeights::add(const Mat& m, const char* what) {
+  if (!m.data || mats_.count(m.data)) return;  // absent, or the tied lm_head
+  mats_.emplace(m.data, upload(m, what));
+}
+
+// Every expert of a streamed layer read once through the store and kept in VRAM. Their matrices
+// have no lasting host address, so they are found under their device one.
+void DeviceWeights::add_streamed_experts(ExpertStore& store, const FfnWeights& ffn, int n_experts) {
+  const int layer = ffn.store_layer;
+  if (store.capacity(layer) < n_experts)
+    fail("--device cuda keeps every expert in VRAM: the pool of streamed layer {} holds {} of its {} experts (leave "
+         "out --expert-slots, --pool-profile and --memory)",
+         layer, store.capacity(layer), n_experts);
+  std::vector<int> all(static_cast<size_t>(n_experts));
+  for (int e = 0; e < n_experts; ++e) all[size_t(e)] = e;
+  const std::vector<const uint8_t*> records = store.acquire(layer, all);
+  std::vector<MlpWeights>& out = streamed_[layer];
+  for (const uint8_t* rec : records) {
+    const MlpWeights host = expert_weights(*ffn.record_layout, rec);
+    MlpWeights d{upload(host.gate, "expert"), upload(host.up, "expert"), upload(host.down, "expert")};
+    for (const Mat* m : {&d.gate, &d.up, &d.down}) mats_.emplace(m->data, *m);
+    out.push_back(d);
+  }
+  store.release(layer);
+}
+
+const std::vector<MlpWeights>* DeviceWeights::streamed_experts(int store_layer) const {
+  auto it = streamed_.find(store_layer);
+  return it == streamed_.end() ? nullptr : &it->second;
+}
+
+void DeviceWeights::add(const std::vector<float>& v) {
+  if (v.empty()) return;
+  buffers_.push_back(DeviceArray<unsigned char>::from(reinterpret_cast<const unsigned char*>(v.data()), v.size() * 4));
+  bytes_ += v.size() * 4;
+  vecs_.emplace(v.data(), reinterpret_cast<const float*>(buffers_.back().data()));
+}
+
+const Mat& DeviceWeights::mat(const Mat& host) const {
+  auto it = mats_.find(host.data);
+  if (it == mats_.end()) fail("a [{}, {}] matrix the forward uses was not copied to the GPU", host.rows, host.cols);
+  return it->second;
+}
+
+const float* DeviceWeights::vec(const std::vector<float>& host) const {
+  auto it = vecs_.find(host.data());
+  if (it == vecs_.end()) fail("a vector of {} floats the forward uses was not copied to the GPU", host.size());
+  return it->second;
+}
+
+CudaBackend::ExpertGroups CudaBackend::expert_groups(const std::vector<std::vector<int>>& users,
+                                                     const std::vector<float>& weights, int K) const {
+  std::vector<size_t> first{0};
+  for (const auto& u : users) first.push_back(first.back() + u.size());
+  const size_t total = first.back();
+  std::vector<int> rows(2 * total);
+  std::vector<float> wt(total);
+  for (size_t e = 0, j = 0; e < users.size(); ++e)
+    for (int u : users[e]) {
+      rows[j] = u / K;
+      rows[total + j] = u;
+      wt[j++] = weights[size_t(u)];
+    }
+  return {DeviceArray<int>::from(rows.data(), rows.size()), DeviceArray<float>::from(wt.data(), wt.size()),
+          std::move(first)};
+}
+
+}  // namespace ms
+#endif

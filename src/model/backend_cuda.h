@@ -1,0 +1,193 @@
+#pragma once
+// The CUDA backend of the forward (model/blocks.h), built only with MOESTREAM_CUDA: every weight
+// resident in VRAM (DeviceWeights), activations and the sequence's caches in device memory, the
+// cuda:: kernels. Host round trips: the embedded rows in, the router probabilities of each MoE
+// layer out (the routed ids group tokens by expert) and the grouping back in, the results out.
+#if MOESTREAM_CUDA
+#include <cstddef>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/ops.h"
+#include "model/state.h"
+#include "model/weights.h"
+
+namespace ms {
+
+// Stream-ordered device memory on the default stream (cudaMallocAsync): cheap enough to take
+// per activation.
+void* device_alloc(size_t bytes);
+void device_free(void* p);
+void copy_to_device(void* dst, const void* src, size_t bytes);
+void copy_to_host(void* dst, const void* src, size_t bytes);
+void copy_on_device(void* dst, const void* src, size_t bytes);
+void zero_on_device(void* dst, size_t bytes);
+
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(size_t n) : p_(static_cast<T*>(device_alloc(n * sizeof(T)))), n_(n) {}
+  ~DeviceArray() { device_free(p_); }
+  DeviceArray(DeviceArray&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  static DeviceArray from(const T* host, size_t n) {
+    DeviceArray a(n);
+    copy_to_device(a.p_, host, n * sizeof(T));
+    return a;
+  }
+  std::vector<T> to_vector() const {
+    std::vector<T> v(n_);
+    copy_to_host(v.data(), p_, n_ * sizeof(T));
+    return v;
+  }
+  T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// KVCache (model/state.h) in device memory.
+struct DeviceKV {
+  int n_kv = 0, head_dim = 0, length = 0;
+  DeviceArray<float> k, v;  // [capacity, n_kv, head_dim]
+
+  void reserve(int n);  // grows geometrically, keeping what is there
+  float* k_at(int pos) const { return k.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
+  float* v_at(int pos) const { return v.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
+};
+
+struct DeviceLinear {  // LinearState in device memory
+  DeviceArray<float> conv, recurrent;
+};
+
+// A State's caches on the GPU; State holds one once the sequence has run there.
+struct DeviceState {
+  explicit DeviceState(const ModelConfig& cfg);
+  std::vector<DeviceKV> kv;
+  std::vector<DeviceLinear> linear;
+  DeviceKV mtp_kv;
+};
+// The linear-attention states between host (checkpoints) and device; layers without one skip.
+void download_linear(const DeviceState& d, std::vector<LinearState>& host);
+void upload_linear(DeviceState& d, const std::vector<LinearState>& host);
+
+// Every matrix and vector of ModelWeights copied to VRAM, found by its host address, and every
+// expert of an engine directory's streamed layers read once from `experts` (whose pools must
+// hold all n_experts) and kept there. f32 matrices are refused: cuda::matmul reads bf16 and
+// affine weights.
+class DeviceWeights {
+ public:
+  DeviceWeights(const ModelWeights& w, ExpertStore* experts, int n_experts);
+  const Mat& mat(const Mat& host) const;
+  const float* vec(const std::vector<float>& host) const;
+  // The experts of a streamed layer, in VRAM; null for a layer that is not streamed.
+  const std::vector<MlpWeights>* streamed_experts(int store_layer) const;
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Mat upload(const Mat& m, const char* what);
+  void add(const Mat& m, const char* what);
+  void add(const std::vector<float>& v);
+  void add_streamed_experts(ExpertStore& store, const FfnWeights& ffn, int n_experts);
+  std::vector<DeviceArray<unsigned char>> buffers_;
+  std::unordered_map<const void*, Mat> mats_;
+  std::unordered_map<const float*, const float*> vecs_;
+  std::unordered_map<int, std::vector<MlpWeights>> streamed_;
+  size_t bytes_ = 0;
+};
+
+struct CudaBackend {
+  using Buf = DeviceArray<float>;
+  using KV = DeviceKV;
+  using Linear = DeviceLinear;
+
+  const DeviceWeights& weights;
+  DeviceState& state;
+
+  Buf alloc(size_t n) const { return Buf(n); }
+  Buf upload(const std::vector<float>& host) const { return Buf::from(host.data(), host.size()); }
+  std::vector<float> to_host(const Buf& b) const { return b.to_vector(); }
+  const Mat& mat(const Mat& m) const { return weights.mat(m); }
+  const float* vec(const std::vector<float>& v) const { return weights.vec(v); }
+  KV& kv(int layer) const { return state.kv[size_t(layer)]; }
+  KV& mtp_kv() const { return state.mtp_kv; }
+  Linear& linear(int layer) const { return state.linear[size_t(layer)]; }
+  const std::vector<MlpWeights>* resident_experts(const FfnWeights& w) const {
+    return weights.streamed_experts(w.store_layer);
+  }
+
+  void matmul(const float* x, int T, const Mat& W, float* y) const { cuda::matmul(x, T, W, y); }
+  void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) const {
+    cuda::rmsnorm(x, rows, dim, w, offset, eps, out);
+  }
+  void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta) const {
+    cuda::rope(x, T, heads, head_dim, rot_dim, pos0, theta);
+  }
+  void attention(const float* q, const float* k, const float* v, int T, int pos0, int nh, int nkv, int hd, float* out) const {
+    cuda::attention(q, k, v, T, pos0, nh, nkv, hd, out);
+  }
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n) const { cuda::silu_mul(gate, up, out, n); }
+  void softmax(float* x, int rows, int n) const { cuda::softmax(x, rows, n); }
+  void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* st, float* out) const {
+    cuda::causal_conv1d_silu(x, T, C, w, K, st, out);
+  }
+  void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T, int nk,
+                        int nv, int dk, int dv, float* st, float* out) const {
+    cuda::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);
+  }
+  void l2norm_heads(float* x, int rows, int dim, float eps) const { cuda::l2norm_heads(x, rows, dim, eps); }
+  void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) const {
+    cuda::rmsnorm_gated(x, z, w, rows, dim, eps, out);
+  }
+  void add(float* x, const float* y, size_t n) const { cuda::add(x, y, int64_t(n)); }
+  void sigmoid_mul(float* x, const float* gate, size_t n) const { cuda::sigmoid_mul(x, gate, int64_t(n)); }
+  void scale(float* x, float s, size_t n) const { cuda::scale(x, s, int64_t(n)); }
+  void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t width, size_t rows) const {
+    cuda::copy_rows(dst, int(dst_stride), src, int(src_stride), int(width), int(rows));
+  }
+  void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv, float* z,
+                      float* b, float* a) const {
+    cuda::deltanet_split(qkvz, ba, T, nk, nv, dk, dv, qkv, z, b, a);
+  }
+  void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
+                      float* beta) const {
+    cuda::deltanet_gates(b, a, A_log, dt_bias, T, nv, g, beta);
+  }
+  void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H) const {
+    cuda::sigmoid_gated_add(out, s, g, T, H);
+  }
+
+  // The users of every expert, concatenated in expert order, uploaded in one copy.
+  struct ExpertGroups {
+    DeviceArray<int> rows;   // [2, users]: the token row of each user, then its (token * K + slot)
+    DeviceArray<float> weights;
+    std::vector<size_t> first;  // [n_experts + 1]: where each expert's users start
+  };
+  ExpertGroups expert_groups(const std::vector<std::vector<int>>& users, const std::vector<float>& weights, int K) const;
+  void gather_users(const ExpertGroups& g, int e, const float* x, int H, float* xb) const {
+    cuda::gather_rows(x, g.rows.data() + g.first[size_t(e)], users_of(g, e), H, xb);
+  }
+  void scatter_users(const ExpertGroups& g, int e, const float* yb, int H, float* partial) const {
+    const size_t total = g.first.back();
+    cuda::scatter_scaled(yb, g.rows.data() + total + g.first[size_t(e)], g.weights.data() + g.first[size_t(e)],
+                         users_of(g, e), H, partial);
+  }
+  void sum_slots(const float* partial, int T, int K, int H, float* out) const { cuda::sum_slots(partial, T, K, H, out); }
+
+ private:
+  static int users_of(const ExpertGroups& g, int e) { return int(g.first[size_t(e) + 1] - g.first[size_t(e)]); }
+};
+
+}  // namespace ms
+#endif

@@ -1,0 +1,128 @@
+// The CUDA backend's glue (model/backend_cuda.h) against the CPU backend's loops on random
+// inputs: the elementwise gates, the Gated DeltaNet split and the expert gather/scatter/sum.
+// Built with MOESTREAM_CUDA; skipped where no GPU is present.
+#if MOESTREAM_CUDA
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/cuda/device.h"
+#include "model/backend_cpu.h"
+#include "model/backend_cuda.h"
+
+namespace ms {
+namespace {
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float lo = -3.f, float hi = 3.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& e : v) e = d(rng);
+  return v;
+}
+
+// Elementwise results differ from the CPU's by expf's last bits at most.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-6f * (1.f + std::abs(want[i]))) << i;
+}
+
+class CudaBackendGlue : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
+    device_weights = std::make_unique<DeviceWeights>(ModelWeights{}, nullptr, 0);
+    device_state = std::make_unique<DeviceState>(cfg);
+  }
+  CudaBackend gpu() { return {*device_weights, *device_state}; }
+  DeviceArray<float> up(const std::vector<float>& v) { return DeviceArray<float>::from(v.data(), v.size()); }
+
+  ModelConfig cfg;
+  State host_state{cfg};
+  CpuBackend cpu{host_state};
+  std::unique_ptr<DeviceWeights> device_weights;
+  std::unique_ptr<DeviceState> device_state;
+};
+
+TEST_F(CudaBackendGlue, ElementwiseGatesAndRowCopies) {
+  const size_t n = 3000;
+  const auto x = random_vec(n, 1), y = random_vec(n, 2);
+  for (int op = 0; op < 3; ++op) {
+    std::vector<float> want = x;
+    auto d = up(x), dy = up(y);
+    if (op == 0) cpu.add(want.data(), y.data(), n), gpu().add(d.data(), dy.data(), n);
+    if (op == 1) cpu.sigmoid_mul(want.data(), y.data(), n), gpu().sigmoid_mul(d.data(), dy.data(), n);
+    if (op == 2) cpu.scale(want.data(), 0.37f, n), gpu().scale(d.data(), 0.37f, n);
+    expect_close(d.to_vector(), want);
+  }
+  std::vector<float> want(7 * 40, 0.f);
+  auto d = up(want), dx = up(x);
+  cpu.copy_rows(want.data(), 40, x.data() + 5, 64, 33, 7);
+  gpu().copy_rows(d.data(), 40, dx.data() + 5, 64, 33, 7);
+  EXPECT_EQ(d.to_vector(), want);
+}
+
+TEST_F(CudaBackendGlue, DeltaNetSplitAndGates) {
+  const int T = 5, nk = 2, nv = 6, dk = 32, dv = 16, r = nv / nk;
+  const size_t conv_dim = size_t(2 * nk * dk + nv * dv), group = size_t(2 * dk + 2 * r * dv);
+  const auto qkvz = random_vec(size_t(T) * nk * group, 3), ba = random_vec(size_t(T) * 2 * nv, 4);
+  std::vector<float> qkv(T * conv_dim), z(size_t(T) * nv * dv), b(size_t(T) * nv), a(b.size());
+  cpu.deltanet_split(qkvz.data(), ba.data(), T, nk, nv, dk, dv, qkv.data(), z.data(), b.data(), a.data());
+  auto dqkvz = up(qkvz), dba = up(ba);
+  DeviceArray<float> dqkv(qkv.size()), dz(z.size()), db(b.size()), da(a.size());
+  gpu().deltanet_split(dqkvz.data(), dba.data(), T, nk, nv, dk, dv, dqkv.data(), dz.data(), db.data(), da.data());
+  EXPECT_EQ(dqkv.to_vector(), qkv);
+  EXPECT_EQ(dz.to_vector(), z);
+  EXPECT_EQ(db.to_vector(), b);
+  EXPECT_EQ(da.to_vector(), a);
+
+  auto a_wide = random_vec(a.size(), 5, -30.f, 30.f);  // both sides of softplus's threshold
+  const auto A_log = random_vec(size_t(nv), 6, -1.f, 1.f), dt_bias = random_vec(size_t(nv), 7, -1.f, 1.f);
+  std::vector<float> g(b.size()), beta(b.size());
+  cpu.deltanet_gates(b.data(), a_wide.data(), A_log.data(), dt_bias.data(), T, nv, g.data(), beta.data());
+  auto dwide = up(a_wide), dA = up(A_log), ddt = up(dt_bias);
+  DeviceArray<float> dg(g.size()), dbeta(beta.size());
+  gpu().deltanet_gates(db.data(), dwide.data(), dA.data(), ddt.data(), T, nv, dg.data(), dbeta.data());
+  expect_close(dg.to_vector(), g);
+  expect_close(dbeta.to_vector(), beta);
+}
+
+TEST_F(CudaBackendGlue, ExpertGatherScatterSumAndSharedGate) {
+  const int T = 6, K = 3, H = 96, E = 5;
+  const auto x = random_vec(size_t(T) * H, 8), weights = random_vec(size_t(T) * K, 9, 0.f, 1.f);
+  std::vector<std::vector<int>> users(E);
+  for (int i = 0; i < T * K; ++i) users[size_t((i * 7 + i / K) % E)].push_back(i);
+  std::vector<float> partial(size_t(T) * K * H), xb(size_t(T) * H);
+  auto dx = up(x);
+  DeviceArray<float> dpartial(partial.size()), dxb(xb.size());
+  const auto cg = cpu.expert_groups(users, weights, K);
+  const auto gg = gpu().expert_groups(users, weights, K);
+  for (int e = 0; e < E; ++e) {
+    if (users[size_t(e)].empty()) continue;
+    const auto y = random_vec(users[size_t(e)].size() * H, 10 + uint32_t(e));
+    auto dy = up(y);
+    cpu.gather_users(cg, e, x.data(), H, xb.data());
+    gpu().gather_users(gg, e, dx.data(), H, dxb.data());
+    const auto got = dxb.to_vector();
+    for (size_t i = 0; i < users[size_t(e)].size() * H; ++i) ASSERT_EQ(got[i], xb[i]) << e << " " << i;
+    cpu.scatter_users(cg, e, y.data(), H, partial.data());
+    gpu().scatter_users(gg, e, dy.data(), H, dpartial.data());
+  }
+  EXPECT_EQ(dpartial.to_vector(), partial);
+  std::vector<float> out(size_t(T) * H);
+  DeviceArray<float> dout(out.size());
+  cpu.sum_slots(partial.data(), T, K, H, out.data());
+  gpu().sum_slots(dpartial.data(), T, K, H, dout.data());
+  EXPECT_EQ(dout.to_vector(), out);
+
+  const auto s = random_vec(out.size(), 20), g = random_vec(size_t(T), 21);
+  auto ds = up(s), dg = up(g);
+  cpu.sigmoid_gated_add(out.data(), s.data(), g.data(), T, H);
+  gpu().sigmoid_gated_add(dout.data(), ds.data(), dg.data(), T, H);
+  expect_close(dout.to_vector(), out);
+}
+
+}  // namespace
+}  // namespace ms
+#endif
