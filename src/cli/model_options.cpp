@@ -13,7 +13,19 @@ namespace ms::cli {
 namespace {
 const char* kDefaultModel = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
 
-std::map<int, int> load_pool_profile(const std::string& path) {
+int layer_key(const std::string& path, const char* field, const std::string& k) {
+  size_t used = 0;
+  int layer = -1;
+  try {
+    layer = std::stoi(k, &used);
+  } catch (const std::exception&) {
+  }
+  if (layer < 0 || used != k.size()) fail("{}: {} key '{}' is not a layer number", path, field, k);
+  return layer;
+}
+
+// {"layer_caps": {"0": 40, ...}, "pins": {"0": [3, 17], ...}} (pins optional).
+void load_pool_profile(const std::string& path, StoreOptions& o) {
   std::ifstream in(path);
   if (!in) fail("{}: cannot open pool profile", path);
   nlohmann::json j;
@@ -24,19 +36,21 @@ std::map<int, int> load_pool_profile(const std::string& path) {
   }
   if (!j.is_object() || !j.contains("layer_caps") || !j["layer_caps"].is_object())
     fail("{}: expected {{\"layer_caps\": {{\"0\": 40, ...}}}}", path);
-  std::map<int, int> caps;
   for (auto& [k, v] : j["layer_caps"].items()) {
-    size_t used = 0;
-    int layer = -1;
-    try {
-      layer = std::stoi(k, &used);
-    } catch (const std::exception&) {
-    }
-    if (layer < 0 || used != k.size()) fail("{}: layer_caps key '{}' is not a layer number", path, k);
+    const int layer = layer_key(path, "layer_caps", k);
     if (!v.is_number_integer() || v.get<int>() <= 0) fail("{}: layer_caps[\"{}\"] is {}, expected a positive integer", path, k, v.dump());
-    caps[layer] = v.get<int>();
+    o.layer_caps[layer] = v.get<int>();
   }
-  return caps;
+  if (!j.contains("pins")) return;
+  if (!j["pins"].is_object()) fail("{}: pins must be an object of layer -> expert ids", path);
+  for (auto& [k, v] : j["pins"].items()) {
+    const int layer = layer_key(path, "pins", k);
+    if (!v.is_array()) fail("{}: pins[\"{}\"] is {}, expected a list of expert ids", path, k, v.dump());
+    for (auto& e : v) {
+      if (!e.is_number_integer() || e.get<int>() < 0) fail("{}: pins[\"{}\"] holds {}, not an expert id", path, k, e.dump());
+      o.pins[layer].push_back(e.get<int>());
+    }
+  }
 }
 }  // namespace
 
@@ -66,7 +80,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   if (default_model) a.model = kDefaultModel;
   else m->required();
   cmd->add_option("--expert-slots", a.expert_slots, "Resident expert slots per MoE layer (default: all)")->check(CLI::PositiveNumber);
-  cmd->add_option("--pool-profile", a.pool_profile, "Per-layer slot caps: JSON {\"layer_caps\": {\"0\": 40, ...}}");
+  cmd->add_option("--pool-profile", a.pool_profile, "Per-layer slot caps and pinned experts: JSON {\"layer_caps\": {\"0\": 40}, \"pins\": {\"0\": [3, 17]}}");
   cmd->add_option("--memory", a.memory, "Memory budget (e.g. 8G): the expert pools get what dense, KV and activations leave");
   cmd->add_option("--policy", a.policy, "Expert eviction policy")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
   cmd->add_option("--io", a.io, "Expert reads: io_uring or a pread thread pool")->check(CLI::IsMember({"auto", "uring", "pread"}));
@@ -79,7 +93,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
 ModelOptions model_options(const ModelArgs& a) {
   ModelOptions o;
   o.experts.slots = a.expert_slots;
-  if (!a.pool_profile.empty()) o.experts.layer_caps = load_pool_profile(a.pool_profile);
+  if (!a.pool_profile.empty()) load_pool_profile(a.pool_profile, o.experts);
   o.experts.policy = parse_policy(a.policy);
   o.experts.io = parse_io_kind(a.io);
   o.experts.direct_io = !a.no_direct_io;

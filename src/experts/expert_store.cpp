@@ -45,6 +45,9 @@ ExpertStore::ExpertStore(const std::string& dir, const EngineIndex& index, const
       if (auto it = opt.layer_caps.find(model_layer_of(l.name)); it != opt.layer_caps.end()) cap = it->second;
       pools_.push_back(std::make_unique<ExpertPool>(l.n_experts, std::min(cap, l.n_experts), l.stride, opt.policy));
     }
+    for (const auto& [layer, experts] : opt.pins)
+      for (size_t i = 0; i < index_.layers.size(); ++i)
+        if (model_layer_of(index_.layers[i].name) == layer) pin(int(i), experts);
   } catch (...) {
     for (int fd : fds_) ::close(fd);
     throw;
@@ -102,6 +105,17 @@ std::vector<const uint8_t*> ExpertStore::acquire(int layer, const std::vector<in
 }
 
 void ExpertStore::release(int layer) { pools_[size_t(layer)]->release(); }
+
+void ExpertStore::pin(int layer, const std::vector<int>& experts) {
+  ExpertPool& pool = *pools_[size_t(layer)];
+  // At least one token's worth of slots must stay free for the experts that are not pinned.
+  if (pool.pinned() + int(experts.size()) > pool.capacity() - opt_.top_k)
+    fail("{}: pinning {} experts in layer {} leaves fewer than {} of its {} slots for the others", dir_, experts.size(),
+         index_.layers[size_t(layer)].name, opt_.top_k, pool.capacity());
+  acquire(layer, experts);
+  for (int e : experts) pool.pin(e);
+  release(layer);
+}
 
 std::vector<LayerStats> ExpertStore::stats() const {
   std::vector<LayerStats> r;

@@ -17,10 +17,12 @@ namespace ms {
 struct StoreOptions {
   int slots = 0;                       // per layer; 0 = every expert
   std::map<int, int> layer_caps;       // per model layer (pool profile); overrides `slots`
+  std::map<int, std::vector<int>> pins;  // per model layer: experts loaded at start, never evicted
   PolicyKind policy = PolicyKind::LRU;
   IoKind io = IoKind::Auto;
   bool direct_io = true;               // O_DIRECT: bypass the page cache
   bool verify = false;                 // checksum every record read
+  int top_k = 1;                       // one token's experts: slots that pins must leave free
 };
 
 struct LayerStats {
@@ -40,12 +42,16 @@ class ExpertStore {
   const EngineIndex& index() const { return index_; }
   int layer_of(const std::string& name) const;  // index into index().layers; throws if absent
   int capacity(int layer) const { return pools_[size_t(layer)]->capacity(); }
+  // Slots not pinned: the most distinct unpinned experts one acquire() can take.
+  int free_capacity(int layer) const { return pools_[size_t(layer)]->capacity() - pools_[size_t(layer)]->pinned(); }
 
   // Makes `experts` (distinct, at most capacity(layer)) resident and returns their records.
   // They stay resident until release(layer). A failed read or checksum throws naming the
   // layer, expert and file; the pool stays consistent.
   std::vector<const uint8_t*> acquire(int layer, const std::vector<int>& experts);
   void release(int layer);
+  // Reads `experts` of `layer` now and keeps them resident for good.
+  void pin(int layer, const std::vector<int>& experts);
 
   std::vector<LayerStats> stats() const;
   size_t resident_bytes() const;  // the slots' memory

@@ -24,7 +24,8 @@ ExpertPool::ExpertPool(int n_experts, int capacity, size_t slot_bytes, PolicyKin
       policy_(make_policy(policy, capacity)),
       slot_of_(size_t(n_experts), -1),
       expert_in_(size_t(capacity), -1),
-      held_(size_t(capacity), 0) {
+      held_(size_t(capacity), 0),
+      pinned_(size_t(capacity), 0) {
   if (capacity <= 0) fail("an expert pool needs at least one slot, got {}", capacity);
   if (slot_bytes > 0) {
     // 4 KiB-aligned slots: O_DIRECT reads land in them directly.
@@ -97,7 +98,21 @@ void ExpertPool::abandon(int expert, int slot) {
 
 void ExpertPool::release() {
   std::lock_guard lk(mu_);
-  std::fill(held_.begin(), held_.end(), 0);
+  held_ = pinned_;
+}
+
+void ExpertPool::pin(int expert) {
+  std::lock_guard lk(mu_);
+  const int s = expert >= 0 && expert < n_experts_ ? slot_of_[size_t(expert)] : -1;
+  if (s < 0) fail("cannot pin expert {}: it is not resident", expert);
+  pinned_[size_t(s)] = held_[size_t(s)] = 1;
+}
+
+int ExpertPool::pinned() const {
+  std::lock_guard lk(mu_);
+  int n = 0;
+  for (auto p : pinned_) n += p;
+  return n;
 }
 
 int ExpertPool::slot_of(int expert) const {

@@ -45,8 +45,11 @@ class ExpertPool {
   void publish(int expert, int slot);
   // The read of `expert` into `slot` failed: the slot goes back empty.
   void abandon(int expert, int slot);
-  // Ends the use of every held slot.
+  // Ends the use of every held slot (pinned ones stay held).
   void release();
+  // Keeps `expert` resident for good once it is (acquire it, publish it, then pin it).
+  void pin(int expert);
+  int pinned() const;
   // The published slot of `expert`, or -1.
   int slot_of(int expert) const;
   int held() const;
@@ -67,6 +70,7 @@ class ExpertPool {
   std::vector<int> slot_of_;        // expert -> published slot or -1
   std::vector<int> expert_in_;      // slot -> expert it holds or is being filled with, or -1
   std::vector<uint8_t> held_;       // slot -> held by the forward in progress
+  std::vector<uint8_t> pinned_;     // slot -> never evicted
   uint64_t clock_ = 0;
   PoolStats stats_;
 };

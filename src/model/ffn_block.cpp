@@ -78,7 +78,7 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
   } else if (const std::vector<MlpWeights>* resident = be.resident_experts(w)) {
     for (int e : order) run(e, (*resident)[size_t(e)]);
   } else {
-    const size_t cap = size_t(store->capacity(w.store_layer));
+    const size_t cap = size_t(store->free_capacity(w.store_layer));
     for (size_t b = 0; b < order.size(); b += cap) {
       const std::vector<int> wave(order.begin() + std::ptrdiff_t(b), order.begin() + std::ptrdiff_t(std::min(order.size(), b + cap)));
       std::vector<const uint8_t*> records = store->acquire(w.store_layer, wave);

@@ -75,6 +75,7 @@ std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOp
   const std::string dense_path = dir + "/" + kEngineDenseFile;
   TensorStore dense = TensorStore::open(dense_path);
   StoreOptions store_opt = opt.experts;
+  store_opt.top_k = cfg.top_k;
   MemoryPlan plan;
   if (opt.memory_budget > 0) {
     plan = plan_memory(cfg, index, std::filesystem::file_size(dense_path), opt);

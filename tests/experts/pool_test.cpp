@@ -79,3 +79,27 @@ TEST(ExpertPool, LfuKeepsFrequentExpertsLruKeepsRecentOnes) {
 
 }  // namespace
 }  // namespace ms
+
+namespace ms {
+namespace {
+
+TEST(ExpertPool, PinnedExpertsAreNeverEvicted) {
+  ExpertPool pool(32, 3, 0, PolicyKind::LRU);
+  std::vector<ExpertPool::Miss> misses;
+  pool.acquire({5}, &misses);
+  pool.publish(5, misses.back().slot);
+  pool.pin(5);
+  pool.release();
+  for (int e = 10; e < 30; ++e) {  // churn through the two free slots
+    misses.clear();
+    pool.acquire({e, e + 1 < 30 ? e + 1 : 0}, &misses);
+    for (auto m : misses) pool.publish(m.expert, m.slot);
+    pool.release();
+    ASSERT_GE(pool.slot_of(5), 0) << "pinned expert evicted at " << e;
+  }
+  EXPECT_EQ(pool.pinned(), 1);
+  EXPECT_THROW(pool.pin(31), Error) << "an expert that is not resident cannot be pinned";
+}
+
+}  // namespace
+}  // namespace ms

@@ -20,15 +20,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct RunResult {
   std::vector<float> logits;  // every prompt position
   std::vector<int> tokens;    // greedy continuation
 };
 
-Run run_model(const std::string& dir, const ModelOptions& opt, const std::vector<int>& prompt, int n_new) {
+RunResult run_model(const std::string& dir, const ModelOptions& opt, const std::vector<int>& prompt, int n_new) {
   auto model = Model::load(dir, opt);
   State s = model->new_state();
-  Run r;
+  RunResult r;
   r.logits = model->forward(prompt.data(), int(prompt.size()), s, {.all_logits = true}).logits;
   State g = model->new_state();
   r.tokens = generate_greedy(*model, g, prompt, {.max_tokens = n_new, .stop_at_eos = false});
@@ -46,13 +46,13 @@ std::vector<int> sizes_to_check(int top_k, int n_experts) {
 
 void check_streaming_is_exact(const std::string& dir, const std::vector<int>& prompt, int n_new) {
   const ModelConfig cfg = load_config(dir);
-  const Run want = run_model(dir, {}, prompt, n_new);
+  const RunResult want = run_model(dir, {}, prompt, n_new);
   for (int slots : sizes_to_check(cfg.top_k, cfg.n_experts))
     for (PolicyKind policy : {PolicyKind::LRU, PolicyKind::LFU, PolicyKind::LRFU})
       for (IoKind io : {IoKind::Uring, IoKind::Pread}) {
         ModelOptions opt;
         opt.experts = {.slots = slots, .policy = policy, .io = io};
-        const Run got = run_model(dir, opt, prompt, n_new);
+        const RunResult got = run_model(dir, opt, prompt, n_new);
         ASSERT_EQ(got.logits.size(), want.logits.size());
         ASSERT_EQ(std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * sizeof(float)), 0)
             << "logits differ at " << slots << " slots, policy " << policy_name(policy) << ", io " << int(io);
@@ -77,6 +77,20 @@ TEST(Streaming, PycoderQ4IsBitIdenticalAtEveryPoolSize) {
   const std::string dir = std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4";
   ASSERT_TRUE(fs::exists(dir + "/moestream.json")) << "the embedded model is part of the repository";
   check_streaming_is_exact(dir, prompt_of(48, 8192), 6);
+}
+
+TEST(Streaming, PinnedExpertsKeepTheAnswerAndLeaveRoomForOneToken) {
+  const std::string dir = std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4";
+  const std::vector<int> prompt = prompt_of(48, 8192);
+  const RunResult want = run_model(dir, {}, prompt, 4);
+  ModelOptions opt;
+  opt.experts.slots = 11;
+  for (int l = 0; l < 8; ++l) opt.experts.pins[l] = {l, 100 + l, 127};
+  const RunResult got = run_model(dir, opt, prompt, 4);
+  EXPECT_EQ(std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * sizeof(float)), 0);
+  EXPECT_EQ(got.tokens, want.tokens);
+  opt.experts.pins[0] = {1, 2, 3, 4};  // 11 - 4 < top-8
+  test::expect_error([&] { Model::load(dir, opt); }, {"pinning 4 experts", "model.layers.0.mlp"});
 }
 
 TEST(Streaming, PoolBelowOneTokensExpertsIsRefused) {
