@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +16,20 @@
 namespace ms::test {
 
 namespace fs = std::filesystem;
+
+std::vector<int> ints(const TensorView& t) {
+  std::vector<int> v;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    v.push_back(t.dtype == DType::I64 ? int(t.as<int64_t>()[i]) : t.dtype == DType::I32 ? t.as<int32_t>()[i] : t.as<int16_t>()[i]);
+  return v;
+}
+
+float max_abs_diff(const std::vector<float>& a, const TensorView& ref) {
+  EXPECT_EQ(int64_t(a.size()), ref.numel());
+  float m = 0.f;
+  for (size_t i = 0; i < a.size() && int64_t(i) < ref.numel(); ++i) m = std::max(m, std::abs(a[i] - ref.as<float>()[i]));
+  return m;
+}
 
 std::string shared_dir() {
   const char* env = std::getenv("MOESTREAM_SHARED");

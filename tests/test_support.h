@@ -7,9 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "format/safetensors.h"
 #include "util/error.h"
 
 namespace ms::test {
+
+// The values of an integer tensor (I64, I32 or I16) as ints.
+std::vector<int> ints(const TensorView& t);
+// Largest |a[i] - ref[i]| over a float32 reference tensor; a size mismatch fails the test.
+float max_abs_diff(const std::vector<float>& a, const TensorView& ref);
 
 // Runs fn, expecting an ms::Error whose message contains every one of `parts`.
 template <class Fn>

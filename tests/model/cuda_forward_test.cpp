@@ -18,26 +18,15 @@
 namespace ms {
 namespace {
 
+using test::ints;
+using test::max_abs_diff;
+
 constexpr float kTol = 5e-3f;
 
 ModelOptions on_gpu() {
   ModelOptions o;
   o.device = Device::Cuda;
   return o;
-}
-
-std::vector<int> ids_of(const TensorView& t) {
-  std::vector<int> ids;
-  for (int64_t i = 0; i < t.numel(); ++i)
-    ids.push_back(t.dtype == DType::I64 ? int(t.as<int64_t>()[i]) : t.as<int32_t>()[i]);
-  return ids;
-}
-
-float max_abs_diff(const std::vector<float>& a, const TensorView& ref) {
-  EXPECT_EQ(int64_t(a.size()), ref.numel());
-  float m = 0.f;
-  for (size_t i = 0; i < a.size() && int64_t(i) < ref.numel(); ++i) m = std::max(m, std::abs(a[i] - ref.as<float>()[i]));
-  return m;
 }
 
 struct Case {
@@ -55,7 +44,7 @@ TEST_P(CudaForward, MatchesTransformersOnTheGpu) {
   ASSERT_EQ(model->device(), Device::Cuda);
   TensorStore ref = TensorStore::open(dir + "/reference.safetensors");
   const std::string p = c.prompt;
-  std::vector<int> ids = ids_of(ref.get(p + ".input_ids"));
+  std::vector<int> ids = ints(ref.get(p + ".input_ids"));
   const int T = int(ids.size());
   const ModelConfig& cfg = model->config();
 
@@ -85,7 +74,7 @@ TEST_P(CudaForward, MatchesTransformersOnTheGpu) {
     EXPECT_LE(mtp_err, kTol);
   }
 
-  std::vector<int> want = ids_of(ref.get(p + ".greedy"));
+  std::vector<int> want = ints(ref.get(p + ".greedy"));
   State gen_state = model->new_state();
   std::vector<int> got = generate_greedy(*model, gen_state, ids, {.max_tokens = int(want.size()), .stop_at_eos = false});
   EXPECT_EQ(got, want);

@@ -15,26 +15,13 @@
 namespace ms {
 namespace {
 
+using test::ints;
+using test::max_abs_diff;
+
 struct Case {
   const char* fixture;
   const char* prompt;
 };
-
-std::vector<int> ids_of(const TensorView& t) {
-  std::vector<int> ids;
-  if (t.dtype == DType::I64)
-    for (int64_t i = 0; i < t.numel(); ++i) ids.push_back(int(t.as<int64_t>()[i]));
-  else
-    for (int64_t i = 0; i < t.numel(); ++i) ids.push_back(t.as<int32_t>()[i]);
-  return ids;
-}
-
-float max_abs_diff(const std::vector<float>& a, const TensorView& ref) {
-  EXPECT_EQ(int64_t(a.size()), ref.numel());
-  float m = 0.f;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - ref.as<float>()[i]));
-  return m;
-}
 
 class FixtureReference : public ::testing::TestWithParam<Case> {};
 
@@ -44,7 +31,7 @@ TEST_P(FixtureReference, LogitsRoutesAndGreedyMatchTransformers) {
   auto model = Model::load(dir);
   TensorStore ref = TensorStore::open(dir + "/reference.safetensors");
   const std::string p = c.prompt;
-  std::vector<int> ids = ids_of(ref.get(p + ".input_ids"));
+  std::vector<int> ids = ints(ref.get(p + ".input_ids"));
   const int T = int(ids.size());
   const ModelConfig& cfg = model->config();
 
@@ -80,7 +67,7 @@ TEST_P(FixtureReference, LogitsRoutesAndGreedyMatchTransformers) {
     }
   }
 
-  std::vector<int> want = ids_of(ref.get(p + ".greedy"));
+  std::vector<int> want = ints(ref.get(p + ".greedy"));
   State gen_state = model->new_state();
   std::vector<int> got = generate_greedy(*model, gen_state, ids, {.max_tokens = int(want.size()), .stop_at_eos = false});
   EXPECT_EQ(got, want);

@@ -22,14 +22,9 @@
 namespace ms {
 namespace {
 
-namespace fs = std::filesystem;
+using test::ints;
 
-std::vector<int> ints(const TensorView& t) {
-  std::vector<int> v;
-  for (int64_t i = 0; i < t.numel(); ++i)
-    v.push_back(t.dtype == DType::I64 ? int(t.as<int64_t>()[i]) : t.dtype == DType::I32 ? t.as<int32_t>()[i] : t.as<int16_t>()[i]);
-  return v;
-}
+namespace fs = std::filesystem;
 
 std::string convert(const std::string& from, ConvertOptions opt, const std::string& tag) {
   opt.from = from;
