@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,21 @@
 #include "util/error.h"
 
 namespace ms::test {
+
+using Vec = std::vector<float>;
+
+// Seeded random inputs for kernel tests.
+struct Rng {
+  explicit Rng(unsigned seed) : gen(seed) {}
+  float normal(float sd = 1.0f) { return std::normal_distribution<float>(0.0f, sd)(gen); }
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
+  Vec normals(size_t n, float sd = 1.0f) {
+    Vec v(n);
+    for (auto& x : v) x = normal(sd);
+    return v;
+  }
+  std::mt19937 gen;
+};
 
 // The values of an integer tensor (I64, I32 or I16) as ints.
 std::vector<int> ints(const TensorView& t);

@@ -11,6 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "test_support.h"
+
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -18,17 +20,7 @@ namespace {
 
 using Vec = std::vector<float>;
 
-struct Rng {
-  explicit Rng(unsigned seed) : gen(seed) {}
-  float normal(float sd = 1.0f) { return std::normal_distribution<float>(0.0f, sd)(gen); }
-  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
-  Vec normals(size_t n, float sd = 1.0f) {
-    Vec v(n);
-    for (auto& x : v) x = normal(sd);
-    return v;
-  }
-  std::mt19937 gen;
-};
+using ms::test::Rng;
 
 float max_abs(const Vec& a) {
   float m = 0.0f;

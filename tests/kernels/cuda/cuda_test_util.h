@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "test_support.h"
+
 #include "kernels/cuda/device.h"
 
 #define MS_REQUIRE_CUDA()              \
@@ -20,17 +22,7 @@ namespace ms::cuda::test {
 
 using Vec = std::vector<float>;
 
-struct Rng {
-  explicit Rng(unsigned seed) : gen(seed) {}
-  float normal(float sd = 1.0f) { return std::normal_distribution<float>(0.0f, sd)(gen); }
-  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
-  Vec normals(size_t n, float sd = 1.0f) {
-    Vec v(n);
-    for (auto& x : v) x = normal(sd);
-    return v;
-  }
-  std::mt19937 gen;
-};
+using ::ms::test::Rng;
 
 inline float max_abs(const Vec& a) {
   float m = 0.0f;
