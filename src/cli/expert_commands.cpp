@@ -70,8 +70,7 @@ void add_profile(CLI::App& app) {
     opt.experts.layer_caps.clear();
     opt.memory_budget = 0;
     auto engine = Engine::load(a->m.model, opt);
-    const ExpertStore* store = engine->model().experts();
-    if (!store) fail("{}: profile needs an engine directory (moestream convert) whose experts stream", a->m.model);
+    if (!engine->model().experts()) fail("{}: profile needs an engine directory (moestream convert) whose experts stream", a->m.model);
     std::ifstream in(a->prompts);
     std::string line;
     int n = 0;
@@ -87,7 +86,7 @@ void add_profile(CLI::App& app) {
     if (n == 0) fail("{}: no prompts (one per line)", a->prompts);
     nlohmann::json caps = nlohmann::json::object();
     const int top_k = engine->model().config().top_k;
-    for (const LayerStats& l : store->stats()) {
+    for (const LayerStats& l : engine->model().pool_stats()) {
       const int layer = model_layer_of(l.name);
       if (layer < 0) continue;  // the MTP head's pool follows --expert-slots
       const int cap = std::min(l.capacity, std::max(top_k, int(std::ceil(l.resident * a->margin))));

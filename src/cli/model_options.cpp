@@ -7,6 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#if MOESTREAM_CUDA
+#include "experts/device_store.h"
+#endif
 
 namespace ms::cli {
 
@@ -86,8 +89,11 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   cmd->add_option("--io", a.io, "Expert reads: io_uring or a pread thread pool")->check(CLI::IsMember({"auto", "uring", "pread"}));
   cmd->add_flag("--no-direct-io", a.no_direct_io, "Read experts through the page cache (no O_DIRECT)");
   cmd->add_flag("--verify", a.verify, "Checksum every expert record read");
-  cmd->add_option("--device", a.device, "Where the forward runs: cpu, or cuda (every weight in VRAM; builds with CUDA)")
+  cmd->add_option("--device", a.device, "Where the forward runs: cpu, or cuda (dense weights and the expert pool in VRAM)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--vram", a.vram, "cuda: VRAM budget (e.g. 16G): the expert pools get what dense, KV and activations leave");
+  cmd->add_option("--host-cache", a.host_cache, "cuda: host RAM caching experts between SSD and VRAM (e.g. 8G; default: none)");
+  cmd->add_option("--host-policy", a.host_policy, "cuda: eviction policy of the host cache")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
 }
 
 ModelOptions model_options(const ModelArgs& a) {
@@ -100,30 +106,61 @@ ModelOptions model_options(const ModelArgs& a) {
   o.experts.verify = a.verify;
   if (!a.memory.empty()) o.memory_budget = parse_bytes(a.memory);
   o.device = a.device == "cuda" ? Device::Cuda : Device::Cpu;
+  if (o.device == Device::Cpu && (!a.vram.empty() || !a.host_cache.empty()))
+    fail("--vram and --host-cache size the GPU's expert tiers: they need --device cuda");
+  if (!a.vram.empty()) o.vram_budget = parse_bytes(a.vram);
+  if (!a.host_cache.empty()) o.host_cache = parse_bytes(a.host_cache);
+  o.host_policy = parse_policy(a.host_policy);
   return o;
 }
+
+namespace {
+
+// One row per layer and a total; the byte and time columns are what `bytes_what` says.
+PoolStats print_pool(const std::vector<LayerStats>& layers, const char* bytes_what, std::FILE* out) {
+  fmt::print(out, "{:>22} {:>6} {:>9} {:>9} {:>9} {:>7} {:>10} {:>8} {:>8}\n", "layer", "slots", "hits", "misses",
+             "evictions", "hit", fmt::format("{} MiB", bytes_what), fmt::format("{} s", bytes_what), "stall s");
+  PoolStats total;
+  auto row = [&](const std::string& name, const std::string& slots, const PoolStats& s) {
+    fmt::print(out, "{:>22} {:>6} {:>9} {:>9} {:>9} {:>7.3f} {:>10.1f} {:>8.3f} {:>8.3f}\n", name, slots, s.hits, s.misses,
+               s.evictions, s.hit_rate(), double(s.bytes_read) / (1 << 20), s.read_s, s.stall_s);
+  };
+  for (const LayerStats& l : layers) {
+    row(l.name, std::to_string(l.capacity), l.pool);
+    total += l.pool;
+  }
+  row("total", "", total);
+  return total;
+}
+
+double gb_per_s(uint64_t bytes, double s) { return s > 0 ? double(bytes) / s / 1e9 : 0.0; }
+
+}  // namespace
 
 void print_expert_stats(const Model& model, std::FILE* out) {
   const ExpertStore* store = model.experts();
   if (!store) return;
-  fmt::print(out, "expert pool ({}, {}):\n", store->io_name(), fmt::format("{} MiB resident", store->resident_bytes() >> 20));
-  fmt::print(out, "{:>22} {:>6} {:>9} {:>9} {:>9} {:>7} {:>10} {:>8} {:>8}\n", "layer", "slots", "hits", "misses",
-             "evictions", "hit", "read MiB", "read s", "stall s");
-  PoolStats total;
-  uint64_t all_miss_bytes = 0;
-  for (const LayerStats& l : store->stats()) {
-    const PoolStats& s = l.pool;
-    fmt::print(out, "{:>22} {:>6} {:>9} {:>9} {:>9} {:>7.3f} {:>10.1f} {:>8.3f} {:>8.3f}\n", l.name, l.capacity, s.hits,
-               s.misses, s.evictions, s.hit_rate(), double(s.bytes_read) / (1 << 20), s.read_s, s.stall_s);
-    total += s;
-    all_miss_bytes += (s.hits + s.misses) * l.slot_bytes;
+#if MOESTREAM_CUDA
+  if (const DeviceExpertStore* vram = model.device_experts()) {
+    fmt::print(out, "VRAM expert pool ({} MiB; misses come from the host tier by the copy stream):\n",
+               vram->resident_bytes() >> 20);
+    const PoolStats v = print_pool(vram->stats(), "copy", out);
+    fmt::print(out, "host tier ({}, {} MiB of pinned slots, {}):\n", store->io_name(), store->resident_bytes() >> 20,
+               store->caches() ? "a cache" : "staging only");
+    const PoolStats h = print_pool(store->stats(), "read", out);
+    fmt::print(out, "stages: ssd->host {:.2f} GB/s ({:.1f} MiB in {:.3f} s), host->vram {:.2f} GB/s ({:.1f} MiB in {:.3f} s); "
+               "stall {:.3f} s\n",
+               gb_per_s(h.bytes_read, h.read_s), double(h.bytes_read) / (1 << 20), h.read_s, gb_per_s(v.bytes_read, v.read_s),
+               double(v.bytes_read) / (1 << 20), v.read_s, v.stall_s);
+    return;
   }
+#endif
+  fmt::print(out, "expert pool ({}, {} MiB resident):\n", store->io_name(), store->resident_bytes() >> 20);
+  const PoolStats total = print_pool(store->stats(), "read", out);
+  uint64_t all_miss_bytes = 0;
+  for (const LayerStats& l : store->stats()) all_miss_bytes += (l.pool.hits + l.pool.misses) * l.slot_bytes;
   const double ratio = all_miss_bytes ? double(total.bytes_read) / double(all_miss_bytes) : 0.0;
-  const double gbps = total.read_s > 0 ? double(total.bytes_read) / total.read_s / 1e9 : 0.0;
-  fmt::print(out, "{:>22} {:>6} {:>9} {:>9} {:>9} {:>7.3f} {:>10.1f} {:>8.3f} {:>8.3f}\n", "total", "", total.hits,
-             total.misses, total.evictions, total.hit_rate(), double(total.bytes_read) / (1 << 20), total.read_s,
-             total.stall_s);
-  fmt::print(out, "disk_load_ratio {:.3f}  read {:.2f} GB/s\n", ratio, gbps);
+  fmt::print(out, "disk_load_ratio {:.3f}  read {:.2f} GB/s\n", ratio, gb_per_s(total.bytes_read, total.read_s));
 }
 
 }  // namespace ms::cli

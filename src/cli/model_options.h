@@ -14,7 +14,7 @@ struct ModelArgs {
   int expert_slots = 0;
   std::string pool_profile, memory, policy = "lru", io = "auto";
   bool no_direct_io = false, verify = false;
-  std::string device = "cpu";
+  std::string device = "cpu", vram, host_cache, host_policy = "lru";
 };
 
 // --model defaults to the embedded pycoder-moe-q4 when `default_model` is set.
@@ -24,7 +24,8 @@ ModelOptions model_options(const ModelArgs& a);
 // "8G", "512M", "1.5GiB", "1000000" -> bytes; throws naming the text.
 uint64_t parse_bytes(const std::string& text);
 
-// Per-layer and total pool statistics of a streamed model (nothing for a checkpoint).
+// Per-layer and total pool statistics of a streamed model (nothing for a checkpoint); on CUDA the
+// VRAM pool, the host tier and the achieved GB/s of each stage (SSD -> host, host -> VRAM).
 void print_expert_stats(const Model& model, std::FILE* out);
 
 }  // namespace ms::cli

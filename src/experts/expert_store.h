@@ -4,13 +4,11 @@
 // in one batch), optionally checksummed, and only then published.
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include "experts/io_engine.h"
+#include "experts/expert_files.h"
 #include "experts/pool.h"
-#include "format/engine_dir.h"
 
 namespace ms {
 
@@ -23,6 +21,7 @@ struct StoreOptions {
   bool direct_io = true;               // O_DIRECT: bypass the page cache
   bool verify = false;                 // checksum every record read
   int top_k = 1;                       // one token's experts: slots that pins must leave free
+  bool cache = true;                   // false: the slots are staging and forget an expert at release
 };
 
 struct LayerStats {
@@ -39,7 +38,7 @@ class ExpertStore {
   ExpertStore(const ExpertStore&) = delete;
   ExpertStore& operator=(const ExpertStore&) = delete;
 
-  const EngineIndex& index() const { return index_; }
+  const EngineIndex& index() const { return files_.index(); }
   int layer_of(const std::string& name) const;  // index into index().layers; throws if absent
   int capacity(int layer) const { return pools_[size_t(layer)]->capacity(); }
   // Slots not pinned: the most distinct unpinned experts one acquire() can take.
@@ -55,19 +54,21 @@ class ExpertStore {
 
   std::vector<LayerStats> stats() const;
   size_t resident_bytes() const;  // the slots' memory
-  const char* io_name() const { return io_->name(); }
+  // Where the slots of `layer` live (capacity x stride bytes): to register them with a GPU.
+  uint8_t* slot_memory(int layer) const { return pools_[size_t(layer)]->slot_data(0); }
+  const char* io_name() const { return files_.io_name(); }
+  bool caches() const { return opt_.cache; }
 
  private:
-  std::string dir_;
-  EngineIndex index_;
+  ExpertFiles files_;
   StoreOptions opt_;
-  std::vector<int> fds_;
   std::vector<std::unique_ptr<ExpertPool>> pools_;
-  std::unique_ptr<IoEngine> io_;
-  std::mutex io_mu_;  // one batch of reads at a time through the engine
 };
 
 // The model layer a MoE block belongs to ("model.layers.12.mlp" -> 12), or -1 (MTP).
 int model_layer_of(const std::string& name);
+
+// The slots `opt` gives an expert layer: its cap in the pool profile, else opt.slots, else all.
+int layer_capacity(const StoreOptions& opt, const ExpertLayer& layer);
 
 }  // namespace ms

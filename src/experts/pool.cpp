@@ -17,10 +17,11 @@ PoolStats& PoolStats::operator+=(const PoolStats& o) {
   return *this;
 }
 
-ExpertPool::ExpertPool(int n_experts, int capacity, size_t slot_bytes, PolicyKind policy)
+ExpertPool::ExpertPool(int n_experts, int capacity, size_t slot_bytes, PolicyKind policy, bool keep)
     : n_experts_(n_experts),
       capacity_(capacity),
       slot_bytes_(slot_bytes),
+      keep_(keep),
       policy_(make_policy(policy, capacity)),
       slot_of_(size_t(n_experts), -1),
       expert_in_(size_t(capacity), -1),
@@ -98,6 +99,12 @@ void ExpertPool::abandon(int expert, int slot) {
 
 void ExpertPool::release() {
   std::lock_guard lk(mu_);
+  if (!keep_)
+    for (size_t s = 0; s < held_.size(); ++s)
+      if (held_[s] && !pinned_[s] && expert_in_[s] >= 0) {
+        slot_of_[size_t(expert_in_[s])] = -1;
+        expert_in_[s] = -1;
+      }
   held_ = pinned_;
 }
 

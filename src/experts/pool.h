@@ -23,8 +23,9 @@ struct PoolStats {
 
 class ExpertPool {
  public:
-  // slot_bytes 0: no memory behind the slots (trace simulation).
-  ExpertPool(int n_experts, int capacity, size_t slot_bytes, PolicyKind policy);
+  // slot_bytes 0: no memory behind the slots (trace simulation, or memory kept elsewhere).
+  // keep false: staging, not a cache: release() forgets the experts of the slots it frees.
+  ExpertPool(int n_experts, int capacity, size_t slot_bytes, PolicyKind policy, bool keep = true);
   ~ExpertPool();
   ExpertPool(const ExpertPool&) = delete;
   ExpertPool& operator=(const ExpertPool&) = delete;
@@ -64,6 +65,7 @@ class ExpertPool {
 
   const int n_experts_, capacity_;
   const size_t slot_bytes_;
+  const bool keep_;
   uint8_t* memory_ = nullptr;
   std::unique_ptr<EvictionPolicy> policy_;
   mutable std::mutex mu_;

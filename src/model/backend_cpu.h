@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/deltanet.h"
 #include "kernels/cpu/ops.h"
+#include "experts/expert_store.h"
 #include "model/state.h"
 #include "model/weights.h"
 
@@ -18,6 +19,7 @@ struct CpuBackend {
   using Linear = LinearState;
 
   State& state;
+  ExpertStore* experts = nullptr;  // an engine directory's streamed experts
 
   // Activations.
   Buf alloc(size_t n) const { return Buf(n); }
@@ -25,13 +27,12 @@ struct CpuBackend {
   std::vector<float> to_host(Buf b) const { return b; }
   // Weights as the kernels take them.
   const Mat& mat(const Mat& m) const { return m; }
+  const MlpWeights& mlp(const MlpWeights& m) const { return m; }
   const float* vec(const std::vector<float>& v) const { return v.data(); }
   // The sequence's caches.
   KV& kv(int layer) const { return state.kv(layer); }
   KV& mtp_kv() const { return state.mtp_kv(); }
   Linear& linear(int layer) const { return state.linear(layer); }
-  // Streamed experts come through the ExpertStore in waves on the CPU.
-  const std::vector<MlpWeights>* resident_experts(const FfnWeights&) const { return nullptr; }
 
   void matmul(const float* x, int T, const Mat& W, float* y) const { cpu::matmul(x, T, W, y); }
   void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) const {

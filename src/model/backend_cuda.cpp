@@ -96,7 +96,7 @@ void upload_linear(DeviceState& d, const std::vector<LinearState>& host) {
   }
 }
 
-DeviceWeights::DeviceWeights(const ModelWeights& w, ExpertStore* experts, int n_experts) {
+DeviceWeights::DeviceWeights(const ModelWeights& w) {
   auto add_mlp = [&](const MlpWeights& m, const char* what) {
     add(m.gate, what);
     add(m.up, what);
@@ -115,7 +115,6 @@ DeviceWeights::DeviceWeights(const ModelWeights& w, ExpertStore* experts, int n_
     }
     if (!l.moe) return add_mlp(l.ffn.dense, "dense mlp");
     add(l.ffn.router, "router");
-    if (l.ffn.store_layer >= 0) add_streamed_experts(*experts, l.ffn, n_experts);
     for (const MlpWeights& e : l.ffn.experts) add_mlp(e, "expert");
     if (l.ffn.shared_expert.gate.data) {
       add_mlp(l.ffn.shared_expert, "shared expert");
@@ -132,7 +131,8 @@ DeviceWeights::DeviceWeights(const ModelWeights& w, ExpertStore* experts, int n_
   }
 }
 
-Mat DeviceWeights::upload(const Mat& m, const char* what) {
+void DeviceWeights::add(const Mat& m, const char* what) {
+  if (!m.data || mats_.count(m.data)) return;  // absent, or the tied lm_head
   auto copy = [&](const void* src, size_t bytes) {
     buffers_.push_back(DeviceArray<unsigned char>::from(static_cast<const unsigned char*>(src), bytes));
     bytes_ += bytes;
@@ -150,38 +150,7 @@ Mat DeviceWeights::upload(const Mat& m, const char* what) {
     fail("{} weights [{}, {}] are float32 in memory; the CUDA matmul reads bf16 or affine weights only", what, m.rows,
          m.cols);
   }
-  return d;
-}
-
-void DeviceWeights::add(const Mat& m, const char* what) {
-  if (!m.data || mats_.count(m.data)) return;  // absent, or the tied lm_head
-  mats_.emplace(m.data, upload(m, what));
-}
-
-// Every expert of a streamed layer read once through the store and kept in VRAM. Their matrices
-// have no lasting host address, so they are found under their device one.
-void DeviceWeights::add_streamed_experts(ExpertStore& store, const FfnWeights& ffn, int n_experts) {
-  const int layer = ffn.store_layer;
-  if (store.capacity(layer) < n_experts)
-    fail("--device cuda keeps every expert in VRAM: the pool of streamed layer {} holds {} of its {} experts (leave "
-         "out --expert-slots, --pool-profile and --memory)",
-         layer, store.capacity(layer), n_experts);
-  std::vector<int> all(static_cast<size_t>(n_experts));
-  for (int e = 0; e < n_experts; ++e) all[size_t(e)] = e;
-  const std::vector<const uint8_t*> records = store.acquire(layer, all);
-  std::vector<MlpWeights>& out = streamed_[layer];
-  for (const uint8_t* rec : records) {
-    const MlpWeights host = expert_weights(*ffn.record_layout, rec);
-    MlpWeights d{upload(host.gate, "expert"), upload(host.up, "expert"), upload(host.down, "expert")};
-    for (const Mat* m : {&d.gate, &d.up, &d.down}) mats_.emplace(m->data, *m);
-    out.push_back(d);
-  }
-  store.release(layer);
-}
-
-const std::vector<MlpWeights>* DeviceWeights::streamed_experts(int store_layer) const {
-  auto it = streamed_.find(store_layer);
-  return it == streamed_.end() ? nullptr : &it->second;
+  mats_.emplace(m.data, d);
 }
 
 void DeviceWeights::add(const std::vector<float>& v) {

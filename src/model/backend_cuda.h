@@ -1,14 +1,16 @@
 #pragma once
-// The CUDA backend of the forward (model/blocks.h), built only with MOESTREAM_CUDA: every weight
-// resident in VRAM (DeviceWeights), activations and the sequence's caches in device memory, the
-// cuda:: kernels. Host round trips: the embedded rows in, the router probabilities of each MoE
-// layer out (the routed ids group tokens by expert) and the grouping back in, the results out.
+// The CUDA backend of the forward (model/blocks.h), built only with MOESTREAM_CUDA: the dense
+// weights resident in VRAM (DeviceWeights), the routed experts in the VRAM pool
+// (experts/device_store.h), activations and the sequence's caches in device memory, the cuda::
+// kernels. Host round trips: the embedded rows in, the router probabilities of each MoE layer
+// out (the routed ids group tokens by expert) and the grouping back in, the results out.
 #if MOESTREAM_CUDA
 #include <cstddef>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "experts/device_store.h"
 #include "kernels/cuda/ops.h"
 #include "model/state.h"
 #include "model/weights.h"
@@ -82,28 +84,22 @@ struct DeviceState {
 void download_linear(const DeviceState& d, std::vector<LinearState>& host);
 void upload_linear(DeviceState& d, const std::vector<LinearState>& host);
 
-// Every matrix and vector of ModelWeights copied to VRAM, found by its host address, and every
-// expert of an engine directory's streamed layers read once from `experts` (whose pools must
-// hold all n_experts) and kept there. f32 matrices are refused: cuda::matmul reads bf16 and
-// affine weights.
+// Every matrix and vector of ModelWeights copied to VRAM, found by its host address (the experts
+// of a checkpoint's MoE layers too; an engine directory's stream through the VRAM pool). f32
+// matrices are refused: cuda::matmul reads bf16 and affine weights.
 class DeviceWeights {
  public:
-  DeviceWeights(const ModelWeights& w, ExpertStore* experts, int n_experts);
+  explicit DeviceWeights(const ModelWeights& w);
   const Mat& mat(const Mat& host) const;
   const float* vec(const std::vector<float>& host) const;
-  // The experts of a streamed layer, in VRAM; null for a layer that is not streamed.
-  const std::vector<MlpWeights>* streamed_experts(int store_layer) const;
   size_t bytes() const { return bytes_; }
 
  private:
-  Mat upload(const Mat& m, const char* what);
   void add(const Mat& m, const char* what);
   void add(const std::vector<float>& v);
-  void add_streamed_experts(ExpertStore& store, const FfnWeights& ffn, int n_experts);
   std::vector<DeviceArray<unsigned char>> buffers_;
   std::unordered_map<const void*, Mat> mats_;
   std::unordered_map<const float*, const float*> vecs_;
-  std::unordered_map<int, std::vector<MlpWeights>> streamed_;
   size_t bytes_ = 0;
 };
 
@@ -114,18 +110,17 @@ struct CudaBackend {
 
   const DeviceWeights& weights;
   DeviceState& state;
+  DeviceExpertStore* experts = nullptr;  // an engine directory's streamed experts
 
   Buf alloc(size_t n) const { return Buf(n); }
   Buf upload(const std::vector<float>& host) const { return Buf::from(host.data(), host.size()); }
   std::vector<float> to_host(const Buf& b) const { return b.to_vector(); }
   const Mat& mat(const Mat& m) const { return weights.mat(m); }
+  MlpWeights mlp(const MlpWeights& m) const { return {mat(m.gate), mat(m.up), mat(m.down)}; }
   const float* vec(const std::vector<float>& v) const { return weights.vec(v); }
   KV& kv(int layer) const { return state.kv[size_t(layer)]; }
   KV& mtp_kv() const { return state.mtp_kv; }
   Linear& linear(int layer) const { return state.linear[size_t(layer)]; }
-  const std::vector<MlpWeights>* resident_experts(const FfnWeights& w) const {
-    return weights.streamed_experts(w.store_layer);
-  }
 
   void matmul(const float* x, int T, const Mat& W, float* y) const { cuda::matmul(x, T, W, y); }
   void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) const {

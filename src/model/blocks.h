@@ -22,13 +22,13 @@ void deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& 
 // Dense SwiGLU MLP, or the MoE: router softmax -> top-k -> routed experts (+ gated shared
 // expert). routes, when given, receives the T*top_k routed expert ids in top-k order, and
 // router_probs the T*n_experts router probabilities (both host memory).
-// Streamed experts (w.store_layer >= 0) come from `store`, in waves of at most the layer's
-// pool capacity when the batch routes more distinct experts than that.
+// Streamed experts (w.store_layer >= 0) come from the backend's expert store, in waves of at most
+// the layer's pool capacity when the batch routes more distinct experts than that.
 template <class B>
 void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool moe, const float* x, int T, float* out,
-               int* routes = nullptr, ExpertStore* store = nullptr, float* router_probs = nullptr);
+               int* routes = nullptr, float* router_probs = nullptr);
 
-// out[T, inter -> hidden] = down(silu(gate x) * up x)
+// out[T, inter -> hidden] = down(silu(gate x) * up x); w as the backend's kernels take it (be.mlp).
 template <class B>
 void mlp_forward(const B& be, const MlpWeights& w, const float* x, int T, float* out);
 

@@ -12,10 +12,10 @@ template <class B>
 void mlp_forward(const B& be, const MlpWeights& w, const float* x, int T, float* out) {
   const size_t n = size_t(T) * size_t(w.gate.rows);
   typename B::Buf g = be.alloc(n), u = be.alloc(n);
-  be.matmul(x, T, be.mat(w.gate), g.data());
-  be.matmul(x, T, be.mat(w.up), u.data());
+  be.matmul(x, T, w.gate, g.data());
+  be.matmul(x, T, w.up, u.data());
   be.silu_mul(g.data(), u.data(), g.data(), int64_t(n));
-  be.matmul(g.data(), T, be.mat(w.down), out);
+  be.matmul(g.data(), T, w.down, out);
 }
 
 namespace {
@@ -54,7 +54,7 @@ Routing route(const B& be, const ModelConfig& cfg, const Mat& router, const floa
 // nor on how they are split into waves.
 template <class B>
 void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, const Routing& r, const float* x, int T,
-                    float* out, ExpertStore* store) {
+                    float* out) {
   const int H = cfg.hidden, K = cfg.top_k;
   std::vector<std::vector<int>> users(size_t(cfg.n_experts));  // (token * K + slot) per expert
   std::vector<int> order;                                       // distinct experts, first use first
@@ -74,10 +74,9 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
     be.scatter_users(groups, e, yb.data(), H, partial.data());
   };
   if (w.store_layer < 0) {
-    for (int e : order) run(e, w.experts[size_t(e)]);
-  } else if (const std::vector<MlpWeights>* resident = be.resident_experts(w)) {
-    for (int e : order) run(e, (*resident)[size_t(e)]);
+    for (int e : order) run(e, be.mlp(w.experts[size_t(e)]));
   } else {
+    auto* store = be.experts;
     const size_t cap = size_t(store->free_capacity(w.store_layer));
     for (size_t b = 0; b < order.size(); b += cap) {
       const std::vector<int> wave(order.begin() + std::ptrdiff_t(b), order.begin() + std::ptrdiff_t(std::min(order.size(), b + cap)));
@@ -93,7 +92,7 @@ template <class B>
 void add_shared_expert(const B& be, const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out) {
   const int H = cfg.hidden;
   typename B::Buf s = be.alloc(size_t(T) * size_t(H)), g = be.alloc(size_t(T));
-  mlp_forward(be, w.shared_expert, x, T, s.data());
+  mlp_forward(be, be.mlp(w.shared_expert), x, T, s.data());
   be.matmul(x, T, be.mat(w.shared_expert_gate), g.data());
   be.sigmoid_gated_add(out, s.data(), g.data(), T, H);
 }
@@ -102,22 +101,22 @@ void add_shared_expert(const B& be, const ModelConfig& cfg, const FfnWeights& w,
 
 template <class B>
 void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool moe, const float* x, int T, float* out,
-               int* routes, ExpertStore* store, float* router_probs) {
+               int* routes, float* router_probs) {
   if (!moe) {
-    mlp_forward(be, w.dense, x, T, out);
+    mlp_forward(be, be.mlp(w.dense), x, T, out);
     return;
   }
   Routing r = route(be, cfg, w.router, x, T, router_probs);
   if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
-  routed_experts(be, cfg, w, r, x, T, out, store);
+  routed_experts(be, cfg, w, r, x, T, out);
   if (cfg.shared_inter > 0) add_shared_expert(be, cfg, w, x, T, out);
 }
 
 template void ffn_block(const CpuBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*, int*,
-                        ExpertStore*, float*);
+                        float*);
 #if MOESTREAM_CUDA
 template void ffn_block(const CudaBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*, int*,
-                        ExpertStore*, float*);
+                        float*);
 #endif
 
 }  // namespace ms

@@ -25,9 +25,16 @@ std::string gib(uint64_t b) {
   return b >= (1ull << 30) ? fmt::format("{:.2f} GiB", double(b) / double(1ull << 30)) : fmt::format("{:.1f} MiB", double(b) / double(1ull << 20));
 }
 
-// Splits a memory budget: dense weights (the whole dense file: it is mapped), KV and recurrent
+uint64_t per_slot_row(const EngineIndex& index) {  // one slot in every MoE layer
+  uint64_t b = 0;
+  for (const auto& l : index.layers) b += l.stride;
+  return b;
+}
+
+// Splits a budget (`what`: "memory budget", "VRAM budget"): dense weights, KV and recurrent
 // state for `context` tokens, activations of a prefill chunk, and the rest as equal pools.
-MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, const ModelOptions& opt) {
+MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, uint64_t budget,
+                       int context, const char* what) {
   MemoryPlan p;
   p.dense = dense_bytes;
   int full = 0;
@@ -36,36 +43,75 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
   const uint64_t linear = uint64_t(cfg.n_layers - full) *
                           (uint64_t(cfg.lin_v_heads) * cfg.lin_k_dim * cfg.lin_v_dim +
                            uint64_t(2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim) * 4) * sizeof(float);
-  p.kv = kv_per_token * uint64_t(opt.context) + linear;
+  p.kv = kv_per_token * uint64_t(context) + linear;
   // A prefill chunk's activations: hidden states, projections and logits of 512 tokens.
   p.activations = 512ull * (16ull * cfg.hidden + uint64_t(cfg.vocab)) * sizeof(float);
-  uint64_t per_slot = 0;  // one slot in every MoE layer
-  for (const auto& l : index.layers) per_slot += l.stride;
+  const uint64_t per_slot = per_slot_row(index);
   const uint64_t fixed = p.dense + p.kv + p.activations;
   const uint64_t floor = fixed + per_slot * uint64_t(cfg.top_k);
-  if (opt.memory_budget < floor)
-    fail("memory budget {} is below the floor of {}: dense weights {}, KV/state for {} tokens {}, activations {}, "
+  if (budget < floor)
+    fail("{} {} is below the floor of {}: dense weights {}, KV/state for {} tokens {}, activations {}, "
          "and {} expert slots per layer x {} layers ({} per slot row)",
-         gib(opt.memory_budget), gib(floor), gib(p.dense), opt.context, gib(p.kv), gib(p.activations), cfg.top_k,
+         what, gib(budget), gib(floor), gib(p.dense), context, gib(p.kv), gib(p.activations), cfg.top_k,
          index.layers.size(), gib(per_slot));
-  p.slots = int(std::min<uint64_t>((opt.memory_budget - fixed) / per_slot, uint64_t(cfg.n_experts)));
+  p.slots = int(std::min<uint64_t>((budget - fixed) / per_slot, uint64_t(cfg.n_experts)));
   p.pool = per_slot * uint64_t(p.slots);
   return p;
+}
+
+void check_floor(const std::string& dir, const StoreOptions& o, const EngineIndex& index, int top_k, const char* where) {
+  for (const auto& l : index.layers)
+    if (const int cap = layer_capacity(o, l); cap < top_k)
+      fail("{}: {} {} expert slots for layer {} cannot hold one token's {} routed experts", dir, cap, where, l.name, top_k);
+}
+
+// The host tier under the VRAM pool: a cache of `host_cache` bytes (equal slots per layer), or
+// staging slots for one token's experts that keep nothing.
+StoreOptions host_tier_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
+                               const ModelOptions& opt) {
+  StoreOptions h;
+  h.io = opt.experts.io;
+  h.direct_io = opt.experts.direct_io;
+  h.verify = opt.experts.verify;
+  h.top_k = cfg.top_k;
+  h.policy = opt.host_policy;
+  h.slots = cfg.top_k;
+  h.cache = opt.host_cache > 0;
+  if (h.cache) {
+    const uint64_t row = per_slot_row(index);
+    if (opt.host_cache < row * uint64_t(cfg.top_k))
+      fail("{}: --host-cache {} cannot hold one token's {} experts in every layer ({} per slot row)", dir,
+           gib(opt.host_cache), cfg.top_k, gib(row));
+    h.slots = int(std::min<uint64_t>(opt.host_cache / row, uint64_t(cfg.n_experts)));
+  }
+  return h;
 }
 
 }  // namespace
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt) {
-  std::unique_ptr<Model> m = load_on_host(dir, opt);
-  if (opt.device == Device::Cuda) {
+  if (opt.device == Device::Cpu) return load_on_host(dir, opt);
 #if MOESTREAM_CUDA
-    if (!cuda::cuda_available()) fail("--device cuda: no CUDA device (or no driver that can run this build) is present");
-    m->device_ = std::make_shared<const DeviceWeights>(m->w_, m->experts_.get(), m->cfg_.n_experts);
-#else
-    fail("--device cuda: this build has no CUDA backend (nvcc was not found when it was configured)");
-#endif
+  if (!cuda::cuda_available()) fail("--device cuda: no CUDA device (or no driver that can run this build) is present");
+  if (opt.memory_budget) fail("--memory budgets the CPU backend; with --device cuda give --vram and --host-cache");
+  std::unique_ptr<Model> m = load_on_host(dir, opt);
+  m->device_ = std::make_shared<const DeviceWeights>(m->w_);
+  if (m->experts_) {
+    StoreOptions vram = opt.experts;
+    vram.top_k = m->cfg_.top_k;
+    if (opt.vram_budget) {
+      m->plan_ = plan_memory(m->cfg_, m->experts_->index(), m->device_->bytes(), opt.vram_budget, opt.context,
+                             "VRAM budget");
+      vram.slots = m->plan_.slots;
+      vram.layer_caps.clear();
+    }
+    check_floor(dir, vram, m->experts_->index(), m->cfg_.top_k, "VRAM");
+    m->device_experts_ = std::make_shared<DeviceExpertStore>(*m->experts_, vram);
   }
   return m;
+#else
+  fail("--device cuda: this build has no CUDA backend (nvcc was not found when it was configured)");
+#endif
 }
 
 std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOptions& opt) {
@@ -77,19 +123,30 @@ std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOp
   StoreOptions store_opt = opt.experts;
   store_opt.top_k = cfg.top_k;
   MemoryPlan plan;
-  if (opt.memory_budget > 0) {
-    plan = plan_memory(cfg, index, std::filesystem::file_size(dense_path), opt);
+  if (opt.device == Device::Cuda) {
+    store_opt = host_tier_options(dir, cfg, index, opt);
+  } else if (opt.memory_budget > 0) {
+    plan = plan_memory(cfg, index, std::filesystem::file_size(dense_path), opt.memory_budget, opt.context, "memory budget");
     store_opt.slots = plan.slots;
     store_opt.layer_caps.clear();
   }
-  for (const auto& l : index.layers) {
-    int cap = store_opt.slots > 0 ? store_opt.slots : l.n_experts;
-    if (auto it = store_opt.layer_caps.find(model_layer_of(l.name)); it != store_opt.layer_caps.end()) cap = it->second;
-    if (cap < cfg.top_k)
-      fail("{}: {} expert slots for layer {} cannot hold one token's {} routed experts", dir, cap, l.name, cfg.top_k);
-  }
+  check_floor(dir, store_opt, index, cfg.top_k, "host");
   auto experts = std::make_unique<ExpertStore>(dir, index, store_opt);
   return std::unique_ptr<Model>(new Model(std::move(dense), std::move(cfg), std::move(experts), plan));
+}
+
+std::vector<LayerStats> Model::pool_stats() const {
+#if MOESTREAM_CUDA
+  if (device_experts_) return device_experts_->stats();
+#endif
+  return experts_ ? experts_->stats() : std::vector<LayerStats>{};
+}
+
+size_t Model::pool_bytes() const {
+#if MOESTREAM_CUDA
+  if (device_experts_) return device_experts_->resident_bytes();
+#endif
+  return experts_ ? experts_->resident_bytes() : 0;
 }
 
 void Model::embed(const int* ids, int T, float* out) const {
@@ -121,7 +178,7 @@ void Model::decoder_layer(const B& be, const LayerWeights& lw, int T, typename B
   else deltanet_block(be, cfg_, lw.linear, h.data(), T, *lin, y.data());
   be.add(x, y.data(), n);
   be.rmsnorm(x, T, cfg_.hidden, be.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h.data());
-  ffn_block(be, cfg_, lw.ffn, lw.moe, h.data(), T, y.data(), routes, experts_.get(), router_probs);
+  ffn_block(be, cfg_, lw.ffn, lw.moe, h.data(), T, y.data(), routes, router_probs);
   be.add(x, y.data(), n);
 }
 
@@ -131,12 +188,12 @@ ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardO
 #if MOESTREAM_CUDA
   if (device_) {
     if (!state.device) state.device = std::make_shared<DeviceState>(cfg_);
-    r = forward_on(CudaBackend{*device_, *state.device}, ids, T, state.position(), opt);
+    r = forward_on(CudaBackend{*device_, *state.device, device_experts_.get()}, ids, T, state.position(), opt);
   } else {
-    r = forward_on(CpuBackend{state}, ids, T, state.position(), opt);
+    r = forward_on(CpuBackend{state, experts_.get()}, ids, T, state.position(), opt);
   }
 #else
-  r = forward_on(CpuBackend{state}, ids, T, state.position(), opt);
+  r = forward_on(CpuBackend{state, experts_.get()}, ids, T, state.position(), opt);
 #endif
   state.advance(T);
   return r;
@@ -186,10 +243,10 @@ std::vector<float> Model::mtp_forward(const float* hidden, const int* next_ids, 
 #if MOESTREAM_CUDA
   if (device_) {
     if (!state.device) state.device = std::make_shared<DeviceState>(cfg_);
-    return mtp_forward_on(CudaBackend{*device_, *state.device}, hidden, next_ids, T, pos0);
+    return mtp_forward_on(CudaBackend{*device_, *state.device, device_experts_.get()}, hidden, next_ids, T, pos0);
   }
 #endif
-  return mtp_forward_on(CpuBackend{state}, hidden, next_ids, T, pos0);
+  return mtp_forward_on(CpuBackend{state, experts_.get()}, hidden, next_ids, T, pos0);
 }
 
 template <class B>

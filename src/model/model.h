@@ -11,7 +11,8 @@
 
 namespace ms {
 
-class DeviceWeights;  // model/backend_cuda.h
+class DeviceWeights;      // model/backend_cuda.h
+class DeviceExpertStore;  // experts/device_store.h
 
 enum class Device { Cpu, Cuda };
 
@@ -31,15 +32,19 @@ struct ForwardResult {
 
 // How an engine directory's experts are held: a pool of `experts.slots` per layer (or per-layer
 // caps), or sized from a memory budget. A Hugging Face checkpoint keeps every expert mapped.
+// On Cuda the pools are in VRAM (`experts` or `vram_budget` sizes them) over a host tier.
 struct ModelOptions {
   StoreOptions experts;
-  uint64_t memory_budget = 0;  // bytes for everything (dense + KV + activations + pool); 0 = unset
+  uint64_t memory_budget = 0;  // Cpu: bytes for everything (dense + KV + activations + pool); 0 = unset
   int context = 4096;          // tokens the KV budget provides for
-  // Cuda: every weight resident in VRAM, the forward on the GPU (builds with MOESTREAM_CUDA).
+  // Cuda: dense weights in VRAM, the forward on the GPU (builds with MOESTREAM_CUDA).
   Device device = Device::Cpu;
+  uint64_t vram_budget = 0;  // Cuda: VRAM for dense + KV + activations + pool; 0 = unset
+  uint64_t host_cache = 0;   // Cuda: host RAM caching experts between SSD and VRAM; 0 = staging only
+  PolicyKind host_policy = PolicyKind::LRU;
 };
 
-// Where a memory budget goes (DESIGN.md invariant 5).
+// Where a memory budget goes (DESIGN.md invariant 5): host memory on Cpu, VRAM on Cuda.
 struct MemoryPlan {
   uint64_t dense = 0, kv = 0, activations = 0, pool = 0;
   int slots = 0;  // per MoE layer
@@ -64,8 +69,14 @@ class Model {
   // token at pos0 + i + 2. Uses and extends the state's MTP KV cache. Returns [T, vocab].
   std::vector<float> mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state) const;
 
-  // The streaming expert store of an engine directory; null for a Hugging Face checkpoint.
+  // The streaming expert store of an engine directory (on Cuda: the host tier below the VRAM
+  // pool); null for a Hugging Face checkpoint.
   const ExpertStore* experts() const { return experts_.get(); }
+  // The VRAM expert pool of an engine directory on Cuda; null otherwise.
+  const DeviceExpertStore* device_experts() const { return device_experts_.get(); }
+  // The pool the forward reads experts from: the VRAM pool on Cuda, else the host one.
+  std::vector<LayerStats> pool_stats() const;
+  size_t pool_bytes() const;
   const MemoryPlan& memory_plan() const { return plan_; }
   Device device() const { return device_ ? Device::Cuda : Device::Cpu; }
 
@@ -88,6 +99,7 @@ class Model {
   MemoryPlan plan_;
   ModelWeights w_;
   std::shared_ptr<const DeviceWeights> device_;  // the weights in VRAM on --device cuda, else null
+  std::shared_ptr<DeviceExpertStore> device_experts_;  // after experts_: it borrows that store
 };
 
 }  // namespace ms

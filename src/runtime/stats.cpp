@@ -6,8 +6,8 @@ namespace ms {
 
 using ojson = nlohmann::ordered_json;
 
-EngineStats::EngineStats(const ModelConfig& cfg, ResidentBytes weights, const ExpertStore* experts)
-    : start_(std::chrono::steady_clock::now()), experts_(experts) {
+EngineStats::EngineStats(const ModelConfig& cfg, ResidentBytes weights, const Model* model)
+    : start_(std::chrono::steady_clock::now()), model_(model) {
   s_.resident = weights;
   s_.layers.resize(size_t(cfg.n_layers));
   for (int l = 0; l < cfg.n_layers; ++l) {
@@ -57,9 +57,9 @@ StatsSnapshot EngineStats::snapshot() const {
   StatsSnapshot out = s_;
   out.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   out.recent.assign(recent_.begin(), recent_.end());
-  if (experts_) {
-    out.pool = experts_->stats();
-    out.resident.experts = experts_->resident_bytes();
+  if (model_ && model_->experts()) {
+    out.pool = model_->pool_stats();
+    out.resident.experts = model_->pool_bytes();
   }
   return out;
 }

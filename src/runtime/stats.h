@@ -4,7 +4,7 @@
 // generation thread records while HTTP threads read snapshots.
 //
 // A streamed model's pool numbers (occupancy, hits, misses, bytes read, stall time) come from
-// its ExpertStore, the same object `--stats` prints.
+// its expert pool (Model::pool_stats: the VRAM pool on CUDA), the same numbers `--stats` prints.
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "experts/expert_store.h"
 #include "format/config.h"
+#include "model/model.h"
 
 namespace ms {
 
@@ -52,7 +52,7 @@ class EngineStats {
  public:
   static constexpr size_t kRecent = 16;
 
-  EngineStats(const ModelConfig& cfg, ResidentBytes weights, const ExpertStore* experts = nullptr);
+  EngineStats(const ModelConfig& cfg, ResidentBytes weights, const Model* model = nullptr);
 
   // routes[layer] holds T * top_k expert ids (empty for dense layers), as ForwardResult has them.
   void record_routes(const std::vector<std::vector<int>>& routes);
@@ -67,7 +67,7 @@ class EngineStats {
   std::chrono::steady_clock::time_point start_;
   StatsSnapshot s_;
   std::deque<RequestRecord> recent_;
-  const ExpertStore* experts_;
+  const Model* model_;
 };
 
 nlohmann::ordered_json to_json(const StatsSnapshot& s);

@@ -177,7 +177,7 @@ class HttpServer::Formatter {
 HttpServer::HttpServer(const Engine& engine, ServerOptions opts)
     : engine_(engine),
       opts_(std::move(opts)),
-      stats_(engine.model().config(), weight_bytes(engine.model()), engine.model().experts()),
+      stats_(engine.model().config(), weight_bytes(engine.model()), &engine.model()),
       session_(engine, &stats_),
       queue_(session_, stats_, opts_.queue_limit),
       http_(std::make_unique<httplib::Server>()) {

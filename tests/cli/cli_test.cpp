@@ -179,6 +179,19 @@ TEST(Cli, DeviceCudaRunsOrSaysWhyNot) {
   EXPECT_NE(err.find("--device"), std::string::npos) << err;
 }
 
+// The GPU's tiers are sized only for the GPU, with a size that parses.
+TEST(Cli, VramAndHostCacheNeedDeviceCuda) {
+  const std::string model = std::string(" --model ") + MOESTREAM_SOURCE_DIR + "/models/pycoder-moe-q4";
+  std::string out, err;
+  EXPECT_EQ(run_cli("generate --vram 8G --ids 3" + model, &out, &err), 1);
+  EXPECT_NE(err.find("--vram and --host-cache"), std::string::npos) << err;
+  EXPECT_NE(err.find("--device cuda"), std::string::npos) << err;
+  EXPECT_EQ(run_cli("generate --device cuda --host-cache 8Q --ids 3" + model, &out, &err), 1);
+  EXPECT_NE(err.find("8Q"), std::string::npos) << err;
+  EXPECT_EQ(run_cli("generate --device cuda --host-policy mru --ids 3" + model, &out, &err), 2);
+  EXPECT_NE(err.find("--host-policy"), std::string::npos) << err;
+}
+
 TEST(Cli, GenerateRejectsTokenOutsideVocabulary) {
   MS_REQUIRE_SHARED("fixtures/qwen3-moe-tiny", model);
   std::string out, err;

@@ -27,6 +27,23 @@ TEST(ExpertPool, MissesAreReadThenPublishedHitsFindTheirSlot) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(pool.slot_data(1)) % 4096, 0u) << "slots are O_DIRECT-aligned";
 }
 
+TEST(ExpertPool, StagingForgetsWhatItReleasedButKeepsPins) {
+  ExpertPool pool(16, 4, 0, PolicyKind::LRU, /*keep=*/false);
+  std::vector<ExpertPool::Miss> misses;
+  pool.acquire({3, 7}, &misses);
+  for (auto m : misses) pool.publish(m.expert, m.slot);
+  pool.pin(7);
+  pool.release();
+  EXPECT_EQ(pool.slot_of(3), -1);
+  EXPECT_GE(pool.slot_of(7), 0);
+  misses.clear();
+  pool.acquire({3, 7}, &misses);
+  ASSERT_EQ(misses.size(), 1u);
+  EXPECT_EQ(misses[0].expert, 3);
+  EXPECT_EQ(pool.stats().hits, 1u);
+  EXPECT_EQ(pool.stats().evictions, 0u) << "a forgotten slot is free, not evicted";
+}
+
 TEST(ExpertPool, HeldSlotsAreNeverEvicted) {
   ExpertPool pool(32, 4, 0, PolicyKind::LRU);
   std::vector<ExpertPool::Miss> misses;

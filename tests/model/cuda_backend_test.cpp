@@ -32,7 +32,7 @@ class CudaBackendGlue : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
-    device_weights = std::make_unique<DeviceWeights>(ModelWeights{}, nullptr, 0);
+    device_weights = std::make_unique<DeviceWeights>(ModelWeights{});
     device_state = std::make_unique<DeviceState>(cfg);
   }
   CudaBackend gpu() { return {*device_weights, *device_state}; }

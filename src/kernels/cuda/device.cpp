@@ -48,4 +48,59 @@ void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
   CUDA_CHECK(cudaMemcpy(dst, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost));
 }
 
+HostRegistration::HostRegistration(void* p, size_t bytes) {
+  if (!p || !bytes) return;
+  CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+  ptr_ = p;
+}
+
+HostRegistration::~HostRegistration() {
+  if (ptr_) cudaHostUnregister(ptr_);
+}
+
+namespace {
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
+}  // namespace
+
+CopyStream::CopyStream() {
+  // Non-blocking: the legacy default stream, which the kernels use, would otherwise serialise with it.
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream_ = s;
+  cudaEvent_t e[3];
+  CUDA_CHECK(cudaEventCreateWithFlags(&e[0], cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreate(&e[1]));
+  CUDA_CHECK(cudaEventCreate(&e[2]));
+  compute_done_ = e[0], start_ = e[1], stop_ = e[2];
+}
+
+CopyStream::~CopyStream() {
+  cudaStreamSynchronize(as_stream(stream_));
+  for (void* e : {compute_done_, start_, stop_}) cudaEventDestroy(as_event(e));
+  cudaStreamDestroy(as_stream(stream_));
+}
+
+void CopyStream::begin() {
+  CUDA_CHECK(cudaEventRecord(as_event(compute_done_), nullptr));
+  CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream_), as_event(compute_done_), 0));
+  CUDA_CHECK(cudaEventRecord(as_event(start_), as_stream(stream_)));
+}
+
+void CopyStream::copy(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream_)));
+}
+
+void CopyStream::end() {
+  CUDA_CHECK(cudaEventRecord(as_event(stop_), as_stream(stream_)));
+  CUDA_CHECK(cudaStreamWaitEvent(nullptr, as_event(stop_), 0));
+}
+
+double CopyStream::finish() {
+  CUDA_CHECK(cudaEventSynchronize(as_event(stop_)));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, as_event(start_), as_event(stop_)));
+  return double(ms) / 1e3;
+}
+
 }  // namespace ms::cuda

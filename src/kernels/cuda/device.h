@@ -1,7 +1,7 @@
 #pragma once
 // The CUDA backend's device plumbing, usable from plain C++ without CUDA headers: whether a GPU
-// is there, device memory as an owning buffer, and waiting for queued work. Kernels run on the
-// default stream (streams come with the GPU forward).
+// is there, device memory as an owning buffer, waiting for queued work, and the copy stream that
+// fills the expert pool. Kernels run on the default stream (the compute stream).
 #include <cstddef>
 #include <vector>
 
@@ -51,6 +51,42 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// Host memory registered with the driver (page-locked) for the lifetime of this object, so that
+// copies from it run asynchronously at full PCIe speed.
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  HostRegistration(void* p, size_t bytes);
+  ~HostRegistration();
+  HostRegistration(HostRegistration&& o) noexcept : ptr_(o.ptr_) { o.ptr_ = nullptr; }
+  HostRegistration& operator=(HostRegistration&&) = delete;
+  HostRegistration(const HostRegistration&) = delete;
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// Host-to-device copies on their own stream, beside the compute stream. One batch at a time:
+// begin() orders the batch after the compute queued so far (it may still read the slots being
+// overwritten), copy() queues, end() makes later compute wait for the batch, finish() waits on
+// the host and returns the seconds the batch's copies took on the GPU.
+class CopyStream {
+ public:
+  CopyStream();
+  ~CopyStream();
+  CopyStream(const CopyStream&) = delete;
+  CopyStream& operator=(const CopyStream&) = delete;
+
+  void begin();
+  void copy(void* dst, const void* src, size_t bytes);
+  void end();
+  double finish();
+
+ private:
+  void* stream_ = nullptr;  // cudaStream_t
+  void* compute_done_ = nullptr, *start_ = nullptr, *stop_ = nullptr;  // cudaEvent_t
 };
 
 }  // namespace ms::cuda

@@ -1,0 +1,55 @@
+#pragma once
+// The expert pool of the CUDA backend: per MoE layer a fixed set of VRAM slots (allocated at
+// start, one buffer per layer), fed from the host tier below it. The host tier is an ExpertStore:
+// with --host-cache a cache in host RAM with its own policy, without it staging slots that keep
+// nothing. Either way its slots are registered with the driver, reads land there by io_uring +
+// O_DIRECT and go on to VRAM with cudaMemcpyAsync on a copy stream. Built with MOESTREAM_CUDA.
+#if MOESTREAM_CUDA
+#include <memory>
+#include <vector>
+
+#include "experts/expert_store.h"
+#include "kernels/cuda/device.h"
+
+namespace ms {
+
+struct CopyStats {
+  uint64_t bytes = 0;  // host -> VRAM
+  double copy_s = 0;   // GPU time of the copies
+};
+
+class DeviceExpertStore {
+ public:
+  // `vram`: slots, caps, pins and policy of the VRAM pools (io options are the host tier's).
+  // Layers whose pool holds every expert are filled now. `host` must outlive this store.
+  DeviceExpertStore(ExpertStore& host, const StoreOptions& vram);
+
+  int capacity(int layer) const { return pools_[size_t(layer)]->capacity(); }
+  int free_capacity(int layer) const { return capacity(layer) - pools_[size_t(layer)]->pinned(); }
+
+  // As ExpertStore::acquire, returning device addresses of the records. A miss is published once
+  // its copy is ordered before all later work of the compute stream.
+  std::vector<const uint8_t*> acquire(int layer, const std::vector<int>& experts);
+  void release(int layer);
+
+  std::vector<LayerStats> stats() const;  // the VRAM pools; bytes_read/read_s count the copies
+  CopyStats copies() const { return copies_; }
+  size_t resident_bytes() const;  // VRAM slots
+  const ExpertStore& host() const { return host_; }
+
+ private:
+  void fill(int layer, const std::vector<ExpertPool::Miss>& misses);
+  uint8_t* slot_data(int layer, int slot) const {
+    return slots_[size_t(layer)].as<uint8_t>() + size_t(slot) * host_.index().layers[size_t(layer)].stride;
+  }
+
+  ExpertStore& host_;
+  std::vector<cuda::HostRegistration> pinned_host_;
+  std::vector<std::unique_ptr<ExpertPool>> pools_;  // bookkeeping; the bytes are in slots_
+  std::vector<cuda::DeviceBuffer> slots_;
+  cuda::CopyStream copy_;
+  CopyStats copies_;
+};
+
+}  // namespace ms
+#endif

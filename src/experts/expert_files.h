@@ -1,0 +1,45 @@
+#pragma once
+// The expert blobs of an engine directory, open for reading records in batches (all misses of a
+// layer together). Every record read is checked: I/O errors, short reads (a truncated blob) and,
+// with `verify`, the record's checksum; a failure names the file, layer and expert.
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "experts/io_engine.h"
+#include "format/engine_dir.h"
+
+namespace ms {
+
+struct ReadResult {
+  uint64_t bytes = 0;
+  double seconds = 0;  // wall time the batch was in flight
+};
+
+class ExpertFiles {
+ public:
+  ExpertFiles(const std::string& dir, const EngineIndex& index, IoKind io, bool direct_io, bool verify);
+  ~ExpertFiles();
+  ExpertFiles(const ExpertFiles&) = delete;
+  ExpertFiles& operator=(const ExpertFiles&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  const EngineIndex& index() const { return index_; }
+  const char* io_name() const { return io_->name(); }
+
+  // Reads record experts[i] of expert layer `layer` into dsts[i] (4 KiB aligned, stride bytes)
+  // in one batch; throws naming the first record that failed. Safe from several threads.
+  ReadResult read(int layer, const std::vector<int>& experts, const std::vector<uint8_t*>& dsts);
+
+ private:
+  std::string dir_;
+  EngineIndex index_;
+  bool verify_;
+  std::vector<int> fds_;
+  std::unique_ptr<IoEngine> io_;
+  std::mutex io_mu_;  // one batch at a time through the engine
+};
+
+}  // namespace ms

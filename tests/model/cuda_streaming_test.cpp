@@ -1,0 +1,184 @@
+// The VRAM expert pool (experts/device_store.h) under the GPU forward: DESIGN.md invariant 1 on
+// the GPU. A run whose pools hold a few experts per layer, fed from SSD through the host tier
+// (staging or a cache) and the copy stream, is bit-identical to the run with every expert in
+// VRAM; the tiers count what they did; budgets below the floor are refused by name. Built with
+// MOESTREAM_CUDA; skipped where no GPU is present.
+#if MOESTREAM_CUDA
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "experts/device_store.h"
+#include "kernels/cuda/device.h"
+#include "model/model.h"
+#include "runtime/convert.h"
+#include "runtime/generate.h"
+#include "test_support.h"
+#include "util/error.h"
+
+namespace ms {
+namespace {
+
+#define MS_REQUIRE_GPU() \
+  if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device: the VRAM pool runs only on a machine with an NVIDIA GPU"
+
+struct RunResult {
+  std::vector<float> logits;  // every prompt position
+  std::vector<int> tokens;    // greedy continuation
+  std::vector<LayerStats> vram, host;
+};
+
+ModelOptions on_gpu(int vram_slots = 0, uint64_t host_cache = 0) {
+  ModelOptions o;
+  o.device = Device::Cuda;
+  o.experts.slots = vram_slots;
+  o.host_cache = host_cache;
+  return o;
+}
+
+RunResult run_model(const std::string& dir, const ModelOptions& opt, const std::vector<int>& prompt, int n_new) {
+  auto model = Model::load(dir, opt);
+  State s = model->new_state();
+  RunResult r;
+  r.logits = model->forward(prompt.data(), int(prompt.size()), s, {.all_logits = true}).logits;
+  State g = model->new_state();
+  r.tokens = generate_greedy(*model, g, prompt, {.max_tokens = n_new, .stop_at_eos = false});
+  r.vram = model->device_experts()->stats();
+  r.host = model->experts()->stats();
+  return r;
+}
+
+std::vector<int> prompt_of(int n, int vocab) {
+  std::vector<int> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 37 + 11) % vocab);
+  return p;
+}
+
+uint64_t slot_row_bytes(const std::string& dir) {
+  const ModelConfig cfg = load_config(dir);
+  uint64_t b = 0;
+  for (const ExpertLayer& l : read_engine_index(dir, cfg).layers) b += l.stride;
+  return b;
+}
+
+PoolStats total(const std::vector<LayerStats>& layers) {
+  PoolStats t;
+  for (const LayerStats& l : layers) t += l.pool;
+  return t;
+}
+
+void check_vram_streaming_is_exact(const std::string& dir, const std::vector<int>& prompt, int n_new) {
+  const ModelConfig cfg = load_config(dir);
+  const RunResult want = run_model(dir, on_gpu(), prompt, n_new);
+  EXPECT_EQ(total(want.vram).misses, uint64_t(0)) << "every expert is read into VRAM at load";
+  const uint64_t row = slot_row_bytes(dir);
+  for (int slots : {cfg.top_k, cfg.top_k + 1, (cfg.top_k + cfg.n_experts) / 2})
+    for (PolicyKind policy : {PolicyKind::LRU, PolicyKind::LFU})
+      for (uint64_t host_cache : {uint64_t(0), row * uint64_t(cfg.top_k), row * uint64_t(cfg.n_experts)}) {
+        ModelOptions opt = on_gpu(slots, host_cache);
+        opt.experts.policy = policy;
+        const RunResult got = run_model(dir, opt, prompt, n_new);
+        const std::string what = std::to_string(slots) + " VRAM slots, policy " + policy_name(policy) +
+                                 ", host cache " + std::to_string(host_cache / row) + " rows";
+        ASSERT_EQ(got.logits.size(), want.logits.size());
+        ASSERT_EQ(std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * sizeof(float)), 0)
+            << "logits differ at " << what;
+        ASSERT_EQ(got.tokens, want.tokens) << what;
+        const PoolStats v = total(got.vram), h = total(got.host);
+        EXPECT_GT(v.misses, uint64_t(0)) << what;
+        // Every VRAM miss came up from the host tier: one record copied, one host acquire.
+        uint64_t copied = 0;
+        for (const LayerStats& l : got.vram) copied += l.pool.misses * l.slot_bytes;
+        EXPECT_EQ(v.bytes_read, copied) << what;
+        EXPECT_EQ(h.hits + h.misses, v.misses) << what;
+        if (host_cache == 0) EXPECT_EQ(h.hits, uint64_t(0)) << "staging keeps nothing: " << what;
+        if (host_cache == row * uint64_t(cfg.n_experts))  // the host holds every expert: each read once
+          for (const LayerStats& l : got.host) EXPECT_LE(l.pool.misses, uint64_t(cfg.n_experts)) << l.name << ", " << what;
+      }
+}
+
+TEST(CudaStreaming, Qwen3NextTinyBf16RecordsAreBitIdenticalToAllResident) {
+  MS_REQUIRE_GPU();
+  MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", src);
+  const std::string dir = test::scratch_dir("cuda-stream") + "/next16";
+  convert_checkpoint({.from = src, .out = dir, .expert_bits = 16});
+  check_vram_streaming_is_exact(dir, prompt_of(41, 1024), 6);
+}
+
+TEST(CudaStreaming, PycoderQ4IsBitIdenticalToAllResident) {
+  MS_REQUIRE_GPU();
+  const std::string dir = std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4";
+  check_vram_streaming_is_exact(dir, prompt_of(48, 8192), 6);
+}
+
+TEST(CudaStreaming, VramBudgetSizesThePoolsAndRefusesBelowTheFloor) {
+  MS_REQUIRE_GPU();
+  const std::string dir = std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4";
+  ModelOptions opt = on_gpu();
+  opt.vram_budget = 1ull << 20;
+  test::expect_error([&] { Model::load(dir, opt); }, {"VRAM budget", "below the floor", "expert slots per layer"});
+  opt.vram_budget = 256ull << 20;
+  auto model = Model::load(dir, opt);
+  const MemoryPlan& p = model->memory_plan();
+  EXPECT_GE(p.slots, model->config().top_k);
+  EXPECT_LE(p.dense + p.kv + p.activations + p.pool, opt.vram_budget);
+  for (const LayerStats& l : model->device_experts()->stats()) EXPECT_EQ(l.capacity, p.slots) << l.name;
+}
+
+TEST(CudaStreaming, HostCacheBelowOneTokenIsRefused) {
+  MS_REQUIRE_GPU();
+  const std::string dir = std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4";
+  test::expect_error([&] { Model::load(dir, on_gpu(8, 4096)); }, {"--host-cache", "one token's 8 experts"});
+  test::expect_error([&] { Model::load(dir, on_gpu(7)); }, {"7 VRAM expert slots", "one token's 8 routed experts"});
+}
+
+// A corrupt record found by --verify on its way to VRAM is named and never published: once the
+// file is mended, the same forward gives what a fresh model gives.
+TEST(CudaStreaming, CorruptRecordIsNamedAndNeverPublished) {
+  MS_REQUIRE_GPU();
+  const std::string dir = test::scratch_dir("cuda-corrupt") + "/model";
+  std::filesystem::copy(std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4", dir,
+                        std::filesystem::copy_options::recursive);
+  const ModelConfig cfg = load_config(dir);
+  const ExpertLayer layer = read_engine_index(dir, cfg).layers[2];
+  const std::string blob = dir + "/" + layer.file;
+  const auto at = std::streamoff(layer.stride * 5 + 100);
+  char original[3];
+  auto write_at = [&](const char* bytes) {
+    std::fstream f(blob, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    if (bytes != original) f.read(original, 3);
+    f.seekp(at);
+    f.write(bytes, 3);
+  };
+  write_at("\x5a\x5a\x5a");
+  ModelOptions opt = on_gpu(8);
+  opt.experts.verify = true;
+  opt.experts.direct_io = false;  // the mended bytes must be what the next read sees
+  auto model = Model::load(dir, opt);
+  std::string error;
+  std::vector<int> failing;
+  for (int attempt = 0; attempt < 64 && error.empty(); ++attempt) {
+    State s = model->new_state();
+    failing = prompt_of(16 + attempt, 8192);
+    try {
+      model->forward(failing.data(), int(failing.size()), s);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  ASSERT_FALSE(error.empty()) << "expert 5 of layer 2 was never routed";
+  EXPECT_NE(error.find("checksum mismatch"), std::string::npos) << error;
+  EXPECT_NE(error.find(layer.name + ", expert 5"), std::string::npos) << error;
+  write_at(original);
+  State s = model->new_state(), f = model->new_state();
+  const std::vector<float> got = model->forward(failing.data(), int(failing.size()), s).logits;
+  const std::vector<float> want = Model::load(dir, on_gpu())->forward(failing.data(), int(failing.size()), f).logits;
+  EXPECT_EQ(got, want);
+}
+
+}  // namespace
+}  // namespace ms
+#endif
