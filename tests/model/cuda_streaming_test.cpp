@@ -72,7 +72,10 @@ PoolStats total(const std::vector<LayerStats>& layers) {
 void check_vram_streaming_is_exact(const std::string& dir, const std::vector<int>& prompt, int n_new) {
   const ModelConfig cfg = load_config(dir);
   const RunResult want = run_model(dir, on_gpu(), prompt, n_new);
-  EXPECT_EQ(total(want.vram).misses, uint64_t(0)) << "every expert is read into VRAM at load";
+  for (const LayerStats& l : want.vram) {  // every expert read into VRAM once, at load
+    EXPECT_EQ(l.pool.misses, uint64_t(cfg.n_experts)) << l.name;
+    EXPECT_EQ(l.pool.evictions, uint64_t(0)) << l.name;
+  }
   const uint64_t row = slot_row_bytes(dir);
   for (int slots : {cfg.top_k, cfg.top_k + 1, (cfg.top_k + cfg.n_experts) / 2})
     for (PolicyKind policy : {PolicyKind::LRU, PolicyKind::LFU})
@@ -160,9 +163,11 @@ TEST(CudaStreaming, CorruptRecordIsNamedAndNeverPublished) {
   auto model = Model::load(dir, opt);
   std::string error;
   std::vector<int> failing;
-  for (int attempt = 0; attempt < 64 && error.empty(); ++attempt) {
+  // Long, varied prompts route most experts; expert 5 of layer 2 is read within a few of them.
+  for (int attempt = 0; attempt < 20 && error.empty(); ++attempt) {
     State s = model->new_state();
-    failing = prompt_of(16 + attempt, 8192);
+    failing.clear();
+    for (int t = 0; t < 256; ++t) failing.push_back((t * 131 + attempt * 17) % 8192);
     try {
       model->forward(failing.data(), int(failing.size()), s);
     } catch (const Error& e) {

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# GPU streaming benchmark (not a test), for a machine with an NVIDIA GPU: decode tok/s and the
+# stall share with the VRAM expert pool capped, the host tier off (staging only) and on, for
+#  - a synthetic Qwen3-Next-80B-A3B-shaped model (random weights, 4-bit experts, 8-bit dense),
+#    LAYERS layers, at --vram 4G, 8G, 16G;
+#  - the embedded pycoder-moe-q4 with every expert in VRAM and with 8 and 16 VRAM slots a layer;
+# next to the machine's own limits measured in the same run: the device-to-device copy
+# bandwidth (bench_cuda_matvec), and the disk's O_DIRECT read rate at the record size (dd).
+#
+#   bench/cuda_streaming_bench.sh
+#
+# Environment: MOESTREAM (binary, default build/moestream), MATVEC (bench_cuda_matvec binary,
+# default build/bench/bench_cuda_matvec), BENCH_DIR (where the model is written, default
+# /var/tmp/moestream-bench), LAYERS (16), TOKENS (decode tokens, 64), HOST_CACHE (the host tier
+# when on, 32G), KEEP=1 keeps the model.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${MOESTREAM:-$ROOT/build/moestream}
+MATVEC=${MATVEC:-$ROOT/build/bench/bench_cuda_matvec}
+WORK=${BENCH_DIR:-/var/tmp/moestream-bench}
+LAYERS=${LAYERS:-16}
+TOKENS=${TOKENS:-64}
+HOST_CACHE=${HOST_CACHE:-32G}
+IDS=1000,2000,3000,4000,5000,6000,7000,8000,9000,10000,11000,12000,13000,14000,15000,16000
+PYCODER=$ROOT/models/pycoder-moe-q4
+
+[[ -x $BIN ]] || { echo "no moestream binary at $BIN" >&2; exit 1; }
+mkdir -p "$WORK"
+MODEL=$WORK/qwen3-next-80b-a3b-synth
+trap '[[ ${KEEP:-0} == 1 ]] || rm -rf "$MODEL" "$MODEL".tmp-*' EXIT
+log() { printf '%s\n' "$*" >&2; }
+
+if [[ ! -f $MODEL/moestream.json ]]; then
+  log "== synth: 80b-a3b shape, $LAYERS layers, 4-bit experts, 8-bit dense"
+  t0=$(date +%s.%N)
+  "$BIN" synth --like 80b-a3b --layers "$LAYERS" --expert-bits 4 --out "$MODEL" --force >&2
+  log "synth took $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}') s; $(du -sh "$MODEL" | cut -f1) on disk"
+fi
+STRIDE=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['expert_layers'][0]['stride'])" "$MODEL/moestream.json")
+
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
+
+# ---- the machine's limits ----
+drop_caches
+DISK=$(dd if="$MODEL/experts/layer_001.bin" of=/dev/null bs="$STRIDE" count=256 iflag=direct 2>&1 |
+       awk '/copied/ {print $(NF-1), $NF}')
+HBM=""
+[[ -x $MATVEC ]] && HBM=$("$MATVEC" 2>/dev/null | grep -i -m1 "copy" || true)
+
+# ---- decode runs ----
+RESULTS=()
+run_case() {  # name model args...
+  local name=$1 model=$2
+  shift 2
+  local err=$WORK/run-$name.log rc=0
+  drop_caches
+  "$BIN" generate --device cuda --model "$model" --ids "$IDS" --max-tokens "$TOKENS" --ignore-eos --stats "$@" \
+    > /dev/null 2> "$err" || rc=$?
+  local decode total vhit stall hhit stages
+  decode=$(sed -n 's/.*decode [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' "$err")
+  total=$(sed -n 's/.*| total \([0-9.]*\) s$/\1/p' "$err")
+  # The first "total" row is the VRAM pool's, the second the host tier's.
+  read -r vhit stall <<<"$(awk '$1 == "total" && NF == 8 {print $5, $8; exit}' "$err")"
+  hhit=$(awk '$1 == "total" && NF == 8 {n++; if (n == 2) print $5}' "$err")
+  stages=$(sed -n 's/^stages: ssd->host \([0-9.]*\) GB\/s.*host->vram \([0-9.]*\) GB\/s.*/\1 \2/p' "$err")
+  local share
+  share=$(awk -v s="${stall:-0}" -v t="${total:-0}" 'BEGIN {printf "%.3f", (t > 0 ? s / t : 0)}')
+  RESULTS+=("$(printf '%-22s %4d %9s %7s %7s %8s %8s %8s' "$name" "$rc" "${decode:--}" "${vhit:--}" "${hhit:--}" \
+    "$share" ${stages:-- -})")
+  log "== $name (exit $rc)"
+  cat "$err" >&2
+}
+for vram in 4G 8G 16G; do
+  run_case "80b-vram$vram" "$MODEL" --vram "$vram"
+  run_case "80b-vram$vram-host$HOST_CACHE" "$MODEL" --vram "$vram" --host-cache "$HOST_CACHE"
+done
+run_case "pycoder-all-in-vram" "$PYCODER"
+for slots in 8 16; do
+  run_case "pycoder-slots$slots" "$PYCODER" --expert-slots "$slots"
+  run_case "pycoder-slots$slots-host" "$PYCODER" --expert-slots "$slots" --host-cache 1G
+done
+
+echo
+echo "moestream GPU streaming benchmark: Qwen3-Next-80B-A3B shape, $LAYERS layers, random weights, 4-bit experts ($STRIDE-byte records); pycoder-moe-q4"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
+echo "disk: O_DIRECT sequential reads of $STRIDE-byte records (dd): ${DISK:-?}"
+echo "HBM: ${HBM:-bench_cuda_matvec not found}"
+echo "decode/s: decode tok/s over $TOKENS tokens after a 16-token prompt; vram_hit, host_hit: hit rates;"
+echo "stall_sh: time waiting on expert reads+copies over prefill+decode; ssd_GBs, h2d_GBs: achieved stage rates"
+printf '%-22s %4s %9s %7s %7s %8s %8s %8s\n' case exit "decode/s" vram_hit host_hit stall_sh ssd_GBs h2d_GBs
+printf '%s\n' "${RESULTS[@]}"
