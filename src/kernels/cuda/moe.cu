@@ -22,7 +22,8 @@ constexpr int kDownThreads = 256;
 
 // softmax, top-k and the picked weights of one row of logits. The exponentials are rounded once
 // from double (as a correctly rounded expf) and summed by one thread in index order, so that the
-// probabilities are cpu::softmax's bit for bit and near-ties break as on the CPU.
+// probabilities are cpu::softmax's bit for bit wherever the host's expf rounds correctly (all
+// but a few values in ten thousand with glibc) and near-ties break as on the CPU.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, int K, bool norm_topk,
                                                               float* probs, int* ids, float* weights) {
   extern __shared__ float p[];  // [E], then taken flags [E]

@@ -3,7 +3,8 @@
 // route_topk: the routed ids must equal cpu::softmax then cpu::top_k's exactly, near-ties
 // included; probabilities and weights are computed with the CPU's arithmetic (exp correctly
 // rounded, sums in order) and are held to 2 ulps (glibc's expf, the CPU's exp, is not correctly
-// rounded in every case).
+// rounded in every case). On the H200: ids all equal, weights bit-equal, probabilities within
+// 1.2e-7 with at most 7 of 16k values not bit-equal.
 //
 // moe_experts: the reference runs each (token, slot) row with cpu::matmul on expert_weights()
 // of the same records, cpu::silu_mul, and sums w·y over the slots in order. Tolerance: each
@@ -14,6 +15,7 @@
 // kTol·Σ|d h| + Σ|d|·bound(h), for out Σ_k |w_k|·bound(y_k) + kTol·Σ_k |w_k y_k|. The error
 // reported is the largest |gpu − cpu| / bound, which must be ≤ 1; the same bound serves bf16 and
 // every affine width, whose magnitudes count |s·q| + |b| per weight as the kernels round them.
+// On the H200 the largest err/bound is 5.4e-3 (bf16, 256/64), 1e-4 or less for most cases.
 #include <gtest/gtest.h>
 
 #include <algorithm>
