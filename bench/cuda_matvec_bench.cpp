@@ -3,12 +3,17 @@
 // same run by a device-to-device copy. Each shape is replicated over enough copies that their
 // sum is well past the L2 cache, and the calls cycle over the copies, as a decode step's experts
 // and layers do. Bytes counted: weights, scales and biases, x read and y written.
+// Then the routed experts of a decode step at Qwen3-Next-80B's shape: cuda::moe_experts against
+// the per-expert launches it replaces, and cuda::route_topk.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
+
+#include "format/engine_dir.h"
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device.h"
@@ -81,6 +86,80 @@ void run(const Config& c, int group, int T, double hbm, const std::string& filte
               type.c_str(), T, ms * 1e3, gbps, 100.0 * gbps / hbm);
 }
 
+// One decode step's routed experts at Qwen3-Next-80B's shape (hidden 2048, moe_intermediate 512,
+// 512 experts of 4-bit g64 records, top 10): moe_experts (two launches), and what the forward
+// runs without it, per expert matmul x3 + silu_mul + scatter_scaled and then sum_slots. Each
+// call routes to 10 random distinct experts of the 512 (885 MB of records, past the L2). Bytes
+// counted: the 10 records' weights, scales and biases, x read and out written.
+void run_moe(double hbm, const std::string& filter) {
+  if (std::string("moe_experts 80B q4 g64").find(filter) == std::string::npos) return;
+  constexpr int H = 2048, I = 512, E = 512, K = 10, kRoutes = 256;
+  const ExpertLayer layer = plan_expert_layer("model.layers.0.mlp", "experts/layer_000.bin", E,
+                                              {ProjSpec{4, 64, I, H}, ProjSpec{4, 64, I, H}, ProjSpec{4, 64, H, I}});
+  cuda::DeviceBuffer blob(size_t(E) * layer.stride), x(H * 4), out(H * 4), h(size_t(K) * I * 4),
+      g(I * 4), u(I * 4), y(H * 4), partial(size_t(K) * H * 4), dw(K * 4), dslots(K * 4);
+  CUDA_CHECK(cudaMemset(blob.data(), 0x3c, blob.size()));  // codes 0x3c, bf16 scales and biases ≈ 0.0115
+  CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.size()));
+  dw.upload(std::vector<float>(K, 1.0f / K).data(), K * 4);
+  std::vector<int> slots(K);
+  for (int k = 0; k < K; ++k) slots[size_t(k)] = k;
+  dslots.upload(slots.data(), K * 4);
+
+  std::mt19937 rng(5);
+  std::vector<int> all(E);
+  for (int e = 0; e < E; ++e) all[size_t(e)] = e;
+  std::vector<int> ids;  // [kRoutes][K]
+  std::vector<const uint8_t*> records;
+  for (int r = 0; r < kRoutes; ++r) {
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int k = 0; k < K; ++k) {
+      ids.push_back(all[size_t(k)]);
+      records.push_back(blob.as<uint8_t>() + size_t(all[size_t(k)]) * layer.stride);
+    }
+  }
+  const cuda::DeviceBuffer drecords = cuda::DeviceBuffer::from(records);
+  cuda::RecordMat proj[3];
+  size_t expert_bytes = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    const ProjLayout& p = layer.proj[i];
+    proj[i] = {p.bits, p.group, p.rows, p.cols, p.q_offset, p.scales_offset, p.biases_offset};
+    expert_bytes += p.q_bytes + 2 * p.scales_bytes;
+  }
+  const double bytes = double(K) * double(expert_bytes) + 2.0 * H * 4;
+  auto report = [&](const char* what, double ms) {
+    const double gbps = bytes / (ms * 1e6);
+    std::printf("%-40s T=1 K=%d %9.2f us %8.0f GB/s %5.1f%% of copy\n", what, K, ms * 1e3, gbps, 100.0 * gbps / hbm);
+  };
+  const int rounds = 2000;
+  report("moe_experts 80B q4 g64 (2 launches)", time_ms(rounds, [&](int i) {
+           cuda::moe_experts(x.as<float>(), 1, K, drecords.as<const uint8_t*>() + size_t(i % kRoutes) * K,
+                             dw.as<float>(), proj, out.as<float>(), h.as<float>());
+         }));
+  auto mat = [&](const uint8_t* rec, const ProjLayout& p) {
+    return Mat{WeightType::Affine, rec + p.q_offset, p.rows, p.cols, p.bits, p.group,
+               reinterpret_cast<const uint16_t*>(rec + p.scales_offset),
+               reinterpret_cast<const uint16_t*>(rec + p.biases_offset)};
+  };
+  report("per-expert launches (51)", time_ms(rounds / 4, [&](int i) {
+           for (int k = 0; k < K; ++k) {
+             const uint8_t* rec = records[size_t(i % kRoutes) * K + size_t(k)];
+             cuda::matmul(x.as<float>(), 1, mat(rec, layer.proj[0]), g.as<float>());
+             cuda::matmul(x.as<float>(), 1, mat(rec, layer.proj[1]), u.as<float>());
+             cuda::silu_mul(g.as<float>(), u.as<float>(), g.as<float>(), I);
+             cuda::matmul(g.as<float>(), 1, mat(rec, layer.proj[2]), y.as<float>());
+             cuda::scatter_scaled(y.as<float>(), dslots.as<int>() + k, dw.as<float>() + k, 1, H, partial.as<float>());
+           }
+           cuda::sum_slots(partial.as<float>(), 1, K, H, out.as<float>());
+         }));
+
+  cuda::DeviceBuffer logits(E * 4), probs(E * 4), rid(K * 4), rw(K * 4);
+  CUDA_CHECK(cudaMemset(logits.data(), 0x3c, logits.size()));
+  const double route_ms = time_ms(rounds, [&](int) {
+    cuda::route_topk(logits.as<float>(), 1, E, K, true, probs.as<float>(), rid.as<int>(), rw.as<float>());
+  });
+  std::printf("%-40s T=1 E=%d K=%d %9.2f us\n", "route_topk", E, K, route_ms * 1e3);
+}
+
 }  // namespace
 
 // Optional argument: run only the cases whose "name type" contains it (e.g. "lm_head 151936 q4").
@@ -106,5 +185,6 @@ int main(int argc, char** argv) {
   std::printf("prefill/verify batches (weights reused by 4 tokens a block):\n");
   for (int T : {4, 16})
     for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter);
+  run_moe(hbm, filter);
   return 0;
 }

@@ -3,7 +3,6 @@
 // formulas, sums reduced in a tree rather than in order.
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cmath>
 #include <string>
 
@@ -85,37 +84,10 @@ __global__ void softmax_kernel(float* x, int n) {
   for (int i = threadIdx.x; i < n; i += kThreads) v[i] /= sum;
 }
 
-struct Best {
-  float v;
-  int i;
-};
-
-// a ranks before b: larger value, then lower index.
-__device__ __forceinline__ Best better(Best a, Best b) { return (a.v > b.v || (a.v == b.v && a.i < b.i)) ? a : b; }
-
-// k rounds of a block argmax over the row, each excluding the indices already taken.
+// One block per row.
 __global__ void top_k_kernel(const float* x, int n, int k, int* idx) {
   extern __shared__ unsigned char taken[];  // [n]
-  __shared__ Best warp_best[kThreads / 32];
-  const float* v = x + size_t(blockIdx.x) * n;
-  for (int i = threadIdx.x; i < n; i += kThreads) taken[i] = 0;
-  __syncthreads();
-  for (int round = 0; round < k; ++round) {
-    Best b{-INFINITY, INT_MAX};
-    for (int i = threadIdx.x; i < n; i += kThreads)
-      if (!taken[i]) b = better(b, Best{v[i], i});
-    for (int o = 16; o > 0; o >>= 1)
-      b = better(b, Best{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)});
-    if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = b;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      Best all = warp_best[0];
-      for (int w = 1; w < kThreads / 32; ++w) all = better(all, warp_best[w]);
-      idx[size_t(blockIdx.x) * k + round] = all.i;
-      taken[all.i] = 1;
-    }
-    __syncthreads();
-  }
+  block_top_k<kThreads>(x + size_t(blockIdx.x) * n, n, k, taken, idx + size_t(blockIdx.x) * k);
 }
 
 }  // namespace

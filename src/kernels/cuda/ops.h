@@ -3,6 +3,7 @@
 // same arguments and results, every pointer a device pointer (a Mat's data, scales and biases
 // too). Calls queue work on the default stream and return; argument errors throw ms::Error.
 // Plain C++: no CUDA headers needed to include this.
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/weights.h"
@@ -23,6 +24,33 @@ void softmax(float* x, int rows, int n);
 // Per row of x [rows, n]: the indices of the k largest values, largest first, ties to the lower
 // index (cpu::top_k on each row). idx: [rows, k].
 void top_k(const float* x, int rows, int n, int k, int* idx);
+
+// The router of a MoE block on the GPU, one block per token: probs = softmax of each row of
+// logits [T, E]; ids [T, K] its K largest, largest first, ties to the lower index; weights
+// [T, K] their probabilities, divided by their sum (taken in k order) when norm_topk. The same
+// arithmetic as cpu::softmax (exp correctly rounded, the sum in index order), cpu::top_k and
+// src/model/ffn_block.cpp's route(), so that the routed ids are the CPU path's. E ≤ 8192.
+void route_topk(const float* logits, int T, int E, int K, bool norm_topk, float* probs, int* ids, float* weights);
+
+// One projection of an expert record (format/engine_dir.h's ProjLayout, whose fields these
+// are): [rows, cols] bf16 at q_offset when bits is 16, else affine (quant/affine.h) with the q
+// bit streams at q_offset and bf16 scales and biases [rows, cols/group] at their offsets.
+struct RecordMat {
+  int bits = 16, group = 0, rows = 0, cols = 0;
+  size_t q_offset = 0, scales_offset = 0, biases_offset = 0;
+};
+
+// The routed experts of T tokens, K each, in two launches: row j = t·K + k runs the expert
+// whose record is records[j] on x[t]: h_j = silu(gate·x_t) · (up·x_t), y_j = down·h_j; then
+// out[t] = Σ_k weights[t·K + k] · y_{t·K+k}, summed in k order (what scatter_scaled and
+// sum_slots give). proj: gate [I, H], up [I, H], down [H, I], gate and up of one bit width.
+// records: a device array of T·K device pointers, each 16-byte aligned, repeats allowed;
+// weights [T, K]; x [T, H], out [T, H] and scratch (moe_scratch_floats) 16-byte aligned.
+// Per row the arithmetic of cuda::matmul at T = 1, and the result deterministic.
+void moe_experts(const float* x, int T, int K, const uint8_t* const* records, const float* weights,
+                 const RecordMat (&proj)[3], float* out, float* scratch);
+// Floats of scratch moe_experts needs: h, [T·K, I].
+size_t moe_scratch_floats(int T, int K, const RecordMat (&proj)[3]);
 
 // Gated DeltaNet (kernels/cpu/deltanet.h). gated_delta_rule runs the recurrent update token by
 // token for any T.

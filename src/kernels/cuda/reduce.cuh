@@ -2,6 +2,8 @@
 // Warp and block reductions shared by the CUDA kernels.
 #include <cuda_runtime.h>
 
+#include <climits>
+
 namespace ms::cuda {
 
 template <class T>
@@ -35,6 +37,40 @@ __device__ T block_reduce(T v) {
   }
   __syncthreads();
   return total;
+}
+
+struct Best {
+  float v;
+  int i;
+};
+
+// a ranks before b: larger value, then lower index.
+__device__ __forceinline__ Best better(Best a, Best b) { return (a.v > b.v || (a.v == b.v && a.i < b.i)) ? a : b; }
+
+// idx[0..k) = the indices of the k largest of v[0..n), largest first, ties to the lower index
+// (cpu::top_k): k rounds of a block argmax, each excluding the indices already taken. taken:
+// shared memory of n bytes. Called by every thread of the block; ends with a barrier.
+template <int THREADS>
+__device__ void block_top_k(const float* v, int n, int k, unsigned char* taken, int* idx) {
+  __shared__ Best warp_best[THREADS / 32];
+  for (int i = threadIdx.x; i < n; i += THREADS) taken[i] = 0;
+  __syncthreads();
+  for (int round = 0; round < k; ++round) {
+    Best b{-INFINITY, INT_MAX};
+    for (int i = threadIdx.x; i < n; i += THREADS)
+      if (!taken[i]) b = better(b, Best{v[i], i});
+    for (int o = 16; o > 0; o >>= 1)
+      b = better(b, Best{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)});
+    if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = b;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      Best all = warp_best[0];
+      for (int w = 1; w < THREADS / 32; ++w) all = better(all, warp_best[w]);
+      idx[round] = all.i;
+      taken[all.i] = 1;
+    }
+    __syncthreads();
+  }
 }
 
 __device__ __forceinline__ float bf16_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }

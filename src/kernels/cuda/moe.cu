@@ -1,0 +1,266 @@
+// The MoE block's routing and routed experts on the GPU, for decode-sized batches: no host round
+// trip and a few launches in all. route_topk: one block per token. moe_experts: gate·x and up·x
+// of every (token, slot) row in one launch (silu·up fused), then down and the weighted sum over
+// the slots in a second, each over weight_dot.cuh's chunk decoding as cuda::matmul at T = 1.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/weight_dot.cuh"
+
+namespace ms::cuda {
+namespace {
+
+constexpr int kRouteThreads = 256;
+constexpr int kMaxExperts = 8192;    // probabilities and taken flags of a row in 48 KB of shared memory
+constexpr int kGateUpThreads = 128;  // small blocks: more of them over the few rows of an expert
+constexpr int kDownThreads = 256;
+
+// softmax, top-k and the picked weights of one row of logits. The exponentials are rounded once
+// from double (as a correctly rounded expf) and summed by one thread in index order, so that the
+// probabilities are cpu::softmax's bit for bit wherever the host's expf rounds correctly (all
+// but a few values in ten thousand with glibc) and near-ties break as on the CPU.
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, int K, bool norm_topk,
+                                                              float* probs, int* ids, float* weights) {
+  extern __shared__ float p[];  // [E], then taken flags [E]
+  unsigned char* taken = reinterpret_cast<unsigned char*>(p + E);
+  __shared__ float total;
+  const float* x = logits + size_t(blockIdx.x) * E;
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < E; i += kRouteThreads) mx = fmaxf(mx, x[i]);
+  mx = block_reduce<kRouteThreads, true>(mx);
+  for (int i = threadIdx.x; i < E; i += kRouteThreads) p[i] = float(exp(double(x[i] - mx)));
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    for (int i = 0; i < E; ++i) s += p[i];
+    total = s;
+  }
+  __syncthreads();
+  const float sum = total;
+  float* pr = probs + size_t(blockIdx.x) * E;
+  for (int i = threadIdx.x; i < E; i += kRouteThreads) pr[i] = p[i] = p[i] / sum;
+  __syncthreads();
+  int* id = ids + size_t(blockIdx.x) * K;
+  block_top_k<kRouteThreads>(p, E, K, taken, id);
+  if (threadIdx.x == 0) {  // the ids it wrote itself
+    float* w = weights + size_t(blockIdx.x) * K;
+    float s = 0.f;
+    for (int k = 0; k < K; ++k) s += (w[k] = p[id[k]]);
+    if (norm_topk)
+      for (int k = 0; k < K; ++k) w[k] /= s;
+  }
+}
+
+// A projection's place in a record, as the kernels take it.
+struct ProjArgs {
+  size_t q, scales, biases;
+  int rows, cols, chunks_per_group_log2;
+};
+
+__device__ __forceinline__ WeightArgs weights_of(const uint8_t* record, const ProjArgs& p) {
+  return {record + p.q, reinterpret_cast<const uint16_t*>(record + p.scales),
+          reinterpret_cast<const uint16_t*>(record + p.biases), p.rows, p.cols, p.chunks_per_group_log2};
+}
+
+// Block (set, j): rows of set `set` of gate and up of record j on x[j / K], and
+// h[j] = silu(gate·x) · (up·x) for them (cuda::silu_mul's formula).
+template <int BITS>
+__global__ void __launch_bounds__(kGateUpThreads) gate_up_kernel(const float* __restrict__ x, int K,
+                                                                 const uint8_t* const* records, ProjArgs gate,
+                                                                 ProjArgs up, float* __restrict__ h, int split_log2) {
+  constexpr int R = kRowsPerThread<BITS>;
+  extern __shared__ float4 smem[];
+  const int H = gate.cols, I = gate.rows, j = blockIdx.y;
+  float4* xs = smem;                                                            // [H/32][kChunkSlots]
+  float* xsum = reinterpret_cast<float*>(smem + size_t(H / kChunk) * kChunkSlots);  // [H/32]
+  stage_activations<BITS, kGateUpThreads>(x + size_t(j / K) * H, 1, 1, H, xs, xsum);
+
+  const uint8_t* record = records[j];
+  const WeightArgs W[2] = {weights_of(record, gate), weights_of(record, up)};
+  const int split = 1 << split_log2, lane = threadIdx.x & (split - 1), grp = threadIdx.x >> split_log2;
+  const int groups = kGateUpThreads >> split_log2;
+  const int nsets = (I + groups * R - 1) / (groups * R);
+  for (int set = blockIdx.x; set < nsets; set += gridDim.x) {  // uniform over the block
+    const int r0 = (set * groups + grp) * R;
+    float acc[2][R][1] = {};
+    dot_rows<BITS, 1, 2>(xs, xsum, W, r0, lane, split, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float g = sum_lanes(acc[0][r][0], split), u = sum_lanes(acc[1][r][0], split);
+      if (lane == 0 && r0 + r < I) h[size_t(j) * I + size_t(r0 + r)] = g / (1.0f + expf(-g)) * u;
+    }
+  }
+}
+
+// Block (b, t): rows [b·quads·R, (b+1)·quads·R) of out[t]. The K rows h[t·K + k] are staged
+// together; the groups take the (quad of rows, slot) items, and once all are done each row is
+// summed over the slots in k order: out = Σ_k fl(w_k · y_k), as scatter_scaled then sum_slots.
+template <int BITS>
+__global__ void __launch_bounds__(kDownThreads) down_sum_kernel(const float* __restrict__ h, int K,
+                                                                const uint8_t* const* records,
+                                                                const float* __restrict__ weights, ProjArgs down,
+                                                                int quads, float* __restrict__ out, int split_log2) {
+  constexpr int R = kRowsPerThread<BITS>;
+  extern __shared__ float4 smem[];
+  const int I = down.cols, H = down.rows, nchunks = I / kChunk, t = blockIdx.y;
+  const int block_rows = quads * R, row0 = blockIdx.x * block_rows;
+  float4* xs = smem;                                                                  // [K][nchunks][kChunkSlots]
+  float* xsum = reinterpret_cast<float*>(smem + size_t(K) * nchunks * kChunkSlots);  // [K][nchunks]
+  float* ys = xsum + size_t(K) * nchunks;                                             // [K][block_rows]
+  stage_activations<BITS, kDownThreads>(h + size_t(t) * K * I, K, K, I, xs, xsum);
+
+  const int split = 1 << split_log2, lane = threadIdx.x & (split - 1), grp = threadIdx.x >> split_log2;
+  const int groups = kDownThreads >> split_log2;
+  const int items = quads * K;
+  // Rounds of `groups` items, the same number for every lane (the shuffles need whole warps):
+  // a group past the end recomputes the last item and does not store it.
+  for (int base = 0; base < items; base += groups) {
+    const int item = min(base + grp, items - 1), k = item % K, q = item / K;
+    const WeightArgs W[1] = {weights_of(records[size_t(t) * K + k], down)};
+    float acc[1][R][1] = {};
+    dot_rows<BITS, 1, 1>(xs + size_t(k) * nchunks * kChunkSlots, xsum + size_t(k) * nchunks, W, row0 + q * R, lane,
+                         split, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float y = sum_lanes(acc[0][r][0], split);
+      if (lane == 0 && base + grp < items) ys[k * block_rows + q * R + r] = y;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < block_rows && row0 + i < H; i += kDownThreads) {
+    float o = 0.f;
+    for (int k = 0; k < K; ++k) o = __fadd_rn(o, __fmul_rn(weights[size_t(t) * K + k], ys[k * block_rows + i]));
+    out[size_t(t) * H + size_t(row0 + i)] = o;
+  }
+}
+
+// Lets `kernel` use the device's whole shared memory; returns that size. Once per kernel.
+template <class Kernel>
+int allow_max_smem(Kernel kernel) {
+  const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, m));
+  return m;
+}
+
+void check_smem(size_t need, int max, const char* what) {
+  if (need > size_t(max))
+    arg_fail(std::string("cuda::moe_experts: ") + what + " needs " + std::to_string(need) +
+             " bytes of shared memory, more than the device's " + std::to_string(max));
+}
+
+// Bytes of staged activations (and chunk sums) for n rows of `cols`.
+size_t staged_bytes(int n, int cols) {
+  return size_t(n) * size_t(cols / kChunk) * (kChunkSlots * sizeof(float4) + sizeof(float));
+}
+
+template <int BITS>
+void launch_gate_up(const float* x, int n, int K, const uint8_t* const* records, const ProjArgs& gate,
+                    const ProjArgs& up, float* h) {
+  constexpr int R = kRowsPerThread<BITS>;
+  static const int max_smem = allow_max_smem(gate_up_kernel<BITS>);
+  const size_t smem = staged_bytes(1, gate.cols);
+  check_smem(smem, max_smem, "gate/up");
+  const int split_log2 = std::min(5, floor_log2(gate.cols / kChunk));
+  const int rows_per_set = (kGateUpThreads >> split_log2) * R;
+  const dim3 grid(unsigned((gate.rows + rows_per_set - 1) / rows_per_set), unsigned(n));
+  gate_up_kernel<BITS><<<grid, kGateUpThreads, smem>>>(x, K, records, gate, up, h, split_log2);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int BITS>
+void launch_down(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
+                 const ProjArgs& down, float* out) {
+  constexpr int R = kRowsPerThread<BITS>;
+  static const int max_smem = allow_max_smem(down_sum_kernel<BITS>);
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  const int split_log2 = std::min(5, floor_log2(down.cols / kChunk));
+  const int groups = kDownThreads >> split_log2;
+  auto blocks = [&](int quads) { return (down.rows + quads * R - 1) / (quads * R) * T; };
+  // More rows a block while its items still fit one round of the groups and the blocks still
+  // fill the chip twice over: each block stages all K rows of h, which fewer blocks repeat less.
+  int quads = 1;
+  while (quads < 16 && 2 * quads * K <= groups && blocks(2 * quads) >= 2 * sms) quads *= 2;
+  const size_t smem = staged_bytes(K, down.cols) + size_t(K) * quads * R * sizeof(float);
+  check_smem(smem, max_smem, "down");
+  const dim3 grid(unsigned((down.rows + quads * R - 1) / (quads * R)), unsigned(T));
+  down_sum_kernel<BITS><<<grid, kDownThreads, smem>>>(h, K, records, weights, down, quads, out, split_log2);
+  CUDA_CHECK_LAUNCH();
+}
+
+ProjArgs proj_args(const RecordMat& m, const char* name) {
+  const std::string what = std::string("cuda::moe_experts: ") + name + " ";
+  if (m.rows <= 0 || m.cols <= 0 || m.cols % kChunk != 0)
+    arg_fail(what + "[" + std::to_string(m.rows) + ", " + std::to_string(m.cols) +
+             "]: cols must be a positive multiple of 32");
+  if (m.q_offset % 16 != 0) arg_fail(what + "q_offset " + std::to_string(m.q_offset) + " is not 16-byte aligned");
+  int group_log2 = 0;
+  if (m.bits != 16) {
+    if (m.bits != 2 && m.bits != 3 && m.bits != 4 && m.bits != 8)
+      arg_fail(what + "bits " + std::to_string(m.bits) + " is not 16 (bf16), 2, 3, 4 or 8");
+    if ((m.group != 32 && m.group != 64 && m.group != 128) || m.cols % m.group != 0)
+      arg_fail(what + "group " + std::to_string(m.group) + " is not 32, 64 or 128 dividing cols " +
+               std::to_string(m.cols));
+    if (m.scales_offset % 2 != 0 || m.biases_offset % 2 != 0) arg_fail(what + "scales or biases offset is odd");
+    group_log2 = floor_log2(m.group / kChunk);
+  }
+  return {m.q_offset, m.scales_offset, m.biases_offset, m.rows, m.cols, group_log2};
+}
+
+bool misaligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; }
+
+}  // namespace
+
+void route_topk(const float* logits, int T, int E, int K, bool norm_topk, float* probs, int* ids, float* weights) {
+  if (E <= 0 || E > kMaxExperts)
+    arg_fail("cuda::route_topk: " + std::to_string(E) + " experts; 1.." + std::to_string(kMaxExperts) + " supported");
+  if (K < 1 || K > E) arg_fail("cuda::route_topk: top-k " + std::to_string(K) + " outside 1.." + std::to_string(E));
+  if (T <= 0) return;
+  route_kernel<<<unsigned(T), kRouteThreads, size_t(E) * (sizeof(float) + 1)>>>(logits, E, K, norm_topk, probs, ids,
+                                                                                 weights);
+  CUDA_CHECK_LAUNCH();
+}
+
+size_t moe_scratch_floats(int T, int K, const RecordMat (&proj)[3]) {
+  return size_t(std::max(T, 0)) * size_t(std::max(K, 0)) * size_t(std::max(proj[0].rows, 0));
+}
+
+void moe_experts(const float* x, int T, int K, const uint8_t* const* records, const float* weights,
+                 const RecordMat (&proj)[3], float* out, float* scratch) {
+  if (T <= 0) return;
+  if (K < 1 || int64_t(T) * K > 65535)
+    arg_fail("cuda::moe_experts: T " + std::to_string(T) + " x K " + std::to_string(K) +
+             " rows; 1..65535 in one call");
+  const ProjArgs gate = proj_args(proj[0], "gate"), up = proj_args(proj[1], "up"), down = proj_args(proj[2], "down");
+  const int I = gate.rows, H = gate.cols;
+  if (up.rows != I || up.cols != H || down.rows != H || down.cols != I)
+    arg_fail("cuda::moe_experts: projections gate [" + std::to_string(I) + ", " + std::to_string(H) + "], up [" +
+             std::to_string(up.rows) + ", " + std::to_string(up.cols) + "], down [" + std::to_string(down.rows) +
+             ", " + std::to_string(down.cols) + "] do not fit one expert ([I, H], [I, H], [H, I])");
+  if (proj[0].bits != proj[1].bits)
+    arg_fail("cuda::moe_experts: gate has " + std::to_string(proj[0].bits) + " bits, up " +
+             std::to_string(proj[1].bits) + "; they run fused and must match");
+  if (misaligned(x) || misaligned(out) || misaligned(scratch))
+    arg_fail("cuda::moe_experts: x, out and scratch must be 16-byte aligned");
+  const int n = T * K;
+  switch (proj[0].bits) {
+    case 16: launch_gate_up<16>(x, n, K, records, gate, up, scratch); break;
+    case 2: launch_gate_up<2>(x, n, K, records, gate, up, scratch); break;
+    case 3: launch_gate_up<3>(x, n, K, records, gate, up, scratch); break;
+    case 4: launch_gate_up<4>(x, n, K, records, gate, up, scratch); break;
+    case 8: launch_gate_up<8>(x, n, K, records, gate, up, scratch); break;
+  }
+  switch (proj[2].bits) {
+    case 16: return launch_down<16>(scratch, T, K, records, weights, down, out);
+    case 2: return launch_down<2>(scratch, T, K, records, weights, down, out);
+    case 3: return launch_down<3>(scratch, T, K, records, weights, down, out);
+    case 4: return launch_down<4>(scratch, T, K, records, weights, down, out);
+    case 8: return launch_down<8>(scratch, T, K, records, weights, down, out);
+  }
+}
+
+}  // namespace ms::cuda

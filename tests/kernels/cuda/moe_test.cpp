@@ -1,0 +1,393 @@
+// cuda::route_topk and cuda::moe_experts against the CPU path on the same inputs.
+//
+// route_topk: the routed ids must equal cpu::softmax then cpu::top_k's exactly, near-ties
+// included; probabilities and weights are computed with the CPU's arithmetic (exp correctly
+// rounded, sums in order) and are held to 2 ulps (glibc's expf, the CPU's exp, is not correctly
+// rounded in every case). On the H200: ids all equal, weights bit-equal, probabilities within
+// 1.2e-7 with at most 7 of 16k values not bit-equal.
+//
+// moe_experts: the reference runs each (token, slot) row with cpu::matmul on expert_weights()
+// of the same records, cpu::silu_mul, and sums w·y over the slots in order. Tolerance: each
+// float32 dot may differ from the CPU's by kTol = 1e-6 of the sum of the magnitudes of its terms
+// (the bound of matmul_test.cpp, where the H200 shows at most 5e-8), silu by kTol relative, and
+// these errors are carried through exactly: for h = silu(g)·u the bound is
+// kTol·(1.1·|u|·Σ|g x| + |silu(g)|·Σ|u x| + |h|) (|silu'| ≤ 1.1), for y = down·h it is
+// kTol·Σ|d h| + Σ|d|·bound(h), for out Σ_k |w_k|·bound(y_k) + kTol·Σ_k |w_k y_k|. The error
+// reported is the largest |gpu − cpu| / bound, which must be ≤ 1; the same bound serves bf16 and
+// every affine width, whose magnitudes count |s·q| + |b| per weight as the kernels round them.
+// On the H200 the largest err/bound is 5.4e-3 (bf16, 256/64), 1e-4 or less for most cases.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "format/engine_dir.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/ops.h"
+#include "model/weights.h"
+#include "quant/affine.h"
+#include "util/error.h"
+#include "util/half.h"
+
+namespace ms::cuda::test {
+namespace {
+
+constexpr double kTol = 1e-6;
+
+// ---------------------------------------------------------------------------------------------
+// Router
+
+struct RouteCase {
+  int T, E, K;
+  bool norm;
+  enum { Random, NearTies, AllEqual, Underflow } kind;
+};
+
+std::string name(const RouteCase& c) {
+  static const char* kinds[] = {"random", "near-ties", "all-equal", "underflow"};
+  return "T=" + std::to_string(c.T) + " E=" + std::to_string(c.E) + " K=" + std::to_string(c.K) +
+         (c.norm ? " norm " : " ") + kinds[c.kind];
+}
+
+// Logits of one row: near-ties make the values ranked around the top K equal to or one ulp off
+// their neighbour in rank, so that the order depends on the last bit of the probabilities.
+Vec route_logits(Rng& rng, const RouteCase& c) {
+  Vec x = rng.normals(size_t(c.E), c.kind == RouteCase::Underflow ? 60.0f : 2.0f);
+  if (c.kind == RouteCase::AllEqual) std::fill(x.begin(), x.end(), 0.25f);
+  if (c.kind == RouteCase::NearTies) {
+    std::vector<int> order(static_cast<size_t>(c.E));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return x[size_t(a)] > x[size_t(b)]; });
+    for (int r = 1; r < std::min(c.E, 3 * c.K); ++r) {
+      const float prev = x[size_t(order[size_t(r - 1)])];
+      float& v = x[size_t(order[size_t(r)])];
+      switch (rng.gen() % 3) {
+        case 0: v = prev; break;
+        case 1: v = std::nextafter(prev, -INFINITY); break;
+        default: v = std::nextafter(prev, INFINITY); break;
+      }
+    }
+  }
+  return x;
+}
+
+double rel_diff(float a, float b) { return a == b ? 0.0 : std::abs(double(a) - b) / std::max(std::abs(double(b)), 1e-30); }
+
+TEST(CudaRoute, IdsMatchCpuExactly) {
+  MS_REQUIRE_CUDA();
+  Rng rng(21);
+  const RouteCase cases[] = {{1, 512, 10, true, RouteCase::Random},    {4, 512, 10, true, RouteCase::NearTies},
+                             {16, 512, 10, true, RouteCase::NearTies}, {3, 128, 8, true, RouteCase::NearTies},
+                             {2, 64, 4, false, RouteCase::NearTies},   {2, 64, 64, true, RouteCase::Random},
+                             {2, 512, 10, true, RouteCase::AllEqual},  {3, 512, 10, false, RouteCase::Underflow},
+                             {2, 8192, 1, true, RouteCase::NearTies},  {1, 7, 3, true, RouteCase::Random}};
+  for (const RouteCase& c : cases) {
+    Vec logits;
+    for (int t = 0; t < c.T; ++t) {
+      const Vec row = route_logits(rng, c);
+      logits.insert(logits.end(), row.begin(), row.end());
+    }
+    // The CPU path: cpu::softmax, cpu::top_k, and the weights as ffn_block.cpp's route().
+    Vec probs = logits;
+    cpu::softmax(probs.data(), c.T, c.E);
+    std::vector<int> ids(size_t(c.T) * c.K);
+    Vec weights(ids.size());
+    for (int t = 0; t < c.T; ++t) {
+      const float* p = probs.data() + size_t(t) * c.E;
+      int* id = ids.data() + size_t(t) * c.K;
+      float* w = weights.data() + size_t(t) * c.K;
+      cpu::top_k(p, c.E, c.K, id);
+      float sum = 0.f;
+      for (int k = 0; k < c.K; ++k) sum += (w[k] = p[id[k]]);
+      if (c.norm)
+        for (int k = 0; k < c.K; ++k) w[k] /= sum;
+    }
+
+    DeviceBuffer dl = dev(logits), dp(probs.size() * 4), di(ids.size() * 4), dw(weights.size() * 4);
+    route_topk(dl.as<float>(), c.T, c.E, c.K, c.norm, dp.as<float>(), di.as<int>(), dw.as<float>());
+    const Vec gp = host(dp), gw = host(dw);
+    const std::vector<int> gi = di.to_vector<int>();
+
+    int mismatched = 0;
+    for (size_t i = 0; i < ids.size(); ++i) mismatched += gi[i] != ids[i];
+    record("route_topk ids", name(c) + " (mismatched)", mismatched, 0);
+    EXPECT_EQ(gi, ids) << name(c);
+    double perr = 0, werr = 0;
+    int pbits = 0;
+    for (size_t i = 0; i < probs.size(); ++i) perr = std::max(perr, rel_diff(gp[i], probs[i])), pbits += gp[i] != probs[i];
+    for (size_t i = 0; i < weights.size(); ++i) werr = std::max(werr, rel_diff(gw[i], weights[i]));
+    record("route_topk probs", name(c) + " (" + std::to_string(pbits) + " not bit-equal)", perr, 2.4e-7);
+    record("route_topk weights", name(c), werr, 2.4e-7);
+    EXPECT_LE(perr, 2.4e-7) << name(c);
+    EXPECT_LE(werr, 2.4e-7) << name(c);
+  }
+}
+
+TEST(CudaRoute, RejectsWhatItCannotRun) {
+  MS_REQUIRE_CUDA();
+  DeviceBuffer buf(1 << 20);
+  float* f = buf.as<float>();
+  int* i = buf.as<int>();
+  EXPECT_THROW(route_topk(f, 1, 9000, 8, true, f, i, f), Error);  // too many experts
+  EXPECT_THROW(route_topk(f, 1, 8, 9, true, f, i, f), Error);     // k > E
+  EXPECT_THROW(route_topk(f, 1, 8, 0, true, f, i, f), Error);     // k = 0
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routed experts
+
+struct ExpertSet {
+  ExpertLayer layout;
+  std::vector<uint8_t> blob;  // n_experts records at layout.stride
+  const uint8_t* record(int e) const { return blob.data() + size_t(e) * layout.stride; }
+};
+
+// E experts with random weights: bits 16 stores bf16, else quantize()'s affine data.
+ExpertSet random_experts(Rng& rng, int E, int H, int I, int bits_gate_up, int bits_down, int group) {
+  auto spec = [&](int bits, int rows, int cols) { return ProjSpec{bits, bits == kRawBits ? 0 : group, rows, cols}; };
+  ExpertSet s;
+  s.layout = plan_expert_layer("model.layers.0.mlp", "experts/layer_000.bin", E,
+                               {spec(bits_gate_up, I, H), spec(bits_gate_up, I, H), spec(bits_down, H, I)});
+  s.blob.assign(size_t(E) * s.layout.stride, 0);
+  for (int e = 0; e < E; ++e)
+    for (const ProjLayout& p : s.layout.proj) {
+      uint8_t* rec = s.blob.data() + size_t(e) * s.layout.stride;
+      Vec w = rng.normals(size_t(p.rows) * p.cols, 0.05f);
+      if (p.bits == kRawBits) {
+        auto* q = reinterpret_cast<uint16_t*>(rec + p.q_offset);
+        for (size_t i = 0; i < w.size(); ++i) q[i] = f32_to_bf16(w[i]);
+        continue;
+      }
+      for (auto& v : w) v += 0.01f;
+      const QuantBuffer qb = quantize(w.data(), p.rows, p.cols, p.bits, p.group);
+      EXPECT_EQ(qb.q.size(), p.q_bytes);
+      std::memcpy(rec + p.q_offset, qb.q.data(), qb.q.size());
+      std::memcpy(rec + p.scales_offset, qb.scales.data(), p.scales_bytes);
+      std::memcpy(rec + p.biases_offset, qb.biases.data(), p.scales_bytes);
+    }
+  return s;
+}
+
+// |weight| of each column of row r as the kernels' sums see it: |bf16| or |s·q| + |b|.
+void abs_row(const Mat& W, int r, Vec& out) {
+  out.resize(size_t(W.cols));
+  if (W.type == WeightType::BF16) {
+    const auto* p = static_cast<const uint16_t*>(W.data) + size_t(r) * W.cols;
+    for (int c = 0; c < W.cols; ++c) out[size_t(c)] = std::abs(bf16_to_f32(p[c]));
+    return;
+  }
+  const QuantMat q = W.quant();
+  dequantize_row(q, r, out.data());
+  for (int c = 0; c < W.cols; ++c) {
+    const float b = bf16_to_f32(q.biases[size_t(r) * q.groups_per_row() + size_t(c / q.group)]);
+    out[size_t(c)] = std::abs(out[size_t(c)] - b) + std::abs(b);
+  }
+}
+
+// m[r] = Σ_c |W[r, c]|·v[c].
+Vec abs_matvec(const Mat& W, const Vec& v) {
+  Vec m(static_cast<size_t>(W.rows)), a;
+  for (int r = 0; r < W.rows; ++r) {
+    abs_row(W, r, a);
+    double s = 0;
+    for (int c = 0; c < W.cols; ++c) s += double(a[size_t(c)]) * v[size_t(c)];
+    m[size_t(r)] = float(s);
+  }
+  return m;
+}
+
+Vec abs_of(const float* p, size_t n) {
+  Vec v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = std::abs(p[i]);
+  return v;
+}
+
+struct Reference {
+  Vec out, bound;  // [T, H] each
+};
+
+// The CPU path on ids [T, K] and weights [T, K], with the error bound of the file comment.
+Reference reference(const ExpertSet& s, const Vec& x, int T, int K, const std::vector<int>& ids, const Vec& wt) {
+  const int I = s.layout.proj[0].rows, H = s.layout.proj[0].cols;
+  Reference ref{Vec(size_t(T) * H, 0.f), Vec(size_t(T) * H, 0.f)};
+  const size_t In = size_t(I), Hn = size_t(H);
+  Vec g(In), u(In), h(In), y(Hn), bh(In), wy_mag(size_t(T) * Hn, 0.f);
+  for (int t = 0; t < T; ++t) {
+    const float* xt = x.data() + size_t(t) * H;
+    const Vec ax = abs_of(xt, size_t(H));
+    for (int k = 0; k < K; ++k) {
+      const size_t j = size_t(t) * K + k;
+      const MlpWeights m = expert_weights(s.layout, s.record(ids[j]));
+      cpu::matmul(xt, 1, m.gate, g.data());
+      cpu::matmul(xt, 1, m.up, u.data());
+      cpu::silu_mul(g.data(), u.data(), h.data(), I);
+      cpu::matmul(h.data(), 1, m.down, y.data());
+      const Vec mg = abs_matvec(m.gate, ax), mu = abs_matvec(m.up, ax);
+      for (int i = 0; i < I; ++i) {
+        const double silu = g[size_t(i)] / (1.0 + std::exp(-double(g[size_t(i)])));
+        bh[size_t(i)] = float(kTol * (1.1 * std::abs(u[size_t(i)]) * mg[size_t(i)] + std::abs(silu) * mu[size_t(i)] +
+                                      std::abs(h[size_t(i)])));
+      }
+      const Vec mdh = abs_matvec(m.down, abs_of(h.data(), size_t(I))), mdb = abs_matvec(m.down, bh);
+      const float w = wt[j];
+      for (int r = 0; r < H; ++r) {
+        const size_t o = size_t(t) * H + r;
+        ref.out[o] += w * y[size_t(r)];
+        ref.bound[o] += std::abs(w) * float(kTol * mdh[size_t(r)] + mdb[size_t(r)]);
+        wy_mag[o] += std::abs(w * y[size_t(r)]);
+      }
+    }
+  }
+  for (size_t o = 0; o < ref.bound.size(); ++o) ref.bound[o] += float(kTol * wy_mag[o]);
+  return ref;
+}
+
+RecordMat record_mat(const ProjLayout& p) {
+  return {p.bits, p.group, p.rows, p.cols, p.q_offset, p.scales_offset, p.biases_offset};
+}
+
+// The experts on the device and moe_experts on them.
+struct DeviceExperts {
+  explicit DeviceExperts(const ExpertSet& s)
+      : blob(DeviceBuffer::from(s.blob)),
+        proj{record_mat(s.layout.proj[0]), record_mat(s.layout.proj[1]), record_mat(s.layout.proj[2])},
+        stride(s.layout.stride) {}
+
+  Vec run(const Vec& x, int T, int K, const std::vector<int>& ids, const Vec& wt) const {
+    const int H = proj[0].cols;
+    std::vector<const uint8_t*> records;
+    for (int e : ids) records.push_back(blob.as<uint8_t>() + size_t(e) * stride);
+    // out starts as NaN: every output must be written.
+    DeviceBuffer dr = DeviceBuffer::from(records), dx = dev(x), dw = dev(wt), dout = dev(Vec(size_t(T) * H, NAN)),
+                 scratch(moe_scratch_floats(T, K, proj) * 4);
+    moe_experts(dx.as<float>(), T, K, dr.as<const uint8_t*>(), dw.as<float>(), proj, dout.as<float>(),
+                scratch.as<float>());
+    return host(dout);
+  }
+
+  DeviceBuffer blob;
+  RecordMat proj[3];
+  size_t stride;
+};
+
+struct Routed {
+  std::vector<int> ids;  // [T, K], distinct within a token, repeated across tokens
+  Vec weights;           // [T, K], positive, summing to 1 per token
+};
+
+Routed random_routes(Rng& rng, int T, int K, int E, bool same_for_all) {
+  Routed r;
+  std::vector<int> all(static_cast<size_t>(E));
+  std::iota(all.begin(), all.end(), 0);
+  for (int t = 0; t < T; ++t) {
+    if (!same_for_all || t == 0) std::shuffle(all.begin(), all.end(), rng.gen);
+    r.ids.insert(r.ids.end(), all.begin(), all.begin() + K);
+    Vec w(static_cast<size_t>(K));
+    float sum = 0.f;
+    for (auto& v : w) sum += (v = rng.uniform(0.05f, 1.0f));
+    for (auto& v : w) r.weights.push_back(v / sum);
+  }
+  return r;
+}
+
+struct MoeCase {
+  int H, I, bits_gate_up, bits_down, group, T, K, E;
+  bool same_experts;
+};
+
+std::string name(const MoeCase& c) {
+  auto b = [](int bits) { return bits == 16 ? std::string("bf16") : "q" + std::to_string(bits); };
+  return std::to_string(c.H) + "/" + std::to_string(c.I) + " " + b(c.bits_gate_up) + "/" + b(c.bits_down) + " g" +
+         std::to_string(c.group) + " T=" + std::to_string(c.T) + " K=" + std::to_string(c.K) +
+         (c.same_experts ? " same" : "");
+}
+
+std::vector<MoeCase> moe_cases() {
+  struct Shape {
+    int H, I;
+  };
+  // pycoder-moe (hidden 256, moe_intermediate 64), Qwen3-Next-80B (2048, 512), and one between.
+  const Shape shapes[] = {{256, 64}, {2048, 512}, {512, 384}};
+  struct Batch {
+    int T, K;
+  };
+  const Batch batches[] = {{1, 1}, {1, 10}, {2, 8}, {4, 10}};
+  const int groups[] = {64, 32, 128};
+  std::vector<MoeCase> cases;
+  int n = 0;
+  for (int bits : {16, 2, 3, 4, 8})
+    for (const Batch& b : batches) {
+      const Shape s = shapes[size_t(n % 3)];
+      int group = groups[size_t(n / 3 % 3)];
+      while (s.I % group != 0) group /= 2;
+      cases.push_back({s.H, s.I, bits, bits, group, b.T, b.K, 16, false});
+      ++n;
+    }
+  // Down at another width than gate and up, and every token on the same experts.
+  cases.push_back({2048, 512, 4, 8, 64, 2, 10, 12, false});
+  cases.push_back({512, 384, 4, 16, 64, 2, 8, 12, false});
+  cases.push_back({256, 64, 16, 4, 32, 3, 8, 12, false});
+  cases.push_back({512, 384, 3, 2, 128, 1, 10, 12, false});
+  cases.push_back({2048, 512, 4, 4, 64, 4, 10, 10, true});
+  cases.push_back({256, 64, 8, 8, 64, 4, 8, 8, true});
+  return cases;
+}
+
+TEST(CudaMoe, ExpertsMatchCpu) {
+  MS_REQUIRE_CUDA();
+  Rng rng(31);
+  for (const MoeCase& c : moe_cases()) {
+    const ExpertSet s = random_experts(rng, c.E, c.H, c.I, c.bits_gate_up, c.bits_down, c.group);
+    const Routed r = random_routes(rng, c.T, c.K, c.E, c.same_experts);
+    const Vec x = rng.normals(size_t(c.T) * c.H);
+    const Reference ref = reference(s, x, c.T, c.K, r.ids, r.weights);
+    const Vec got = DeviceExperts(s).run(x, c.T, c.K, r.ids, r.weights);
+    double err = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double e = std::abs(double(got[i]) - ref.out[i]) / (ref.bound[i] + 1e-30);
+      err = std::max(err, std::isnan(e) ? INFINITY : e);
+    }
+    record("moe_experts", name(c) + " (err/bound)", err, 1.0);
+    EXPECT_LE(err, 1.0) << name(c);
+  }
+}
+
+TEST(CudaMoe, TwoCallsBitIdentical) {
+  MS_REQUIRE_CUDA();
+  Rng rng(32);
+  for (const MoeCase& c : {MoeCase{2048, 512, 4, 4, 64, 4, 10, 16, false}, MoeCase{256, 64, 16, 16, 0, 2, 8, 8, false}}) {
+    const ExpertSet s = random_experts(rng, c.E, c.H, c.I, c.bits_gate_up, c.bits_down, c.group);
+    const Routed r = random_routes(rng, c.T, c.K, c.E, false);
+    const Vec x = rng.normals(size_t(c.T) * c.H);
+    const DeviceExperts d(s);
+    const Vec a = d.run(x, c.T, c.K, r.ids, r.weights), b = d.run(x, c.T, c.K, r.ids, r.weights);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << name(c);
+  }
+}
+
+TEST(CudaMoe, RejectsWhatItCannotRun) {
+  MS_REQUIRE_CUDA();
+  DeviceBuffer buf(1 << 20);
+  const float* x = buf.as<float>();
+  float* y = buf.as<float>();
+  const auto* rec = buf.as<const uint8_t*>();
+  const RecordMat gate{4, 64, 64, 256, 0, 8192, 9216}, down{4, 64, 256, 64, 0, 8192, 9216};
+  RecordMat p[3] = {gate, gate, down};
+  p[1].bits = 8;  // gate and up at different widths
+  EXPECT_THROW(moe_experts(x, 1, 2, rec, x, p, y, y), Error);
+  RecordMat q[3] = {gate, gate, gate};  // down not [H, I]
+  EXPECT_THROW(moe_experts(x, 1, 2, rec, x, q, y, y), Error);
+  RecordMat r[3] = {gate, gate, down};
+  r[0].group = 48, r[1].group = 48;
+  EXPECT_THROW(moe_experts(x, 1, 2, rec, x, r, y, y), Error);
+  RecordMat a[3] = {gate, gate, down};
+  EXPECT_THROW(moe_experts(x + 1, 1, 2, rec, x, a, y, y), Error);  // misaligned x
+}
+
+}  // namespace
+}  // namespace ms::cuda::test
