@@ -28,6 +28,7 @@ DeviceExpertStore::DeviceExpertStore(ExpertStore& host, const StoreOptions& vram
         for (int e : experts) pools_[i]->pin(e);
         release(int(i));
       }
+  tables_.resize(index.layers.size());
   for (size_t i = 0; i < index.layers.size(); ++i) {
     if (capacity(int(i)) < index.layers[i].n_experts) continue;
     std::vector<int> all(size_t(index.layers[i].n_experts));
@@ -41,7 +42,12 @@ DeviceExpertStore::DeviceExpertStore(ExpertStore& host, const StoreOptions& vram
       acquire(int(i), unpinned);
       release(int(i));
     }
+    std::vector<const uint8_t*> table;
+    for (int e = 0; e < index.layers[i].n_experts; ++e) table.push_back(slot_data(int(i), pools_[i]->slot_of(e)));
+    tables_[i] = cuda::DeviceBuffer::from(table);
   }
+  for (auto& p : pools_) p->reset_stats();
+  host_.reset_stats();
 }
 
 std::vector<const uint8_t*> DeviceExpertStore::acquire(int layer, const std::vector<int>& experts) {

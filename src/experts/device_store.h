@@ -22,6 +22,7 @@ class DeviceExpertStore {
  public:
   // `vram`: slots, caps, pins and policy of the VRAM pools (io options are the host tier's).
   // Layers whose pool holds every expert are filled now. `host` must outlive this store.
+  // Statistics (this store's and the host tier's) count from the end of the load.
   DeviceExpertStore(ExpertStore& host, const StoreOptions& vram);
 
   int capacity(int layer) const { return pools_[size_t(layer)]->capacity(); }
@@ -31,6 +32,10 @@ class DeviceExpertStore {
   // its copy is ordered before all later work of the compute stream.
   std::vector<const uint8_t*> acquire(int layer, const std::vector<int>& experts);
   void release(int layer);
+  // For a layer whose pool holds every expert (filled at load, never evicted): a device array
+  // of n_experts record addresses, so that the GPU finds routed experts without the host.
+  // Null for a layer that streams.
+  const uint8_t* const* resident_table(int layer) const { return tables_[size_t(layer)].as<const uint8_t*>(); }
 
   std::vector<LayerStats> stats() const;  // the VRAM pools; bytes_read/read_s count the copies
   CopyStats copies() const { return copies_; }
@@ -47,6 +52,7 @@ class DeviceExpertStore {
   std::vector<cuda::HostRegistration> pinned_host_;
   std::vector<std::unique_ptr<ExpertPool>> pools_;  // bookkeeping; the bytes are in slots_
   std::vector<cuda::DeviceBuffer> slots_;
+  std::vector<cuda::DeviceBuffer> tables_;  // resident_table per layer, empty for a streamed one
   cuda::CopyStream copy_;
   CopyStats copies_;
 };

@@ -81,6 +81,10 @@ std::vector<LayerStats> ExpertStore::stats() const {
   return r;
 }
 
+void ExpertStore::reset_stats() {
+  for (auto& p : pools_) p->reset_stats();
+}
+
 size_t ExpertStore::resident_bytes() const {
   size_t b = 0;
   for (auto& p : pools_) b += size_t(p->capacity()) * p->slot_bytes();

@@ -53,6 +53,7 @@ class ExpertStore {
   void pin(int layer, const std::vector<int>& experts);
 
   std::vector<LayerStats> stats() const;
+  void reset_stats();
   size_t resident_bytes() const;  // the slots' memory
   // Where the slots of `layer` live (capacity x stride bytes): to register them with a GPU.
   uint8_t* slot_memory(int layer) const { return pools_[size_t(layer)]->slot_data(0); }

@@ -152,6 +152,11 @@ void ExpertPool::add_io(uint64_t bytes, double read_s, double stall_s) {
   stats_.stall_s += stall_s;
 }
 
+void ExpertPool::reset_stats() {
+  std::lock_guard lk(mu_);
+  stats_ = {};
+}
+
 PoolStats ExpertPool::stats() const {
   std::lock_guard lk(mu_);
   return stats_;

@@ -58,6 +58,7 @@ class ExpertPool {
 
   void add_io(uint64_t bytes, double read_s, double stall_s);
   PoolStats stats() const;
+  void reset_stats();
 
  private:
   int pick_slot_locked(uint64_t now);

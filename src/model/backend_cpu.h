@@ -17,6 +17,7 @@ struct CpuBackend {
   using Buf = std::vector<float>;
   using KV = KVCache;
   using Linear = LinearState;
+  static constexpr bool kOnDevice = false;
 
   State& state;
   ExpertStore* experts = nullptr;  // an engine directory's streamed experts
@@ -57,6 +58,9 @@ struct CpuBackend {
   void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) const {
     cpu::rmsnorm_gated(x, z, w, rows, dim, eps, out);
   }
+
+  // The CPU has no decode-only MoE path: ffn_block's grouping serves every T.
+  bool moe_on_device(const ModelConfig&, const FfnWeights&, const float*, int, float*, int*, float*) const { return false; }
 
   void add(float* x, const float* y, size_t n) const {
     for (size_t i = 0; i < n; ++i) x[i] += y[i];

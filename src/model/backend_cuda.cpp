@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 
 #include "kernels/cuda/check.h"
@@ -170,6 +171,39 @@ const float* DeviceWeights::vec(const std::vector<float>& host) const {
   auto it = vecs_.find(host.data());
   if (it == vecs_.end()) fail("a vector of {} floats the forward uses was not copied to the GPU", host.size());
   return it->second;
+}
+
+bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out,
+                                int* routes, float* router_probs) const {
+  if (T != 1 || w.store_layer < 0 || !experts) return false;
+  const int E = cfg.n_experts, K = cfg.top_k, layer = w.store_layer;
+  Buf logits = alloc(size_t(E)), probs = alloc(size_t(E)), weights = alloc(size_t(K));
+  DeviceArray<int> ids{size_t(K)};
+  matmul(x, 1, mat(w.router), logits.data());
+  cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs.data(), ids.data(), weights.data());
+
+  const uint8_t* const* table = experts->resident_table(layer);
+  std::vector<int> host_ids;
+  if (routes || !table) host_ids = ids.to_vector();
+  DeviceArray<const uint8_t*> records{size_t(K)};
+  if (table) {
+    cuda::lookup_records(table, ids.data(), K, records.data());
+  } else {
+    const std::vector<const uint8_t*> acquired = experts->acquire(layer, host_ids);
+    copy_to_device(records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
+  }
+  const std::array<ProjLayout, 3>& p = w.record_layout->proj;
+  const cuda::RecordMat proj[3] = {
+      {p[0].bits, p[0].group, p[0].rows, p[0].cols, p[0].q_offset, p[0].scales_offset, p[0].biases_offset},
+      {p[1].bits, p[1].group, p[1].rows, p[1].cols, p[1].q_offset, p[1].scales_offset, p[1].biases_offset},
+      {p[2].bits, p[2].group, p[2].rows, p[2].cols, p[2].q_offset, p[2].scales_offset, p[2].biases_offset}};
+  Buf scratch = alloc(cuda::moe_scratch_floats(1, K, proj));
+  cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data());
+  // Slots held until the kernels are queued: the copy stream orders any refill after them.
+  if (!table) experts->release(layer);
+  if (routes) std::copy(host_ids.begin(), host_ids.end(), routes);
+  if (router_probs) copy_to_host(router_probs, probs.data(), size_t(E) * sizeof(float));
+  return true;
 }
 
 CudaBackend::ExpertGroups CudaBackend::expert_groups(const std::vector<std::vector<int>>& users,

@@ -107,6 +107,7 @@ struct CudaBackend {
   using Buf = DeviceArray<float>;
   using KV = DeviceKV;
   using Linear = DeviceLinear;
+  static constexpr bool kOnDevice = true;
 
   const DeviceWeights& weights;
   DeviceState& state;
@@ -162,6 +163,13 @@ struct CudaBackend {
   void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H) const {
     cuda::sigmoid_gated_add(out, s, g, T, H);
   }
+
+  // One token's MoE layer of an engine directory in a few launches: the router's top-k on the
+  // GPU, then cuda::moe_experts over the routed records. The routed ids come to the host only
+  // when the layer's pool streams (to read its misses) or `routes` asks for them. False, doing
+  // nothing, where this does not apply (T > 1, a checkpoint's experts).
+  bool moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
+                     float* router_probs) const;
 
   // The users of every expert, concatenated in expert order, uploaded in one copy.
   struct ExpertGroups {

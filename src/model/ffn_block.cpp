@@ -106,9 +106,11 @@ void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool mo
     mlp_forward(be, be.mlp(w.dense), x, T, out);
     return;
   }
-  Routing r = route(be, cfg, w.router, x, T, router_probs);
-  if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
-  routed_experts(be, cfg, w, r, x, T, out);
+  if (!be.moe_on_device(cfg, w, x, T, out, routes, router_probs)) {
+    Routing r = route(be, cfg, w.router, x, T, router_probs);
+    if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
+    routed_experts(be, cfg, w, r, x, T, out);
+  }
   if (cfg.shared_inter > 0) add_shared_expert(be, cfg, w, x, T, out);
 }
 

@@ -1,5 +1,6 @@
 #pragma once
 // A loaded model (Qwen3-MoE or Qwen3-Next) and its forward pass.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,10 +21,15 @@ struct ForwardOptions {
   bool all_logits = false;  // logits of every position, not only the last
   bool hidden = false;      // keep the last hidden states (before and after the final norm)
   bool routes = false;      // keep the routed expert ids and router probabilities of every MoE layer
+  // Picks the next token from the last position's logits where they are (device memory on
+  // Cuda: on_device), so that only the token comes back; ForwardResult::logits then stays
+  // empty unless all_logits.
+  std::function<int(const float* logits, bool on_device)> sample;
 };
 
 struct ForwardResult {
-  std::vector<float> logits;                // [all_logits ? T : 1, vocab]
+  std::vector<float> logits;                // [all_logits ? T : 1, vocab]; empty with sample
+  int token = -1;                           // what sample picked
   std::vector<float> hidden_pre_norm;       // [T, hidden]
   std::vector<float> hidden_post_norm;      // [T, hidden]
   std::vector<std::vector<int>> routes;       // [layer][T * top_k], empty for dense layers

@@ -79,6 +79,8 @@ void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H)
 void gather_rows(const float* src, const int* rows, int n, int H, float* dst);
 // dst[rows[j]] = wt[j] * y[j], rows of H; rows, wt device arrays of n.
 void scatter_scaled(const float* y, const int* rows, const float* wt, int n, int H, float* dst);
+// out[j] = table[ids[j]] for n ids: the records of routed experts from a layer's table.
+void lookup_records(const uint8_t* const* table, const int* ids, int n, const uint8_t** out);
 // out[t] = sum over k in order of partial[t, k], rows of H.
 void sum_slots(const float* partial, int T, int K, int H, float* out);
 
