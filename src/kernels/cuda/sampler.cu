@@ -51,7 +51,7 @@ struct MinOp {
   __device__ int operator()(int a, int b) const { return a < b ? a : b; }
 };
 
-__global__ void argmax_kernel(const float* x, int n, int* token) {
+__global__ void __launch_bounds__(kBlock) argmax_kernel(const float* x, int n, int* token) {
   using Reduce = cub::BlockReduce<Best, kBlock>;
   __shared__ typename Reduce::TempStorage tmp;
   Best b{x[0], 0};
@@ -159,7 +159,8 @@ class Finisher {
   Shared& tmp_;
 };
 
-__global__ void finish_kernel(double* p, const int* order, int k, SampleArgs a, double r, int* token) {
+// Launch bounds: 1024 threads leave 64 registers each, fewer than this kernel takes unbounded.
+__global__ void __launch_bounds__(kBlock) finish_kernel(double* p, const int* order, int k, SampleArgs a, double r, int* token) {
   __shared__ Finisher::Shared shared;
   Finisher f(p, k, shared);
   f.normalize();
