@@ -19,15 +19,28 @@ void SamplingParams::validate() const {
   if (!std::isfinite(frequency_penalty)) fail("frequency_penalty must be a finite number");
 }
 
+namespace {
+
+// How often each token of the vocabulary occurs in `seen`.
+std::unordered_map<int, int> count_seen(const std::vector<int>& seen, int vocab) {
+  std::unordered_map<int, int> counts;
+  for (int t : seen)
+    if (t >= 0 && t < vocab) ++counts[t];
+  return counts;
+}
+
+}  // namespace
+
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { p_.validate(); }
+
+bool Sampler::penalizes() const {
+  return p_.repetition_penalty != 1.f || p_.presence_penalty != 0.f || p_.frequency_penalty != 0.f;
+}
 
 int Sampler::sample(const float* logits, int vocab, const std::vector<int>& seen) {
   work_.assign(logits, logits + vocab);
-  if (p_.repetition_penalty != 1.f || p_.presence_penalty != 0.f || p_.frequency_penalty != 0.f) {
-    std::unordered_map<int, int> counts;
-    for (int t : seen)
-      if (t >= 0 && t < vocab) ++counts[t];
-    for (auto [t, n] : counts) {
+  if (penalizes()) {
+    for (auto [t, n] : count_seen(seen, vocab)) {
       float& l = work_[size_t(t)];
       if (p_.repetition_penalty != 1.f) l = l > 0 ? l / p_.repetition_penalty : l * p_.repetition_penalty;
       l -= p_.presence_penalty + p_.frequency_penalty * float(n);
@@ -67,5 +80,27 @@ int Sampler::sample(const float* logits, int vocab, const std::vector<int>& seen
     if ((u -= probs[i]) < 0) return order_[i];
   return order_[keep - 1];
 }
+
+#if MOESTREAM_CUDA
+int Sampler::sample_on_device(const float* device_logits, int vocab, const std::vector<int>& seen,
+                              cuda::SamplerWorkspace& ws) {
+  std::vector<int> staged;  // the distinct seen tokens, then their counts
+  if (penalizes()) {
+    const auto counts = count_seen(seen, vocab);
+    for (auto [t, n] : counts) staged.push_back(t);
+    for (auto [t, n] : counts) staged.push_back(n);
+  }
+  const int n = int(staged.size() / 2);
+  const size_t bytes = staged.size() * sizeof(int);
+  if (ws.staging.size() < bytes) ws.staging = cuda::DeviceBuffer(bytes);
+  if (bytes) ws.staging.upload(staged.data(), bytes);
+  // uniform_real_distribution(0, total) is generate_canonical * total: the CPU's draw is r * total.
+  const double r = p_.temperature > 0.f ? std::uniform_real_distribution<double>(0.0, 1.0)(rng_) : 0.0;
+  const cuda::SampleArgs args{p_.temperature,    p_.top_k,           p_.top_p,          p_.min_p,
+                              p_.repetition_penalty, p_.presence_penalty, p_.frequency_penalty};
+  const int* tokens = ws.staging.as<int>();
+  return cuda::sample(device_logits, vocab, tokens, tokens + n, n, args, r, ws);
+}
+#endif
 
 }  // namespace ms

@@ -4,6 +4,10 @@
 #include <random>
 #include <vector>
 
+#if MOESTREAM_CUDA
+#include "kernels/cuda/ops.h"
+#endif
+
 namespace ms {
 
 struct SamplingParams {
@@ -24,8 +28,15 @@ class Sampler {
   explicit Sampler(const SamplingParams& p);
   // `seen` holds the tokens the penalties look at (prompt and generated so far).
   int sample(const float* logits, int vocab, const std::vector<int>& seen);
+#if MOESTREAM_CUDA
+  // sample() on logits in device memory (cuda::sample): the same RNG draws, so the same tokens
+  // but for cuda::sample's rounding caveat.
+  int sample_on_device(const float* device_logits, int vocab, const std::vector<int>& seen, cuda::SamplerWorkspace& ws);
+#endif
 
  private:
+  bool penalizes() const;
+
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::vector<float> work_;

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/device.h"
 #include "kernels/weights.h"
 
 namespace ms::cuda {
@@ -83,5 +84,30 @@ void scatter_scaled(const float* y, const int* rows, const float* wt, int n, int
 void lookup_records(const uint8_t* const* table, const int* ids, int n, const uint8_t** out);
 // out[t] = sum over k in order of partial[t, k], rows of H.
 void sum_slots(const float* partial, int T, int K, int H, float* out);
+
+// Sampling (runtime/sampler.cpp's Sampler::sample) on logits in device memory, so that a decode
+// step brings back only the token. SampleArgs are SamplingParams less the seed: the caller owns
+// the RNG and passes its draw r, uniform in [0, 1) (unused when temperature is 0).
+struct SampleArgs {
+  float temperature;
+  int top_k;
+  float top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
+};
+
+// sample()'s device scratch: sized on the first call, re-sized when the vocabulary changes.
+struct SamplerWorkspace {
+  int vocab = 0;
+  DeviceBuffer penalized, sorted, ids, order, probs, cub_temp, token;
+  DeviceBuffer staging;  // free for the caller to stage sample()'s penalty arrays in
+};
+
+// The token Sampler::sample picks from logits [vocab] (not modified) with penalties on the
+// distinct seen tokens penalty_tokens[n_penalty] (in 0..vocab-1), seen penalty_counts[] times
+// each (device arrays). Penalties, the candidates' order, top-k and min-p are exact; the softmax
+// (CUDA's exp) and the sums of top-p and of the draw (sequential per thread, a tree across
+// threads) may round differently from the CPU's by an ulp, which changes the token only when
+// the draw lands within that of a boundary. Waits for the result.
+int sample(const float* logits, int vocab, const int* penalty_tokens, const int* penalty_counts, int n_penalty,
+           const SampleArgs& args, double r, SamplerWorkspace& ws);
 
 }  // namespace ms::cuda

@@ -1,0 +1,230 @@
+// Sampling on the GPU, step for step as runtime/sampler.cpp: penalties on a copy of the logits,
+// then either the argmax or the candidates sorted by logit (CUB's radix sort: stable, so ties
+// keep the lower index first), their softmax in double, the min-p and top-p cuts and the walk
+// of the draw. Float arithmetic uses the _rn intrinsics where nvcc would otherwise fuse a
+// multiply and an add into an FMA that the CPU does not do.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cub/cub.cuh>
+#include <string>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/ops.h"
+
+namespace ms::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // elementwise kernels
+constexpr int kBlock = 1024;   // the one block of the reductions over the whole vocabulary
+
+unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
+
+__global__ void iota_kernel(int* x, int n) {
+  const int i = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  if (i < n) x[i] = i;
+}
+
+// x (a copy of the logits) gets the CPU's penalties per distinct seen token, in float.
+__global__ void penalize_kernel(float* x, const int* tokens, const int* counts, int n, int vocab, SampleArgs a) {
+  const int j = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  if (j >= n || tokens[j] < 0 || tokens[j] >= vocab) return;
+  float l = x[tokens[j]];
+  if (a.repetition_penalty != 1.f) l = l > 0 ? __fdiv_rn(l, a.repetition_penalty) : __fmul_rn(l, a.repetition_penalty);
+  x[tokens[j]] = __fsub_rn(l, __fadd_rn(a.presence_penalty, __fmul_rn(a.frequency_penalty, float(counts[j]))));
+}
+
+struct Best {
+  float v;
+  int i;
+};
+
+// The larger value, ties to the lower index: std::max_element's first maximum.
+__device__ Best better(Best a, Best b) { return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a; }
+
+struct BetterOp {
+  __device__ Best operator()(Best a, Best b) const { return better(a, b); }
+};
+
+struct MinOp {
+  __device__ int operator()(int a, int b) const { return a < b ? a : b; }
+};
+
+__global__ void __launch_bounds__(kBlock) argmax_kernel(const float* x, int n, int* token) {
+  using Reduce = cub::BlockReduce<Best, kBlock>;
+  __shared__ typename Reduce::TempStorage tmp;
+  Best b{x[0], 0};
+  for (int i = int(threadIdx.x); i < n; i += kBlock) b = better(b, Best{x[i], i});
+  b = Reduce(tmp).Reduce(b, BetterOp());
+  if (threadIdx.x == 0) *token = b.i;
+}
+
+// p[i] = exp((l_i - max) / temperature) over the k candidates, the logits sorted descending.
+__global__ void softmax_terms_kernel(const float* sorted, int k, float temperature, double* p) {
+  const int i = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  if (i < k) p[i] = exp((double(sorted[i]) - double(sorted[0])) / double(temperature));
+}
+
+// The rest of Sampler::sample in one block. Thread t owns the candidates [b, e), a contiguous
+// chunk, and sums them in order; the chunk sums are combined by a block scan. Each search (first
+// candidate under min-p, first prefix reaching top-p, where the draw falls) is a walk per chunk
+// and the minimum index found.
+class Finisher {
+  using Scan = cub::BlockScan<double, kBlock>;
+  using MinReduce = cub::BlockReduce<int, kBlock>;
+
+ public:
+  union Shared {
+    typename Scan::TempStorage scan;
+    typename MinReduce::TempStorage reduce;
+    int result;
+  };
+
+  __device__ Finisher(double* p, int k, Shared& shared)
+      : p_(p), b_(min(k, int(threadIdx.x) * chunk(k))), e_(min(k, b_ + chunk(k))), tmp_(shared) {}
+
+  // p /= their sum.
+  __device__ void normalize() {
+    double total;
+    prefix_sum(e_, &total);
+    for (int i = b_; i < e_; ++i) p_[i] = __ddiv_rn(p_[i], total);
+    __syncthreads();  // p[0], in thread 0's chunk, is read by all
+  }
+
+  // The first i < end with p[i] < cut, or INT_MAX.
+  __device__ int first_below(double cut, int end) {
+    int found = INT_MAX;
+    for (int i = b_; i < min(e_, end); ++i)
+      if (p_[i] < cut) {
+        found = i;
+        break;
+      }
+    return block_min(found);
+  }
+
+  // The first i < end with p[0] + ... + p[i] >= mass, or INT_MAX.
+  __device__ int first_reaching(double mass, int end) {
+    double m = prefix_sum(end, nullptr);
+    int found = INT_MAX;
+    for (int i = b_; i < min(e_, end); ++i)
+      if ((m += p_[i]) >= mass) {
+        found = i;
+        break;
+      }
+    return block_min(found);
+  }
+
+  // The first i < end where u - p[0] - ... - p[i] < 0 for u = r * (p[0] + ... + p[end-1]), or
+  // INT_MAX.
+  __device__ int draw(double r, int end) {
+    double total;
+    const double before = prefix_sum(end, &total);
+    double u = __dsub_rn(__dmul_rn(r, total), before);
+    int found = INT_MAX;
+    for (int i = b_; i < min(e_, end); ++i)
+      if ((u -= p_[i]) < 0) {
+        found = i;
+        break;
+      }
+    return block_min(found);
+  }
+
+ private:
+  static __device__ int chunk(int k) { return (k + kBlock - 1) / kBlock; }
+
+  // The sum of p[0 .. b) (this thread's chunk's start, capped at end); *total gets p[0 .. end).
+  __device__ double prefix_sum(int end, double* total) {
+    double s = 0;
+    for (int i = b_; i < min(e_, end); ++i) s += p_[i];
+    double before, all;
+    Scan(tmp_.scan).ExclusiveSum(s, before, all);
+    __syncthreads();  // before tmp_ is reused
+    if (total) *total = all;
+    return before;
+  }
+
+  __device__ int block_min(int v) {
+    v = MinReduce(tmp_.reduce).Reduce(v, MinOp());
+    __syncthreads();  // every thread is done with tmp_.reduce
+    if (threadIdx.x == 0) tmp_.result = v;
+    __syncthreads();
+    const int out = tmp_.result;
+    __syncthreads();  // before tmp_ is reused
+    return out;
+  }
+
+  double* p_;
+  int b_, e_;
+  Shared& tmp_;
+};
+
+// Launch bounds: 1024 threads leave 64 registers each, fewer than this kernel takes unbounded.
+__global__ void __launch_bounds__(kBlock) finish_kernel(double* p, const int* order, int k, SampleArgs a, double r, int* token) {
+  __shared__ Finisher::Shared shared;
+  Finisher f(p, k, shared);
+  f.normalize();
+  int keep = k;
+  if (a.min_p > 0.f)  // tokens less likely than min_p times the most likely one
+    keep = min(keep, f.first_below(__dmul_rn(double(a.min_p), p[0]), keep));
+  if (a.top_p < 1.f) {  // the smallest prefix whose mass reaches top_p
+    const int last = f.first_reaching(double(a.top_p), keep);
+    if (last != INT_MAX) keep = last + 1;
+  }
+  keep = max(1, keep);
+  const int i = f.draw(r, keep);
+  if (threadIdx.x == 0) *token = order[i == INT_MAX ? keep - 1 : i];
+}
+
+// Buffers for a vocabulary; the ids 0..vocab-1 once, as the sort's input values.
+void fit(SamplerWorkspace& ws, int vocab) {
+  if (ws.vocab == vocab) return;
+  const size_t n = size_t(vocab);
+  ws.penalized = DeviceBuffer(n * sizeof(float));
+  ws.sorted = DeviceBuffer(n * sizeof(float));
+  ws.ids = DeviceBuffer(n * sizeof(int));
+  ws.order = DeviceBuffer(n * sizeof(int));
+  ws.probs = DeviceBuffer(n * sizeof(double));
+  ws.token = DeviceBuffer(sizeof(int));
+  size_t bytes = 0;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(nullptr, bytes, ws.penalized.as<float>(), ws.sorted.as<float>(),
+                                                       ws.ids.as<int>(), ws.order.as<int>(), vocab));
+  ws.cub_temp = DeviceBuffer(bytes);
+  iota_kernel<<<blocks_for(vocab), kThreads>>>(ws.ids.as<int>(), vocab);
+  CUDA_CHECK_LAUNCH();
+  ws.vocab = vocab;
+}
+
+}  // namespace
+
+int sample(const float* logits, int vocab, const int* penalty_tokens, const int* penalty_counts, int n_penalty,
+           const SampleArgs& a, double r, SamplerWorkspace& ws) {
+  if (vocab <= 0) arg_fail("cuda::sample: vocab " + std::to_string(vocab) + "; must be > 0");
+  if (a.top_k < 0) arg_fail("cuda::sample: top_k " + std::to_string(a.top_k) + "; must be >= 0");
+  fit(ws, vocab);
+  float* x = ws.penalized.as<float>();
+  CUDA_CHECK(cudaMemcpyAsync(x, logits, size_t(vocab) * sizeof(float), cudaMemcpyDeviceToDevice));
+  if (n_penalty > 0) {
+    penalize_kernel<<<blocks_for(n_penalty), kThreads>>>(x, penalty_tokens, penalty_counts, n_penalty, vocab, a);
+    CUDA_CHECK_LAUNCH();
+  }
+  int* token = ws.token.as<int>();
+  if (a.temperature == 0.f) {
+    argmax_kernel<<<1, kBlock>>>(x, vocab, token);
+    CUDA_CHECK_LAUNCH();
+  } else {
+    size_t bytes = ws.cub_temp.size();
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(ws.cub_temp.data(), bytes, x, ws.sorted.as<float>(),
+                                                         ws.ids.as<int>(), ws.order.as<int>(), vocab));
+    const int k = a.top_k > 0 ? std::min(a.top_k, vocab) : vocab;  // top-k cuts before the softmax
+    softmax_terms_kernel<<<blocks_for(k), kThreads>>>(ws.sorted.as<float>(), k, a.temperature, ws.probs.as<double>());
+    CUDA_CHECK_LAUNCH();
+    finish_kernel<<<1, kBlock>>>(ws.probs.as<double>(), ws.order.as<int>(), k, a, r, token);
+    CUDA_CHECK_LAUNCH();
+  }
+  int result = 0;
+  CUDA_CHECK(cudaMemcpy(&result, token, sizeof(int), cudaMemcpyDeviceToHost));
+  return result;
+}
+
+}  // namespace ms::cuda
