@@ -12,9 +12,6 @@ struct GenerateOptions {
   bool stop_at_eos = true;
 };
 
-// The index of the largest logit (lowest index on ties).
-int argmax(const float* logits, int n);
-
 // Greedy continuation of `prompt` from the state's position. on_token (optional) sees each
 // token as it is made. Returns the generated ids (an end-of-sequence id included).
 std::vector<int> generate_greedy(const Model& model, State& state, const std::vector<int>& prompt,

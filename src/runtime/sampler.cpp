@@ -81,6 +81,16 @@ int Sampler::sample(const float* logits, int vocab, const std::vector<int>& seen
   return order_[keep - 1];
 }
 
+int Sampler::sample_at(const float* logits, int vocab, const std::vector<int>& seen, bool on_device) {
+  if (!on_device) return sample(logits, vocab, seen);
+#if MOESTREAM_CUDA
+  if (!ws_) ws_ = std::make_shared<cuda::SamplerWorkspace>();
+  return sample_on_device(logits, vocab, seen, *ws_);
+#else
+  fail("logits in device memory, and this build has no CUDA backend");
+#endif
+}
+
 #if MOESTREAM_CUDA
 int Sampler::sample_on_device(const float* device_logits, int vocab, const std::vector<int>& seen,
                               cuda::SamplerWorkspace& ws) {

@@ -1,6 +1,7 @@
 #pragma once
 // Turning logits into the next token: penalties, temperature, top-k, top-p, min-p, a seeded RNG.
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -33,9 +34,15 @@ class Sampler {
   // but for cuda::sample's rounding caveat.
   int sample_on_device(const float* device_logits, int vocab, const std::vector<int>& seen, cuda::SamplerWorkspace& ws);
 #endif
+  // sample() on logits where the forward left them (ForwardOptions::sample): in device memory
+  // when on_device, through a workspace this sampler keeps.
+  int sample_at(const float* logits, int vocab, const std::vector<int>& seen, bool on_device);
 
  private:
   bool penalizes() const;
+#if MOESTREAM_CUDA
+  std::shared_ptr<cuda::SamplerWorkspace> ws_;
+#endif
 
   SamplingParams p_;
   std::mt19937_64 rng_;

@@ -55,9 +55,11 @@ int Session::reuse_prefix(const std::vector<int>& prompt) {
   return 0;
 }
 
-ForwardResult Session::forward(const int* ids, int T) {
+ForwardResult Session::forward(const int* ids, int T, Sampler& sampler, const std::vector<int>& seen) {
   ForwardOptions opt;
   opt.routes = stats_ != nullptr;
+  const int vocab = engine_.model().config().vocab;
+  opt.sample = [&](const float* logits, bool on_device) { return sampler.sample_at(logits, vocab, seen, on_device); };
   ForwardResult fr = engine_.model().forward(ids, T, state_, opt);
   if (stats_) {
     stats_->record_routes(fr.routes);
@@ -71,8 +73,6 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   if (req.max_tokens < 0) fail("max_tokens must be >= 0, is {}", req.max_tokens);
   for (const auto& s : req.stop)
     if (s.empty()) fail("a stop string is empty");
-  const Model& model = engine_.model();
-  const int vocab = model.config().vocab;
   Sampler sampler(req.sampling);
 
   GenerationResult res;
@@ -90,7 +90,8 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   const auto start = Clock::now();
   res.reused_tokens = reuse_prefix(req.prompt);
   const int fresh = int(req.prompt.size()) - res.reused_tokens;
-  ForwardResult fr = forward(req.prompt.data() + res.reused_tokens, fresh);
+  std::vector<int> seen = req.prompt;  // what the penalties look at
+  ForwardResult fr = forward(req.prompt.data() + res.reused_tokens, fresh, sampler, seen);
   processed_ = req.prompt;
   last_prompt_ = req.prompt;
   prompt_end_ = state_.checkpoint();
@@ -98,7 +99,6 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   res.prefill_tok_s = fresh / std::max(1e-9, res.time_to_first_token_s);
 
   StreamDecoder decoder(engine_.tokenizer());
-  std::vector<int> seen = req.prompt;
   std::string pending;  // decoded, not yet emitted
   const char* interrupted = nullptr;
   auto emit = [&](size_t n) {
@@ -112,7 +112,7 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   const auto decode_start = Clock::now();
   res.finish_reason = "length";
   while (int(res.tokens.size()) < req.max_tokens) {
-    const int next = sampler.sample(fr.logits.data(), vocab, seen);
+    const int next = fr.token;
     res.tokens.push_back(next);
     seen.push_back(next);
     if (!req.ignore_eos && engine_.is_eos(next)) {
@@ -131,7 +131,7 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
     emit(safe_length(pending, req.stop));
     if (!interrupted) interrupted = interruption();
     if (interrupted || int(res.tokens.size()) == req.max_tokens) break;
-    fr = forward(&next, 1);
+    fr = forward(&next, 1, sampler, seen);
     processed_.push_back(next);
   }
   if (interrupted) res.finish_reason = interrupted;

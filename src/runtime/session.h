@@ -47,7 +47,8 @@ class Session {
  private:
   // Rolls the state back to the longest cached prefix of `prompt`; returns its length.
   int reuse_prefix(const std::vector<int>& prompt);
-  ForwardResult forward(const int* ids, int T);
+  // Runs ids and picks the next token with `sampler` where the logits are (ForwardResult::token).
+  ForwardResult forward(const int* ids, int T, Sampler& sampler, const std::vector<int>& seen);
 
   const Engine& engine_;
   EngineStats* stats_;
