@@ -6,8 +6,10 @@
 namespace ms::cuda {
 
 // gated_delta_rule runs the chunked form from this many tokens on (and where it fits, see below),
-// the recurrence below it. Set from bench_cuda_matvec's delta rule sweep on an H200.
-inline constexpr int kDeltaChunkedMinTokens = 16;
+// the recurrence below it. bench_cuda_matvec's sweep on an H200 at the 80B shape (16/32 heads of
+// 128): recurrent ~20 + 7 us a token (26.8 us at T=1, 48.0 at 4, 76.3 at 8), chunked ~48 us up to
+// T=8, so they cross at T=4; at T=4096 31.4 ms against 2.13 ms.
+inline constexpr int kDeltaChunkedMinTokens = 5;
 
 // The recurrence token by token: one block per (value head, 128 state columns).
 void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
