@@ -5,9 +5,12 @@
 // and layers do. Bytes counted: weights, scales and biases, x read and y written.
 // Then the routed experts of a decode step at Qwen3-Next-80B's shape: cuda::moe_experts against
 // the per-expert launches it replaces, and cuda::route_topk.
+// Also the Gated DeltaNet rule at Qwen3-Next-80B's shape, recurrent against chunked, over T: where
+// gated_delta_rule switches from one to the other (kDeltaChunkedMinTokens) and what prefill costs.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -16,6 +19,7 @@
 #include "format/engine_dir.h"
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/deltanet.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
 
@@ -158,11 +162,41 @@ void run_moe(double hbm, const std::string& filter) {
     cuda::route_topk(logits.as<float>(), 1, E, K, true, probs.as<float>(), rid.as<int>(), rw.as<float>());
   });
   std::printf("%-40s T=1 E=%d K=%d %9.2f us\n", "route_topk", E, K, route_ms * 1e3);
+// Microseconds per gated delta rule call of T tokens, 16 key and 32 value heads of 128 (80B),
+// recurrent and chunked. Unit-norm q and k, moderate decays and betas: the kernels' time does not
+// depend on the values, only on finite ones.
+void run_delta_rule(const std::string& filter) {
+  if (std::string("gated_delta_rule").find(filter) == std::string::npos) return;
+  constexpr int hk = 16, hv = 32, d = 128, max_T = 4096;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  std::vector<float> qk(size_t(max_T) * hk * d), v(size_t(max_T) * hv * d), g(size_t(max_T) * hv, -0.1f),
+      beta(g.size(), 0.6f), state(size_t(hv) * d * d, 0.0f);
+  for (float& x : qk) x = normal(rng) / std::sqrt(float(d));
+  for (float& x : v) x = normal(rng);
+  cuda::DeviceBuffer dq = cuda::DeviceBuffer::from(qk), dk = cuda::DeviceBuffer::from(qk),
+                     dv = cuda::DeviceBuffer::from(v), dg = cuda::DeviceBuffer::from(g),
+                     db = cuda::DeviceBuffer::from(beta), dst = cuda::DeviceBuffer::from(state),
+                     dout(v.size() * sizeof(float));
+  std::printf("gated_delta_rule, %d/%d heads, dk = dv = %d (chunked from T >= %d):\n", hk, hv, d,
+              cuda::kDeltaChunkedMinTokens);
+  for (int T : {1, 2, 4, 8, 12, 16, 24, 32, 64, 128, 256, 1024, 4096}) {
+    const int rounds = std::max(3, 2000 / T);
+    double us[2];
+    int i = 0;
+    for (auto fn : {cuda::gated_delta_rule_recurrent, cuda::gated_delta_rule_chunked})
+      us[i++] = 1e3 * time_ms(rounds, [&](int) {
+                  fn(dq.as<float>(), dk.as<float>(), dv.as<float>(), dg.as<float>(), db.as<float>(), T, hk, hv, d, d,
+                     dst.as<float>(), dout.as<float>());
+                });
+    std::printf("  T=%-5d recurrent %10.1f us  chunked %10.1f us  (%.2fx)\n", T, us[0], us[1], us[0] / us[1]);
+  }
 }
 
 }  // namespace
 
-// Optional argument: run only the cases whose "name type" contains it (e.g. "lm_head 151936 q4").
+// Optional argument: run only the cases whose "name type" contains it (e.g. "lm_head 151936 q4",
+// "gated_delta_rule").
 int main(int argc, char** argv) {
   const std::string filter = argc > 1 ? argv[1] : "";
   if (!cuda::cuda_available()) {
@@ -186,5 +220,6 @@ int main(int argc, char** argv) {
   for (int T : {4, 16})
     for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter);
   run_moe(hbm, filter);
+  run_delta_rule(filter);
   return 0;
 }

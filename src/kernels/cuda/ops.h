@@ -53,8 +53,8 @@ void moe_experts(const float* x, int T, int K, const uint8_t* const* records, co
 // Floats of scratch moe_experts needs: h, [T·K, I].
 size_t moe_scratch_floats(int T, int K, const RecordMat (&proj)[3]);
 
-// Gated DeltaNet (kernels/cpu/deltanet.h). gated_delta_rule runs the recurrent update token by
-// token for any T.
+// Gated DeltaNet (kernels/cpu/deltanet.h). gated_delta_rule runs the recurrent update for a few
+// tokens and the chunked form for longer T (kernels/cuda/deltanet.h).
 void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* state, float* out);
 void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
                       int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out);

@@ -7,7 +7,9 @@
 
 #include "cuda_test_util.h"
 #include "kernels/cpu/deltanet.h"
+#include "kernels/cuda/deltanet.h"
 #include "kernels/cuda/ops.h"
+#include "util/error.h"
 
 namespace ms::cuda::test {
 namespace {
@@ -46,53 +48,168 @@ TEST(CudaDeltaNet, Conv1dSiluCarriesStateAcrossCalls) {
   }
 }
 
-// Inputs distributed as in a Qwen3-Next layer (as in the CPU tests): unit q and k, q scaled by
-// 1/sqrt(dk); g = -exp(A_log)·softplus(a + dt_bias), a few nearly closed gates; beta = sigmoid(b).
+// One gated delta rule call's inputs, distributed as in a Qwen3-Next layer (as in the CPU tests):
+// unit q and k, q scaled by 1/sqrt(dk); g = -exp(A_log)·softplus(a + dt_bias), a few nearly
+// closed gates; beta = sigmoid(b); the state zero or random.
+struct DeltaCase {
+  int T, hk, hv, dk, dv;
+  Vec q, k, v, g, beta, state;
+
+  std::string name() const {
+    return "T=" + std::to_string(T) + " heads " + std::to_string(hk) + "/" + std::to_string(hv) +
+           " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv);
+  }
+};
+
+DeltaCase make_delta_case(Rng& rng, int T, int hk, int hv, int dk, int dv, bool random_state) {
+  auto unit_rows = [&](size_t rows, int dim, double scale) {
+    Vec v = rng.normals(rows * dim);
+    for (size_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int i = 0; i < dim; ++i) ss += double(v[r * dim + i]) * v[r * dim + i];
+      for (int i = 0; i < dim; ++i) v[r * dim + i] = float(v[r * dim + i] / std::sqrt(ss) * scale);
+    }
+    return v;
+  };
+  DeltaCase c{T, hk, hv, dk, dv, {}, {}, {}, {}, {}, {}};
+  c.q = unit_rows(size_t(T) * hk, dk, 1.0 / std::sqrt(double(dk)));
+  c.k = unit_rows(size_t(T) * hk, dk, 1.0);
+  c.v = rng.normals(size_t(T) * hv * dv);
+  c.g.resize(size_t(T) * hv);
+  c.beta.resize(c.g.size());
+  for (size_t i = 0; i < c.g.size(); ++i) {
+    c.g[i] = float(-std::exp(rng.uniform(-3.0f, std::log(16.0f))) * softplus(rng.normal(2.0f)));
+    if (rng.uniform(0, 1) < 0.03f) c.g[i] = -rng.uniform(20, 200);
+    c.beta[i] = float(sigmoid(rng.normal(2.0f)));
+  }
+  c.state = random_state ? rng.normals(size_t(hv) * dk * dv, 0.5f) : Vec(size_t(hv) * dk * dv, 0.0f);
+  return c;
+}
+
+struct DeltaResult {
+  Vec out, state;
+};
+
+using DeltaFn = void (*)(const float*, const float*, const float*, const float*, const float*, int, int, int, int,
+                         int, float*, float*);
+
+// Runs a CUDA form on tokens split into calls of the given sizes (one call: {T}), the state
+// carried from call to call on the device.
+DeltaResult run_cuda(DeltaFn fn, const DeltaCase& c, const std::vector<int>& pieces) {
+  DeviceBuffer dq = dev(c.q), dk = dev(c.k), dv = dev(c.v), dg = dev(c.g), db = dev(c.beta), dst = dev(c.state),
+               dout(size_t(c.T) * c.hv * c.dv * sizeof(float));
+  int t0 = 0;
+  for (int n : pieces) {
+    const size_t qk = size_t(t0) * c.hk * c.dk, vo = size_t(t0) * c.hv * c.dv, gb = size_t(t0) * c.hv;
+    fn(dq.as<float>() + qk, dk.as<float>() + qk, dv.as<float>() + vo, dg.as<float>() + gb, db.as<float>() + gb, n,
+       c.hk, c.hv, c.dk, c.dv, dst.as<float>(), dout.as<float>() + vo);
+    t0 += n;
+  }
+  return {host(dout), host(dst)};
+}
+
+DeltaResult run_cpu(DeltaFn fn, const DeltaCase& c) {
+  DeltaResult r{Vec(size_t(c.T) * c.hv * c.dv), c.state};
+  fn(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.T, c.hk, c.hv, c.dk, c.dv, r.state.data(),
+     r.out.data());
+  return r;
+}
+
+// Records and checks the larger of the output's and the state's error, each absolute relative to
+// max(1, max|want|) of that quantity (the CPU tests' measure).
+void expect_close(const DeltaResult& got, const DeltaResult& want, const std::string& kernel, const std::string& what,
+                  double tol) {
+  const double out_err = max_abs_diff(got.out, want.out) / std::max(1.0f, max_abs(want.out));
+  const double st_err = max_abs_diff(got.state, want.state) / std::max(1.0f, max_abs(want.state));
+  record(kernel, what + " out", out_err, tol);
+  record(kernel, what + " state", st_err, tol);
+  EXPECT_LE(out_err, tol) << kernel << " " << what << ": output";
+  EXPECT_LE(st_err, tol) << kernel << " " << what << ": final state";
+}
+
 TEST(CudaDeltaNet, GatedDeltaRuleMatchesRecurrence) {
   MS_REQUIRE_CUDA();
-  // Absolute, relative to max(1, max|ref|) of output and state (the CPU kernels' own tolerance):
-  // the same recurrence in the same order, FMA contraction aside.
+  // The recurrent kernel, for any T (gated_delta_rule takes it for short T only). Absolute,
+  // relative to max(1, max|ref|) of output and state (the CPU kernels' own tolerance): the same
+  // recurrence in the same order, FMA contraction aside.
   constexpr double kTol = 1e-5;
   struct Case {
     int T, hk, hv, dk, dv;
   };
   Rng rng(10);
-  for (const Case& c : {Case{1, 2, 4, 128, 128}, Case{1, 16, 32, 128, 128}, Case{9, 1, 2, 64, 32},
+  for (const Case& s : {Case{1, 2, 4, 128, 128}, Case{1, 16, 32, 128, 128}, Case{9, 1, 2, 64, 32},
                         Case{70, 2, 2, 32, 48}, Case{200, 2, 6, 128, 256}}) {
-    auto unit_rows = [&](size_t rows, int dim, double scale) {
-      Vec v = rng.normals(rows * dim);
-      for (size_t r = 0; r < rows; ++r) {
-        double ss = 0;
-        for (int i = 0; i < dim; ++i) ss += double(v[r * dim + i]) * v[r * dim + i];
-        for (int i = 0; i < dim; ++i) v[r * dim + i] = float(v[r * dim + i] / std::sqrt(ss) * scale);
-      }
-      return v;
-    };
-    const Vec q = unit_rows(size_t(c.T) * c.hk, c.dk, 1.0 / std::sqrt(double(c.dk)));
-    const Vec k = unit_rows(size_t(c.T) * c.hk, c.dk, 1.0);
-    const Vec v = rng.normals(size_t(c.T) * c.hv * c.dv);
-    Vec g(size_t(c.T) * c.hv), beta(g.size());
-    for (size_t i = 0; i < g.size(); ++i) {
-      g[i] = float(-std::exp(rng.uniform(-3.0f, std::log(16.0f))) * softplus(rng.normal(2.0f)));
-      if (rng.uniform(0, 1) < 0.03f) g[i] = -rng.uniform(20, 200);
-      beta[i] = float(sigmoid(rng.normal(2.0f)));
-    }
-    Vec state = rng.normals(size_t(c.hv) * c.dk * c.dv, 0.5f), want(size_t(c.T) * c.hv * c.dv);
-    DeviceBuffer dq = dev(q), dk = dev(k), dv = dev(v), dg = dev(g), db = dev(beta), dst = dev(state),
-                 dout(want.size() * sizeof(float));
-    cpu::gated_delta_rule_reference(q.data(), k.data(), v.data(), g.data(), beta.data(), c.T, c.hk, c.hv, c.dk, c.dv,
-                                    state.data(), want.data());
-    gated_delta_rule(dq.as<float>(), dk.as<float>(), dv.as<float>(), dg.as<float>(), db.as<float>(), c.T, c.hk, c.hv,
-                     c.dk, c.dv, dst.as<float>(), dout.as<float>());
-    const double out_err = max_abs_diff(host(dout), want) / std::max(1.0f, max_abs(want));
-    const double st_err = max_abs_diff(host(dst), state) / std::max(1.0f, max_abs(state));
-    const std::string what = "T=" + std::to_string(c.T) + " heads " + std::to_string(c.hk) + "/" +
-                             std::to_string(c.hv) + " dk=" + std::to_string(c.dk) + " dv=" + std::to_string(c.dv);
-    record("gated_delta_rule", what + " out", out_err, kTol);
-    record("gated_delta_rule", what + " state", st_err, kTol);
-    EXPECT_LE(out_err, kTol) << what;
-    EXPECT_LE(st_err, kTol) << what;
+    const DeltaCase c = make_delta_case(rng, s.T, s.hk, s.hv, s.dk, s.dv, true);
+    expect_close(run_cuda(gated_delta_rule_recurrent, c, {c.T}), run_cpu(cpu::gated_delta_rule_reference, c),
+                 "delta recurrent", c.name(), kTol);
   }
+}
+
+// The chunked kernel against the token-by-token reference and against the CPU's chunked kernel.
+// Tolerance 1e-5, absolute relative to max(1, max|want|) of output and state: the CPU test's
+// chunked-vs-reference tolerance (tests/kernels/cpu/deltanet_test.cpp, kRelTol), for the same
+// reason. Every form is a contraction (|k| = 1, beta < 1, decay <= 1) of O(1) values, each value
+// a sum of at most dk + 64 float32 products, so reassociating the sums (the GPU solves (I + A)
+// by forward substitution where the CPU multiplies by its inverse, forms o as (gamma q - P W) S +
+// P U and folds the end-of-chunk decay into u) moves results by float32 rounding (~1e-7 on the
+// CPU's measure against a double recurrence), and the error does not grow with T; a wrong decay,
+// mask or solve term errs by 1e-3 and more.
+TEST(CudaDeltaNet, ChunkedGatedDeltaRuleMatchesCpu) {
+  MS_REQUIRE_CUDA();
+  constexpr double kTol = 1e-5;
+  struct Shape {
+    int hk, hv, dk, dv;
+  };
+  Rng rng(12);
+  // Qwen3-Next's (16 key, 32 value heads of 128), equal key and value heads, grouped small heads,
+  // dv wider than dk and not a multiple of the kernel's 32 state columns.
+  for (const Shape& s : {Shape{16, 32, 128, 128}, Shape{2, 2, 32, 48}, Shape{1, 3, 64, 32}, Shape{2, 4, 128, 256},
+                         Shape{4, 4, 64, 64}})
+    for (int T : {2, 63, 64, 65, 200, 1000}) {
+      const bool random_state = T != 64;  // one zero start per shape, as at a sequence's first prompt
+      const DeltaCase c = make_delta_case(rng, T, s.hk, s.hv, s.dk, s.dv, random_state);
+      const DeltaResult got = run_cuda(gated_delta_rule_chunked, c, {c.T});
+      const std::string what = c.name() + (random_state ? "" : " S0=0");
+      expect_close(got, run_cpu(cpu::gated_delta_rule_reference, c), "chunked vs ref", what, kTol);
+      expect_close(got, run_cpu(cpu::gated_delta_rule, c), "chunked vs cpu", what, kTol);
+    }
+}
+
+// A prompt fed in pieces (prefill chunks of any length, then single decode tokens) through
+// gated_delta_rule, which picks the recurrent or the chunked kernel by piece length, continues
+// from the carried state as one chunked call would. Same tolerance and reasoning as above: the
+// pieces only move chunk boundaries, i.e. the order of float32 sums.
+TEST(CudaDeltaNet, GatedDeltaRuleSplitCallsMatchOneCall) {
+  MS_REQUIRE_CUDA();
+  constexpr double kTol = 1e-5;
+  Rng rng(13);
+  for (const DeltaCase& c : {make_delta_case(rng, 1000, 16, 32, 128, 128, true),
+                             make_delta_case(rng, 300, 2, 4, 64, 32, true)}) {
+    const DeltaResult whole = run_cuda(gated_delta_rule_chunked, c, {c.T});
+    const int T = c.T;
+    for (const std::vector<int>& pieces :
+         std::vector<std::vector<int>>{{T / 2, T - T / 2}, {64, 128, T - 192}, {1, T - 1}, {70, 1, 1, 1, 1, 1, T - 75},
+                                       {100, 5, 17, 31, T - 153}, {T - 3, 1, 1, 1}}) {
+      std::string what = c.name() + " pieces";
+      for (int n : pieces) what += " " + std::to_string(n);
+      expect_close(run_cuda(gated_delta_rule, c, pieces), whole, "split vs whole", what, kTol);
+    }
+  }
+}
+
+// Head sizes the chunked kernel does not take (not multiples of 4) go to the recurrent one.
+TEST(CudaDeltaNet, GatedDeltaRuleFallsBackToRecurrence) {
+  MS_REQUIRE_CUDA();
+  constexpr double kTol = 1e-5;  // the recurrence's, as GatedDeltaRuleMatchesRecurrence
+  Rng rng(14);
+  const DeltaCase c = make_delta_case(rng, 100, 1, 2, 6, 10, true);
+  DeviceBuffer dk = dev(c.k), dst = dev(c.state), dout(size_t(c.T) * c.hv * c.dv * sizeof(float));
+  EXPECT_FALSE(chunked_delta_rule_fits(dk.as<float>(), c.dk, c.dv, dst.as<float>(), dout.as<float>()));
+  EXPECT_THROW(gated_delta_rule_chunked(dk.as<float>(), dk.as<float>(), dk.as<float>(), dk.as<float>(),
+                                        dk.as<float>(), 1, c.hk, c.hv, c.dk, c.dv, dst.as<float>(), dout.as<float>()),
+               Error);
+  expect_close(run_cuda(gated_delta_rule, c, {c.T}), run_cpu(cpu::gated_delta_rule_reference, c), "fallback",
+               c.name(), kTol);
 }
 
 TEST(CudaDeltaNet, L2NormAndGatedRmsNorm) {
