@@ -162,6 +162,8 @@ void run_moe(double hbm, const std::string& filter) {
     cuda::route_topk(logits.as<float>(), 1, E, K, true, probs.as<float>(), rid.as<int>(), rw.as<float>());
   });
   std::printf("%-40s T=1 E=%d K=%d %9.2f us\n", "route_topk", E, K, route_ms * 1e3);
+}
+
 // Microseconds per gated delta rule call of T tokens, 16 key and 32 value heads of 128 (80B),
 // recurrent and chunked. Unit-norm q and k, moderate decays and betas: the kernels' time does not
 // depend on the values, only on finite ones.
