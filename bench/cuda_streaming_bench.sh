@@ -23,6 +23,7 @@ LAYERS=${LAYERS:-16}
 TOKENS=${TOKENS:-64}
 HOST_CACHE=${HOST_CACHE:-32G}
 IDS=1000,2000,3000,4000,5000,6000,7000,8000,9000,10000,11000,12000,13000,14000,15000,16000
+PY_IDS=500,1000,1500,2000,2500,3000,3500,4000,4500,5000,5500,6000,6500,7000,7500,8000  # pycoder: 8192 ids
 PYCODER=$ROOT/models/pycoder-moe-q4
 
 [[ -x $BIN ]] || { echo "no moestream binary at $BIN" >&2; exit 1; }
@@ -50,12 +51,12 @@ HBM=""
 
 # ---- decode runs ----
 RESULTS=()
-run_case() {  # name model args...
-  local name=$1 model=$2
-  shift 2
+run_case() {  # name model ids args...
+  local name=$1 model=$2 ids=$3
+  shift 3
   local err=$WORK/run-$name.log rc=0
   drop_caches
-  "$BIN" generate --device cuda --model "$model" --ids "$IDS" --max-tokens "$TOKENS" --ignore-eos --stats "$@" \
+  "$BIN" generate --device cuda --model "$model" --ids "$ids" --max-tokens "$TOKENS" --ignore-eos --stats "$@" \
     > /dev/null 2> "$err" || rc=$?
   local decode total vhit stall hhit stages
   decode=$(sed -n 's/.*decode [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' "$err")
@@ -72,13 +73,13 @@ run_case() {  # name model args...
   cat "$err" >&2
 }
 for vram in 4G 8G 16G; do
-  run_case "80b-vram$vram" "$MODEL" --vram "$vram"
-  run_case "80b-vram$vram-host$HOST_CACHE" "$MODEL" --vram "$vram" --host-cache "$HOST_CACHE"
+  run_case "80b-vram$vram" "$MODEL" "$IDS" --vram "$vram"
+  run_case "80b-vram$vram-host$HOST_CACHE" "$MODEL" "$IDS" --vram "$vram" --host-cache "$HOST_CACHE"
 done
-run_case "pycoder-all-in-vram" "$PYCODER"
+run_case "pycoder-all-in-vram" "$PYCODER" "$PY_IDS"
 for slots in 8 16; do
-  run_case "pycoder-slots$slots" "$PYCODER" --expert-slots "$slots"
-  run_case "pycoder-slots$slots-host" "$PYCODER" --expert-slots "$slots" --host-cache 1G
+  run_case "pycoder-slots$slots" "$PYCODER" "$PY_IDS" --expert-slots "$slots"
+  run_case "pycoder-slots$slots-host" "$PYCODER" "$PY_IDS" --expert-slots "$slots" --host-cache 1G
 done
 
 echo

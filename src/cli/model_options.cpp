@@ -89,8 +89,10 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   cmd->add_option("--io", a.io, "Expert reads: io_uring or a pread thread pool")->check(CLI::IsMember({"auto", "uring", "pread"}));
   cmd->add_flag("--no-direct-io", a.no_direct_io, "Read experts through the page cache (no O_DIRECT)");
   cmd->add_flag("--verify", a.verify, "Checksum every expert record read");
-  cmd->add_option("--device", a.device, "Where the forward runs: cpu, or cuda (dense weights and the expert pool in VRAM)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--device", a.device,
+                  "Where the forward runs: cpu, cuda (dense weights and the expert pool in VRAM), or auto (cuda when a "
+                  "GPU is present)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--vram", a.vram, "cuda: VRAM budget (e.g. 16G): the expert pools get what dense, KV and activations leave");
   cmd->add_option("--host-cache", a.host_cache, "cuda: host RAM caching experts between SSD and VRAM (e.g. 8G; default: none)");
   cmd->add_option("--host-policy", a.host_policy, "cuda: eviction policy of the host cache")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
@@ -105,9 +107,9 @@ ModelOptions model_options(const ModelArgs& a) {
   o.experts.direct_io = !a.no_direct_io;
   o.experts.verify = a.verify;
   if (!a.memory.empty()) o.memory_budget = parse_bytes(a.memory);
-  o.device = a.device == "cuda" ? Device::Cuda : Device::Cpu;
+  o.device = a.device == "cuda" ? Device::Cuda : a.device == "cpu" ? Device::Cpu : default_device();
   if (o.device == Device::Cpu && (!a.vram.empty() || !a.host_cache.empty()))
-    fail("--vram and --host-cache size the GPU's expert tiers: they need --device cuda");
+    fail("--vram and --host-cache size the GPU's expert tiers: they need --device cuda (and a GPU)");
   if (!a.vram.empty()) o.vram_budget = parse_bytes(a.vram);
   if (!a.host_cache.empty()) o.host_cache = parse_bytes(a.host_cache);
   o.host_policy = parse_policy(a.host_policy);

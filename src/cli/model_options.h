@@ -14,7 +14,7 @@ struct ModelArgs {
   int expert_slots = 0;
   std::string pool_profile, memory, policy = "lru", io = "auto";
   bool no_direct_io = false, verify = false;
-  std::string device = "cpu", vram, host_cache, host_policy = "lru";
+  std::string device = "auto", vram, host_cache, host_policy = "lru";
 };
 
 // --model defaults to the embedded pycoder-moe-q4 when `default_model` is set.

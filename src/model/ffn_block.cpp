@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -88,13 +89,15 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
   be.sum_slots(partial.data(), T, K, H, out);
 }
 
+// The shared expert's output and gate logits, [T, H] and [T]: computed before the routed experts,
+// so that on the GPU it runs while the host reads the layer's missing experts.
 template <class B>
-void add_shared_expert(const B& be, const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out) {
-  const int H = cfg.hidden;
-  typename B::Buf s = be.alloc(size_t(T) * size_t(H)), g = be.alloc(size_t(T));
+std::pair<typename B::Buf, typename B::Buf> shared_expert(const B& be, const ModelConfig& cfg, const FfnWeights& w,
+                                                          const float* x, int T) {
+  typename B::Buf s = be.alloc(size_t(T) * size_t(cfg.hidden)), g = be.alloc(size_t(T));
   mlp_forward(be, be.mlp(w.shared_expert), x, T, s.data());
   be.matmul(x, T, be.mat(w.shared_expert_gate), g.data());
-  be.sigmoid_gated_add(out, s.data(), g.data(), T, H);
+  return {std::move(s), std::move(g)};
 }
 
 }  // namespace
@@ -106,12 +109,14 @@ void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool mo
     mlp_forward(be, be.mlp(w.dense), x, T, out);
     return;
   }
+  std::pair<typename B::Buf, typename B::Buf> shared;
+  if (cfg.shared_inter > 0) shared = shared_expert(be, cfg, w, x, T);
   if (!be.moe_on_device(cfg, w, x, T, out, routes, router_probs)) {
     Routing r = route(be, cfg, w.router, x, T, router_probs);
     if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
     routed_experts(be, cfg, w, r, x, T, out);
   }
-  if (cfg.shared_inter > 0) add_shared_expert(be, cfg, w, x, T, out);
+  if (cfg.shared_inter > 0) be.sigmoid_gated_add(out, shared.first.data(), shared.second.data(), T, cfg.hidden);
 }
 
 template void ffn_block(const CpuBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*, int*,

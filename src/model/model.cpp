@@ -89,21 +89,35 @@ StoreOptions host_tier_options(const std::string& dir, const ModelConfig& cfg, c
 
 }  // namespace
 
+Device default_device() {
+#if MOESTREAM_CUDA
+  if (cuda::cuda_available()) return Device::Cuda;
+#endif
+  return Device::Cpu;
+}
+
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opt) {
   if (opt.device == Device::Cpu) return load_on_host(dir, opt);
 #if MOESTREAM_CUDA
   if (!cuda::cuda_available()) fail("--device cuda: no CUDA device (or no driver that can run this build) is present");
-  if (opt.memory_budget) fail("--memory budgets the CPU backend; with --device cuda give --vram and --host-cache");
+  if (opt.memory_budget)
+    fail("--memory budgets the CPU backend; on the GPU (--device cuda) give --vram and --host-cache, or run with "
+         "--device cpu");
   std::unique_ptr<Model> m = load_on_host(dir, opt);
   m->device_ = std::make_shared<const DeviceWeights>(m->w_);
   if (m->experts_) {
     StoreOptions vram = opt.experts;
     vram.top_k = m->cfg_.top_k;
+    const EngineIndex& index = m->experts_->index();
     if (opt.vram_budget) {
-      m->plan_ = plan_memory(m->cfg_, m->experts_->index(), m->device_->bytes(), opt.vram_budget, opt.context,
-                             "VRAM budget");
+      m->plan_ = plan_memory(m->cfg_, index, m->device_->bytes(), opt.vram_budget, opt.context, "VRAM budget");
       vram.slots = m->plan_.slots;
       vram.layer_caps.clear();
+    } else if (vram.slots == 0 && vram.layer_caps.empty()) {
+      // Unsized: every expert when they fit in 90 % of the free VRAM, else the pools get that.
+      const uint64_t budget = m->device_->bytes() + cuda::free_memory() / 10 * 9;
+      const MemoryPlan p = plan_memory(m->cfg_, index, m->device_->bytes(), budget, opt.context, "free VRAM");
+      if (p.slots < m->cfg_.n_experts) m->plan_ = p, vram.slots = p.slots;
     }
     check_floor(dir, vram, m->experts_->index(), m->cfg_.top_k, "VRAM");
     m->device_experts_ = std::make_shared<DeviceExpertStore>(*m->experts_, vram);

@@ -17,6 +17,9 @@ class DeviceExpertStore;  // experts/device_store.h
 
 enum class Device { Cpu, Cuda };
 
+// Cuda when this build has the CUDA backend and a GPU it can run on is present, else Cpu.
+Device default_device();
+
 struct ForwardOptions {
   bool all_logits = false;  // logits of every position, not only the last
   bool hidden = false;      // keep the last hidden states (before and after the final norm)

@@ -24,6 +24,12 @@ bool cuda_available() {
 
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
+size_t free_memory() {
+  size_t free = 0, total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes) CUDA_CHECK(cudaMalloc(&ptr_, bytes));
 }

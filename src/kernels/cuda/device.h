@@ -13,6 +13,9 @@ bool cuda_available();
 // Waits for every kernel queued so far; throws ms::Error naming the failure of one of them.
 void synchronize();
 
+// Bytes of device memory free now.
+size_t free_memory();
+
 // Device memory, freed on destruction.
 class DeviceBuffer {
  public:
