@@ -142,6 +142,10 @@ double gb_per_s(uint64_t bytes, double s) { return s > 0 ? double(bytes) / s / 1
 void print_expert_stats(const Model& model, std::FILE* out) {
   const ExpertStore* store = model.experts();
   if (!store) return;
+  if (const MemoryPlan& p = model.memory_plan(); p.slots > 0)
+    fmt::print(out, "{} budget: dense {:.1f} MiB, KV/state {:.1f} MiB, activations {:.1f} MiB, pools {:.1f} MiB ({} slots a layer)\n",
+               model.device() == Device::Cuda ? "VRAM" : "memory", double(p.dense) / (1 << 20), double(p.kv) / (1 << 20),
+               double(p.activations) / (1 << 20), double(p.pool) / (1 << 20), p.slots);
 #if MOESTREAM_CUDA
   if (const DeviceExpertStore* vram = model.device_experts()) {
     fmt::print(out, "VRAM expert pool ({} MiB; misses come from the host tier by the copy stream):\n",
