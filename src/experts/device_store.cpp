@@ -16,6 +16,7 @@ DeviceExpertStore::DeviceExpertStore(ExpertStore& host, const StoreOptions& vram
     const int cap = layer_capacity(vram, l);
     pools_.push_back(std::make_unique<ExpertPool>(l.n_experts, cap, 0, vram.policy));
     slots_.emplace_back(size_t(cap) * l.stride);
+    released_.emplace_back();
   }
   // Pins, then every expert of the layers that hold them all (the all-resident GPU run).
   for (const auto& [layer, experts] : vram.pins)
@@ -84,7 +85,7 @@ void DeviceExpertStore::fill(int layer, const std::vector<ExpertPool::Miss>& mis
     const std::vector<const uint8_t*> records = host_.acquire(layer, ids);
     double secs = 0;
     try {
-      copy_.begin();
+      copy_.begin(released_[size_t(layer)]);
       for (size_t j = 0; j < n; ++j) copy_.copy(slot_data(layer, misses[b + j].slot), records[j], stride);
       copy_.end();
       secs = copy_.finish();
@@ -99,7 +100,10 @@ void DeviceExpertStore::fill(int layer, const std::vector<ExpertPool::Miss>& mis
   }
 }
 
-void DeviceExpertStore::release(int layer) { pools_[size_t(layer)]->release(); }
+void DeviceExpertStore::release(int layer) {
+  released_[size_t(layer)].record();
+  pools_[size_t(layer)]->release();
+}
 
 std::vector<LayerStats> DeviceExpertStore::stats() const {
   std::vector<LayerStats> r;

@@ -53,6 +53,8 @@ class DeviceExpertStore {
   std::vector<std::unique_ptr<ExpertPool>> pools_;  // bookkeeping; the bytes are in slots_
   std::vector<cuda::DeviceBuffer> slots_;
   std::vector<cuda::DeviceBuffer> tables_;  // resident_table per layer, empty for a streamed one
+  // Per layer, the compute that used its slots, marked at release(): what a refill waits for.
+  std::vector<cuda::ComputeMark> released_;
   cuda::CopyStream copy_;
   CopyStats copies_;
 };

@@ -69,27 +69,37 @@ cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
 }  // namespace
 
+ComputeMark::ComputeMark() {
+  cudaEvent_t e;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  event_ = e;
+}
+
+ComputeMark::~ComputeMark() {
+  if (event_) cudaEventDestroy(as_event(event_));
+}
+
+void ComputeMark::record() { CUDA_CHECK(cudaEventRecord(as_event(event_), nullptr)); }
+
 CopyStream::CopyStream() {
   // Non-blocking: the legacy default stream, which the kernels use, would otherwise serialise with it.
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   stream_ = s;
-  cudaEvent_t e[3];
-  CUDA_CHECK(cudaEventCreateWithFlags(&e[0], cudaEventDisableTiming));
+  cudaEvent_t e[2];
+  CUDA_CHECK(cudaEventCreate(&e[0]));
   CUDA_CHECK(cudaEventCreate(&e[1]));
-  CUDA_CHECK(cudaEventCreate(&e[2]));
-  compute_done_ = e[0], start_ = e[1], stop_ = e[2];
+  start_ = e[0], stop_ = e[1];
 }
 
 CopyStream::~CopyStream() {
   cudaStreamSynchronize(as_stream(stream_));
-  for (void* e : {compute_done_, start_, stop_}) cudaEventDestroy(as_event(e));
+  for (void* e : {start_, stop_}) cudaEventDestroy(as_event(e));
   cudaStreamDestroy(as_stream(stream_));
 }
 
-void CopyStream::begin() {
-  CUDA_CHECK(cudaEventRecord(as_event(compute_done_), nullptr));
-  CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream_), as_event(compute_done_), 0));
+void CopyStream::begin(const ComputeMark& after) {
+  CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream_), as_event(after.event()), 0));
   CUDA_CHECK(cudaEventRecord(as_event(start_), as_stream(stream_)));
 }
 

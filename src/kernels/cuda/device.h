@@ -71,10 +71,27 @@ class HostRegistration {
   void* ptr_ = nullptr;
 };
 
+// A point in the compute stream's queue (a CUDA event): record() marks the work queued so far.
+// Before its first record() it stands for nothing to wait for.
+class ComputeMark {
+ public:
+  ComputeMark();
+  ~ComputeMark();
+  ComputeMark(ComputeMark&& o) noexcept : event_(o.event_) { o.event_ = nullptr; }
+  ComputeMark& operator=(ComputeMark&&) = delete;
+  ComputeMark(const ComputeMark&) = delete;
+  void record();
+  void* event() const { return event_; }  // cudaEvent_t
+
+ private:
+  void* event_ = nullptr;
+};
+
 // Host-to-device copies on their own stream, beside the compute stream. One batch at a time:
-// begin() orders the batch after the compute queued so far (it may still read the slots being
-// overwritten), copy() queues, end() makes later compute wait for the batch, finish() waits on
-// the host and returns the seconds the batch's copies took on the GPU.
+// begin(after) orders the batch after the compute marked by `after` (which may still read the
+// slots being overwritten) and nothing else, so the copies overlap the compute queued since;
+// copy() queues; end() makes later compute wait for the batch; finish() waits on the host and
+// returns the seconds the batch's copies took on the GPU.
 class CopyStream {
  public:
   CopyStream();
@@ -82,14 +99,14 @@ class CopyStream {
   CopyStream(const CopyStream&) = delete;
   CopyStream& operator=(const CopyStream&) = delete;
 
-  void begin();
+  void begin(const ComputeMark& after);
   void copy(void* dst, const void* src, size_t bytes);
   void end();
   double finish();
 
  private:
   void* stream_ = nullptr;  // cudaStream_t
-  void* compute_done_ = nullptr, *start_ = nullptr, *stop_ = nullptr;  // cudaEvent_t
+  void* start_ = nullptr, *stop_ = nullptr;  // cudaEvent_t
 };
 
 }  // namespace ms::cuda
