@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -20,9 +19,10 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBatch = 4;  // tokens per block when T > 1
 
-template <int BITS, int TT, int R>
+template <int BITS, int TT>
 __global__ void __launch_bounds__(kThreads) matmul_kernel(const float* __restrict__ x, int T, WeightArgs W,
                                                           float* __restrict__ y, int split_log2) {
+  constexpr int R = kRowsPerThread<BITS>;
   extern __shared__ float4 smem[];
   const int nchunks = W.cols / kChunk;
   float4* xs = smem;                                                                  // [TT][nchunks][kChunkSlots]
@@ -57,9 +57,10 @@ size_t smem_bytes(int TT, int cols) {
   return size_t(TT) * size_t(cols / kChunk) * (kChunkSlots * sizeof(float4) + sizeof(float));
 }
 
-template <int BITS, int TT, int R>
+template <int BITS, int TT>
 void launch(const float* x, int T, const WeightArgs& W, float* y) {
-  auto kernel = matmul_kernel<BITS, TT, R>;
+  constexpr int R = kRowsPerThread<BITS>;
+  auto kernel = matmul_kernel<BITS, TT>;
   static const int max_smem = [&] {
     const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, m));
@@ -95,19 +96,10 @@ void launch(const float* x, int T, const WeightArgs& W, float* y) {
 template <int BITS>
 void launch_bits(const float* x, int T, const WeightArgs& W, float* y) {
   static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
-  constexpr int R = kRowsPerThread<BITS>;
-  if (T > 1 && smem_bytes(kBatch, W.cols) <= size_t(max_smem)) return launch<BITS, kBatch, R>(x, T, W, y);
-  // The matvec of narrow (2/3/4-bit) chunks is bound by the decoding's instructions: twice the rows
-  // a thread, so that each activation read from shared memory serves 8 rows, where the matrix
-  // still gives every multiprocessor two row sets of them.
-  if constexpr (BITS <= 4) {
-    const int groups = kThreads >> std::min(5, floor_log2(W.cols / kChunk));
-    static const char* force = std::getenv("MS_MV_R");
-    const bool wide = force ? force[0] == '8' : W.rows >= 2 * sms * groups * 2 * R;
-    if (wide) return launch<BITS, 1, 2 * R>(x, T, W, y);
-  }
-  launch<BITS, 1, R>(x, T, W, y);
+  if (T > 1 && smem_bytes(kBatch, W.cols) <= size_t(max_smem))
+    launch<BITS, kBatch>(x, T, W, y);
+  else
+    launch<BITS, 1>(x, T, W, y);
 }
 
 bool misaligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; }

@@ -157,16 +157,15 @@ __device__ __forceinline__ void stage_activations(const float* __restrict__ x, i
   }
 }
 
-// acc[m][r][t] += this lane's share (chunks lane, lane + split, ...) of row r0 + r (r < R) of W[m] · x_t,
+// acc[m][r][t] += this lane's share (chunks lane, lane + split, ...) of row r0 + r of W[m] · x_t,
 // for the TT token rows staged by stage_activations (xs, xsum). The M matrices have the same
 // cols; their chunks are loaded together so that the loads of all are in flight at once. Rows
 // past the end repeat the last (their results are not to be stored).
-template <int BITS, int TT, int M, int R>
+template <int BITS, int TT, int M>
 __device__ __forceinline__ void dot_rows(const float4* xs, const float* xsum, const WeightArgs (&W)[M], int r0,
-                                         int lane, int split, float (&acc)[M][R][TT]) {
+                                         int lane, int split, float (&acc)[M][kRowsPerThread<BITS>][TT]) {
+  constexpr int R = kRowsPerThread<BITS>;
   const int nchunks = W[0].cols / kChunk;
-  // Unrolled by two: the second chunk's loads are issued before the first chunk's arithmetic.
-#pragma unroll 2
   for (int c = lane; c < nchunks; c += split) {
     uint32_t w[M][R][BITS];
     float scale[M][R], bias[M][R];
