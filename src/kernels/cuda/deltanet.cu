@@ -34,41 +34,89 @@ __global__ void conv1d_silu_kernel(const float* x, int T, int C, const float* w,
   for (int j = 0; j < H; ++j) st[j] = xx(T + j);
 }
 
-// One thread per column j of a value head's state S [dk, dv]: the update of column j needs only
-// k, q (staged in shared memory per token) and S[:, j]. Per token, in the reference's order:
-// S *= exp(g); kv = kᵀS; delta = (v - kv)·beta; S += k deltaᵀ; o = qᵀS.
-__global__ void delta_rule_kernel(const float* q, const float* k, const float* v, const float* g,
-                                  const float* beta, int T, int n_k_heads, int n_v_heads, int dk, int dv,
-                                  float* state, float* out) {
-  extern __shared__ float qk[];  // q_t [dk], k_t [dk]
+// The recurrence, one block per (value head, 32 state columns j): warp w of the block holds rows
+// w, w + G, ... (G warps, R rows each) of those columns in registers for all T tokens, so that the
+// state is read and written once a call, coalesced (a warp reads 32 consecutive columns of a row).
+// Per token, in the reference's order: S *= exp(g); kv = kᵀS; delta = (v - kv)·beta; S += k deltaᵀ;
+// o = qᵀS; the sums over rows are each warp's share, then the G shares added through shared memory.
+constexpr int kRecCols = 32;
+
+template <int R>
+__global__ void __launch_bounds__(1024)
+    delta_rule_kernel(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
+                      int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out) {
+  extern __shared__ float sm[];
+  const int G = int(blockDim.x) / 32;
+  float* qs = sm;                    // q_t [dk]
+  float* ks = qs + dk;               // k_t [dk]
+  float* kv_part = ks + dk;          // [G][32]: each warp's share of kᵀS
+  float* o_part = kv_part + G * 32;  // [G][32]: of qᵀS
   const int h = blockIdx.x, kh = h / (n_v_heads / n_k_heads);
-  const int j = blockIdx.y * blockDim.x + threadIdx.x;
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  const int j = blockIdx.y * kRecCols + lane;
+  const bool col_in = j < dv;
   float* S = state + size_t(h) * dk * dv + j;
-  for (int t = 0; t < T; ++t) {
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-      qk[i] = q[(size_t(t) * n_k_heads + kh) * dk + i];
-      qk[dk + i] = k[(size_t(t) * n_k_heads + kh) * dk + i];
-    }
-    __syncthreads();
-    if (j < dv) {
-      const float decay = expf(g[size_t(t) * n_v_heads + h]);
-      float kv = 0.f;
-      for (int i = 0; i < dk; ++i) {
-        const float s = S[size_t(i) * dv] * decay;
-        S[size_t(i) * dv] = s;
-        kv += qk[dk + i] * s;
-      }
-      const float delta = (v[(size_t(t) * n_v_heads + h) * dv + j] - kv) * beta[size_t(t) * n_v_heads + h];
-      float o = 0.f;
-      for (int i = 0; i < dk; ++i) {
-        const float s = S[size_t(i) * dv] + qk[dk + i] * delta;
-        S[size_t(i) * dv] = s;
-        o += qk[i] * s;
-      }
-      out[(size_t(t) * n_v_heads + h) * dv + j] = o;
-    }
-    __syncthreads();  // before the next token's q, k replace these
+  float s[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = w + G * r;
+    s[r] = col_in && i < dk ? S[size_t(i) * dv] : 0.f;
   }
+  for (int t = 0; t < T; ++t) {
+    const size_t qk_row = (size_t(t) * n_k_heads + kh) * dk, hv = size_t(t) * n_v_heads + h;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+      qs[i] = q[qk_row + i];
+      ks[i] = k[qk_row + i];
+    }
+    const float decay = expf(g[hv]), b = beta[hv];
+    const float vj = col_in ? v[hv * dv + j] : 0.f;
+    __syncthreads();  // q_t, k_t staged; the previous token's shares are read
+    float kv = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int i = w + G * r;
+      if (i < dk) {
+        s[r] *= decay;
+        kv = fmaf(ks[i], s[r], kv);
+      }
+    }
+    kv_part[w * 32 + lane] = kv;
+    __syncthreads();
+    kv = 0.f;
+    for (int p = 0; p < G; ++p) kv += kv_part[p * 32 + lane];  // every warp the same sum, in the same order
+    const float delta = (vj - kv) * b;
+    float o = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int i = w + G * r;
+      if (i < dk) {
+        s[r] = fmaf(ks[i], delta, s[r]);
+        o = fmaf(qs[i], s[r], o);
+      }
+    }
+    o_part[w * 32 + lane] = o;
+    __syncthreads();  // also: q_t, k_t and kv_part are read, the next token may replace them
+    if (w == 0 && col_in) {
+      o = 0.f;
+      for (int p = 0; p < G; ++p) o += o_part[p * 32 + lane];
+      out[hv * dv + j] = o;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = w + G * r;
+    if (col_in && i < dk) S[size_t(i) * dv] = s[r];
+  }
+}
+
+template <int R>
+void launch_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
+                       int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out) {
+  const int warps = (dk + R - 1) / R;
+  const dim3 grid(unsigned(n_v_heads), unsigned((dv + kRecCols - 1) / kRecCols));
+  const size_t smem = sizeof(float) * (2 * size_t(dk) + 2 * size_t(warps) * 32);
+  delta_rule_kernel<R><<<grid, 32 * warps, smem>>>(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
+  CUDA_CHECK_LAUNCH();
 }
 
 // ---- The chunked form (kernels/cpu/deltanet.cpp's DeltaChunk, rearranged for the GPU) ----
@@ -400,12 +448,15 @@ void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, flo
 void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                 int T, int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out) {
   check_heads(n_k_heads, n_v_heads);
+  if (dk <= 0 || dk > 32 * 32 || dv <= 0)
+    arg_fail("cuda::gated_delta_rule_recurrent: dk " + std::to_string(dk) + ", dv " + std::to_string(dv) +
+             " (dk up to 1024 rows: 32 warps of 32 rows)");
   if (T <= 0) return;
-  const int threads = 128;
-  const dim3 grid(unsigned(n_v_heads), unsigned((dv + threads - 1) / threads));
-  delta_rule_kernel<<<grid, threads, 2 * size_t(dk) * sizeof(float)>>>(q, k, v, g, beta, T, n_k_heads, n_v_heads,
-                                                                       dk, dv, state, out);
-  CUDA_CHECK_LAUNCH();
+  // Rows a thread holds: 8 for dk up to 256 (16 warps at dk = 128), else 32.
+  if (dk <= 32 * 8)
+    launch_delta_rule<8>(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
+  else
+    launch_delta_rule<32>(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
 }
 
 bool chunked_delta_rule_fits(const float* k, int dk, int dv, const float* state, const float* out) {

@@ -7,11 +7,13 @@ namespace ms::cuda {
 
 // gated_delta_rule runs the chunked form from this many tokens on (and where it fits, see below),
 // the recurrence below it. bench_cuda_matvec's sweep on an H200 at the 80B shape (16/32 heads of
-// 128): recurrent ~20 + 7 us a token (26.8 us at T=1, 48.0 at 4, 76.3 at 8), chunked ~48 us up to
-// T=8, so they cross at T=4; at T=4096 31.4 ms against 2.13 ms.
-inline constexpr int kDeltaChunkedMinTokens = 5;
+// 128): recurrent ~2.7 + 1.17 us a token (3.8 us at T=1, 7.3 at 4, 40.1 at 32, 77.5 at 64),
+// chunked 48 us at T=1 rising to 57.2 at 32 and 75.4 at 64, so they cross near T=60; at T=4096
+// 5.8 ms against 2.16 ms.
+inline constexpr int kDeltaChunkedMinTokens = 60;
 
-// The recurrence token by token: one block per (value head, 128 state columns).
+// The recurrence token by token: one block per (value head, 32 state columns), the state held in
+// registers across the T tokens. dk up to 1024.
 void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                 int T, int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out);
 

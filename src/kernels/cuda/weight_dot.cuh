@@ -74,6 +74,22 @@ __device__ __forceinline__ float2 code_pair(uint32_t bits) {
   return __half22float2(q);
 }
 
+// 3-bit code i (a compile-time constant once unrolled) of a chunk, masked in place: with its bits
+// at offset o of the mantissa of the float 2^(23-o) (o <= 20), that float reads 2^(23-o) + q
+// exactly, so one logic op and one add decode it. Codes at higher offsets, or straddling two
+// words, are read from the word pair shifted right by 16 (one funnel shift per word).
+__device__ __forceinline__ float code3(const uint32_t (&w)[3], int i) {
+  const int bit = 3 * i, word = bit / 32;
+  int off = bit % 32;
+  uint32_t u = w[word];
+  if (off > 20) {
+    u = __funnelshift_r(w[word], w[word + 1 < 3 ? word + 1 : word], 16);
+    off -= 16;
+  }
+  const uint32_t magic = uint32_t(150 - off) << 23;  // the bits of 2^(23-off)
+  return __uint_as_float((u & (7u << off)) | magic) - __uint_as_float(magic);
+}
+
 // Weights a step of the inner loop decodes: one 32-bit word of 2-bit codes, 8 weights otherwise.
 template <int BITS>
 inline constexpr int kStep = BITS == 2 ? 16 : 8;
@@ -107,7 +123,10 @@ __device__ __forceinline__ void decode_step(const uint32_t (&w)[BITS], int st, f
       }
       v[j] = a.x, v[8 + j] = a.y, v[4 + j] = b.x, v[12 + j] = b.y;
     }
-  } else {  // bf16, and 3-bit codes that straddle words
+  } else if constexpr (BITS == 3) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = code3(w, 8 * st + j);
+  } else {  // bf16
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = chunk_value<BITS>(w, 8 * st + j);
   }

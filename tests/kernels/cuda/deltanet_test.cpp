@@ -138,7 +138,7 @@ TEST(CudaDeltaNet, GatedDeltaRuleMatchesRecurrence) {
   };
   Rng rng(10);
   for (const Case& s : {Case{1, 2, 4, 128, 128}, Case{1, 16, 32, 128, 128}, Case{9, 1, 2, 64, 32},
-                        Case{70, 2, 2, 32, 48}, Case{200, 2, 6, 128, 256}}) {
+                        Case{70, 2, 2, 32, 48}, Case{200, 2, 6, 128, 256}, Case{3, 1, 2, 300, 40}}) {
     const DeltaCase c = make_delta_case(rng, s.T, s.hk, s.hv, s.dk, s.dv, true);
     expect_close(run_cuda(gated_delta_rule_recurrent, c, {c.T}), run_cpu(cpu::gated_delta_rule_reference, c),
                  "delta recurrent", c.name(), kTol);
