@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/deltanet_case.h"
 #include "test_support.h"
 
 #include "util/error.h"
@@ -47,44 +48,14 @@ void for_each_simd_target(F&& body) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
-double softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+using ms::test::DeltaCase;
+using ms::test::normalise_rows;
+using ms::test::sigmoid;
 
-// Each row of dim scaled to unit length, computed independently of the kernel under test.
-void normalise_rows(Vec& x, int dim, double scale) {
-  for (size_t r = 0; r < x.size() / dim; ++r) {
-    double ss = 0;
-    for (int i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
-    for (int i = 0; i < dim; ++i) x[r * dim + i] = float(x[r * dim + i] / std::sqrt(ss) * scale);
-  }
-}
-
-// One gated delta rule call's inputs, distributed as in a Qwen3-Next layer: unit q and k (q
-// scaled by 1/sqrt(dk)), g = -exp(A_log) * softplus(a + dt_bias) with exp(A_log) up to 16, a few
-// nearly closed gates (g down to -200), beta = sigmoid(b).
-struct DeltaCase {
-  int T, hk, hv, dk, dv;
-  Vec q, k, v, g, beta, state;
-};
-
+// The seeded case of the CPU tests.
 DeltaCase make_case(int T, int hk, int hv, int dk, int dv, bool random_state, unsigned seed) {
   Rng rng(seed);
-  DeltaCase c{T, hk, hv, dk, dv, {}, {}, {}, {}, {}, {}};
-  c.q = rng.normals(size_t(T) * hk * dk);
-  c.k = rng.normals(size_t(T) * hk * dk);
-  normalise_rows(c.q, dk, 1.0 / std::sqrt(double(dk)));
-  normalise_rows(c.k, dk, 1.0);
-  c.v = rng.normals(size_t(T) * hv * dv);
-  c.g.resize(size_t(T) * hv);
-  c.beta.resize(size_t(T) * hv);
-  for (size_t i = 0; i < c.g.size(); ++i) {
-    const double A = std::exp(rng.uniform(-3.0f, std::log(16.0f)));
-    c.g[i] = float(-A * softplus(rng.normal(2.0f)));
-    if (rng.uniform(0, 1) < 0.03f) c.g[i] = -rng.uniform(20, 200);
-    c.beta[i] = float(sigmoid(rng.normal(2.0f)));
-  }
-  c.state = random_state ? rng.normals(size_t(hv) * dk * dv, 0.5f) : Vec(size_t(hv) * dk * dv, 0.0f);
-  return c;
+  return ms::test::make_delta_case(rng, T, hk, hv, dk, dv, random_state);
 }
 
 struct DeltaResult {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "kernels/deltanet_case.h"
 #include "kernels/cpu/deltanet.h"
 #include "kernels/cuda/deltanet.h"
 #include "kernels/cuda/ops.h"
@@ -14,8 +15,8 @@
 namespace ms::cuda::test {
 namespace {
 
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-double softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
+using ms::test::DeltaCase;
+using ms::test::make_delta_case;
 
 TEST(CudaDeltaNet, Conv1dSiluCarriesStateAcrossCalls) {
   MS_REQUIRE_CUDA();
@@ -46,44 +47,6 @@ TEST(CudaDeltaNet, Conv1dSiluCarriesStateAcrossCalls) {
     record("conv1d_silu", what, err, kTol);
     EXPECT_LE(err, kTol) << what;
   }
-}
-
-// One gated delta rule call's inputs, distributed as in a Qwen3-Next layer (as in the CPU tests):
-// unit q and k, q scaled by 1/sqrt(dk); g = -exp(A_log)·softplus(a + dt_bias), a few nearly
-// closed gates; beta = sigmoid(b); the state zero or random.
-struct DeltaCase {
-  int T, hk, hv, dk, dv;
-  Vec q, k, v, g, beta, state;
-
-  std::string name() const {
-    return "T=" + std::to_string(T) + " heads " + std::to_string(hk) + "/" + std::to_string(hv) +
-           " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv);
-  }
-};
-
-DeltaCase make_delta_case(Rng& rng, int T, int hk, int hv, int dk, int dv, bool random_state) {
-  auto unit_rows = [&](size_t rows, int dim, double scale) {
-    Vec v = rng.normals(rows * dim);
-    for (size_t r = 0; r < rows; ++r) {
-      double ss = 0;
-      for (int i = 0; i < dim; ++i) ss += double(v[r * dim + i]) * v[r * dim + i];
-      for (int i = 0; i < dim; ++i) v[r * dim + i] = float(v[r * dim + i] / std::sqrt(ss) * scale);
-    }
-    return v;
-  };
-  DeltaCase c{T, hk, hv, dk, dv, {}, {}, {}, {}, {}, {}};
-  c.q = unit_rows(size_t(T) * hk, dk, 1.0 / std::sqrt(double(dk)));
-  c.k = unit_rows(size_t(T) * hk, dk, 1.0);
-  c.v = rng.normals(size_t(T) * hv * dv);
-  c.g.resize(size_t(T) * hv);
-  c.beta.resize(c.g.size());
-  for (size_t i = 0; i < c.g.size(); ++i) {
-    c.g[i] = float(-std::exp(rng.uniform(-3.0f, std::log(16.0f))) * softplus(rng.normal(2.0f)));
-    if (rng.uniform(0, 1) < 0.03f) c.g[i] = -rng.uniform(20, 200);
-    c.beta[i] = float(sigmoid(rng.normal(2.0f)));
-  }
-  c.state = random_state ? rng.normals(size_t(hv) * dk * dv, 0.5f) : Vec(size_t(hv) * dk * dv, 0.0f);
-  return c;
 }
 
 struct DeltaResult {
