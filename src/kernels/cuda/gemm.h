@@ -1,0 +1,27 @@
+#pragma once
+// The two forms of cuda::matmul (kernels/cuda/ops.h), named so that tests and benchmarks can run
+// each on any T. Same arguments, checks and results as matmul; device pointers.
+// Plain C++: no CUDA headers needed to include this.
+#include <cstddef>
+
+#include "kernels/weights.h"
+
+namespace ms::cuda {
+
+// matmul runs matmul_gemm from this many tokens on, matmul_direct below it. TODO(measure): the
+// crossover of bench_cuda_matvec's "gemm" sweep on an H200.
+inline constexpr int kGemmMinTokens = 16;
+
+// Device scratch matmul_gemm dequantizes into by default: 64 MiB, 8192 rows of the 151936 x 2048
+// lm_head or 2048 rows of a dense 8192 x 8192 a tile.
+inline constexpr size_t kGemmScratchBytes = size_t(64) << 20;
+
+// The custom kernel (matmul.cu): each weight chunk read once per 4 tokens; what decode needs.
+void matmul_direct(const float* x, int T, const Mat& W, float* y);
+
+// Prefill through cuBLAS: W dequantized to float32 (exactly the CPU's values, scale·q + bias) in
+// tiles of rows that fit max_scratch_bytes, each tile one FP32 SGEMM (no TF32) into y's columns.
+// Deterministic for a given shape and budget; holds the scratch and a cuBLAS handle between calls.
+void matmul_gemm(const float* x, int T, const Mat& W, float* y, size_t max_scratch_bytes = kGemmScratchBytes);
+
+}  // namespace ms::cuda
