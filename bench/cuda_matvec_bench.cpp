@@ -272,7 +272,8 @@ int main(int argc, char** argv) {
   std::printf("prefill/verify batches (weights reused by 4 tokens a block):\n");
   for (int T : {4, 16})
     for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter);
-  std::printf("prefill: custom kernel against cuBLAS FP32 (matmul switches at T >= %d):\n", cuda::kGemmMinTokens);
+  std::printf("prefill: custom kernel against cuBLAS FP32 (matmul switches at T >= %d for bf16, %d affine):\n",
+              cuda::kGemmMinTokensBf16, cuda::kGemmMinTokensAffine);
   for (int bits : {16, 4})
     for (int T : {64, 512})
       for (Config c : {Config{"dense 8192", 8192, 8192, 0}, Config{"lm_head 151936", 151936, 2048, 0}}) {
@@ -283,7 +284,7 @@ int main(int argc, char** argv) {
   for (int bits : {16, 4})
     for (Config c : {Config{"dense 8192", 8192, 8192, 0}, Config{"in_proj 12288x2048", 12288, 2048, 0},
                      Config{"o_proj 2048x4096", 2048, 4096, 0}, Config{"shared expert 512x2048", 512, 2048, 0}})
-      for (int T : {4, 8, 12, 16, 24, 32, 48}) {
+      for (int T : {4, 8, 12, 16, 24, 32, 48, 64, 96}) {
         c.bits = bits;
         run_prefill(c, T, filter);
       }
