@@ -5,6 +5,8 @@
 // and layers do. Bytes counted: weights, scales and biases, x read and y written.
 // Then the routed experts of a decode step at Qwen3-Next-80B's shape: cuda::moe_experts against
 // the per-expert launches it replaces, and cuda::route_topk.
+// Prefill (filter "gemm"): the custom kernel against the cuBLAS form of cuda::matmul, and their
+// crossover over T.
 // Also the Gated DeltaNet rule at Qwen3-Next-80B's shape, recurrent against chunked, over T: where
 // gated_delta_rule switches from one to the other (kDeltaChunkedMinTokens) and what prefill costs.
 #include <cuda_runtime_api.h>
@@ -21,6 +23,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/deltanet.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 
 using namespace ms;
@@ -61,33 +64,81 @@ struct Config {
   int rows, cols, bits;  // bits 16: bf16
 };
 
-void run(const Config& c, int group, int T, double hbm, const std::string& filter) {
-  const std::string type = c.bits == 16 ? "bf16" : "q" + std::to_string(c.bits) + " g" + std::to_string(group);
-  if ((std::string(c.name) + " " + type).find(filter) == std::string::npos) return;
+std::string type_name(const Config& c, int group) {
+  return c.bits == 16 ? "bf16" : "q" + std::to_string(c.bits) + " g" + std::to_string(group);
+}
+
+// Copies of one shape's weights (codes 0x5a, bf16 scales and biases 0x3c3c ≈ 0.0115), as many as
+// fill kWorkingSet, to cycle over.
+struct Copies {
+  cuda::DeviceBuffer q, sb;
+  std::vector<Mat> mats;
+  size_t per_copy = 0;  // bytes of one: weights, scales and biases
+};
+
+Copies make_copies(const Config& c, int group) {
   const size_t q_bytes = size_t(c.rows) * c.cols * c.bits / 8;
   const size_t sb_bytes = c.bits == 16 ? 0 : size_t(c.rows) * (c.cols / group) * 2;
-  const size_t per_copy = q_bytes + 2 * sb_bytes;
-  const int copies = int(std::max<size_t>(1, kWorkingSet / per_copy));
-  cuda::DeviceBuffer q(q_bytes * copies), sb(2 * sb_bytes * copies + 2), x(size_t(T) * c.cols * 4),
-      y(size_t(T) * c.rows * 4);
-  CUDA_CHECK(cudaMemset(q.data(), 0x5a, q.size()));
-  CUDA_CHECK(cudaMemset(sb.data(), 0x3c, sb.size()));  // bf16 0x3c3c ≈ 0.0115
-  CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.size()));
-  std::vector<Mat> mats;
+  Copies w;
+  w.per_copy = q_bytes + 2 * sb_bytes;
+  const int copies = int(std::max<size_t>(1, kWorkingSet / w.per_copy));
+  w.q = cuda::DeviceBuffer(q_bytes * copies);
+  w.sb = cuda::DeviceBuffer(2 * sb_bytes * copies + 2);
+  CUDA_CHECK(cudaMemset(w.q.data(), 0x5a, w.q.size()));
+  CUDA_CHECK(cudaMemset(w.sb.data(), 0x3c, w.sb.size()));
   for (int i = 0; i < copies; ++i) {
-    const auto* s = reinterpret_cast<const uint16_t*>(sb.as<uint8_t>() + 2 * sb_bytes * i);
+    const auto* s = reinterpret_cast<const uint16_t*>(w.sb.as<uint8_t>() + 2 * sb_bytes * i);
     if (c.bits == 16)
-      mats.push_back(Mat{WeightType::BF16, q.as<uint8_t>() + q_bytes * i, c.rows, c.cols});
+      w.mats.push_back(Mat{WeightType::BF16, w.q.as<uint8_t>() + q_bytes * i, c.rows, c.cols});
     else
-      mats.push_back(Mat{WeightType::Affine, q.as<uint8_t>() + q_bytes * i, c.rows, c.cols, c.bits, group, s,
-                         s + sb_bytes / 2});
+      w.mats.push_back(Mat{WeightType::Affine, w.q.as<uint8_t>() + q_bytes * i, c.rows, c.cols, c.bits, group, s,
+                           s + sb_bytes / 2});
   }
-  const int rounds = std::max(copies, std::min(2000, int(20e9 / double(per_copy))));
-  const double ms = time_ms(rounds, [&](int i) { cuda::matmul(x.as<float>(), T, mats[size_t(i % copies)], y.as<float>()); });
-  const double bytes = double(per_copy) + 4.0 * T * (c.cols + c.rows);
+  return w;
+}
+
+void run(const Config& c, int group, int T, double hbm, const std::string& filter) {
+  const std::string type = type_name(c, group);
+  if ((std::string(c.name) + " " + type).find(filter) == std::string::npos) return;
+  const Copies w = make_copies(c, group);
+  const int copies = int(w.mats.size());
+  cuda::DeviceBuffer x(size_t(T) * c.cols * 4), y(size_t(T) * c.rows * 4);
+  CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.size()));
+  const int rounds = std::max(copies, std::min(2000, int(20e9 / double(w.per_copy))));
+  const double ms = time_ms(rounds, [&](int i) { cuda::matmul(x.as<float>(), T, w.mats[size_t(i % copies)], y.as<float>()); });
+  const double bytes = double(w.per_copy) + 4.0 * T * (c.cols + c.rows);
   const double gbps = bytes / (ms * 1e6);
   std::printf("%-22s %6d x %-6d %-8s T=%-2d %9.2f us %8.0f GB/s %5.1f%% of copy\n", c.name, c.rows, c.cols,
               type.c_str(), T, ms * 1e3, gbps, 100.0 * gbps / hbm);
+}
+
+// Microseconds per call of fn(i) over about 50 ms of calls (at least 3).
+template <class F>
+double time_us(F&& fn) {
+  const double once = time_ms(1, fn);
+  return 1e3 * time_ms(int(std::clamp(50.0 / once, 3.0, 1000.0)), fn);
+}
+
+// Prefill: the custom kernel (matmul_direct) against the cuBLAS form (matmul_gemm, with the
+// default 64 MiB scratch and with 16 MiB, whose tiles stay in the L2 between the dequantization
+// and the SGEMM) at T tokens, in microseconds and TFLOP/s (2·T·rows·cols).
+void run_prefill(const Config& c, int T, const std::string& filter) {
+  const std::string what = std::string("gemm ") + c.name + " " + type_name(c, 64);
+  if (what.find(filter) == std::string::npos) return;
+  const Copies w = make_copies(c, 64);
+  const size_t copies = w.mats.size();
+  cuda::DeviceBuffer x(size_t(T) * c.cols * 4), y(size_t(T) * c.rows * 4);
+  CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.size()));
+  const double direct = time_us([&](int i) { cuda::matmul_direct(x.as<float>(), T, w.mats[size_t(i) % copies], y.as<float>()); });
+  const double gemm = time_us([&](int i) { cuda::matmul_gemm(x.as<float>(), T, w.mats[size_t(i) % copies], y.as<float>()); });
+  const double gemm16 = time_us([&](int i) {
+    cuda::matmul_gemm(x.as<float>(), T, w.mats[size_t(i) % copies], y.as<float>(), size_t(16) << 20);
+  });
+  const double flop = 2.0 * T * double(c.rows) * c.cols;
+  std::printf("%-34s %6d x %-6d T=%-4d direct %9.1f us %6.2f TFLOP/s | gemm %9.1f us %6.2f TFLOP/s | gemm 16 MiB %9.1f us"
+              " %6.2f TFLOP/s | %s\n",
+              what.c_str(), c.rows, c.cols, T, direct, flop / (direct * 1e6), gemm, flop / (gemm * 1e6), gemm16,
+              flop / (gemm16 * 1e6), gemm < direct ? "gemm" : "direct");
 }
 
 // One decode step's routed experts at Qwen3-Next-80B's shape (hidden 2048, moe_intermediate 512,
@@ -221,6 +272,22 @@ int main(int argc, char** argv) {
   std::printf("prefill/verify batches (weights reused by 4 tokens a block):\n");
   for (int T : {4, 16})
     for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter);
+  std::printf("prefill: custom kernel against cuBLAS FP32 (matmul switches at T >= %d for bf16, %d affine):\n",
+              cuda::kGemmMinTokensBf16, cuda::kGemmMinTokensAffine);
+  for (int bits : {16, 4})
+    for (int T : {64, 512})
+      for (Config c : {Config{"dense 8192", 8192, 8192, 0}, Config{"lm_head 151936", 151936, 2048, 0}}) {
+        c.bits = bits;
+        run_prefill(c, T, filter);
+      }
+  std::printf("crossover sweep:\n");
+  for (int bits : {16, 4})
+    for (Config c : {Config{"dense 8192", 8192, 8192, 0}, Config{"in_proj 12288x2048", 12288, 2048, 0},
+                     Config{"o_proj 2048x4096", 2048, 4096, 0}, Config{"shared expert 512x2048", 512, 2048, 0}})
+      for (int T : {4, 8, 12, 16, 24, 32, 48, 64, 96}) {
+        c.bits = bits;
+        run_prefill(c, T, filter);
+      }
   run_moe(hbm, filter);
   run_delta_rule(filter);
   return 0;

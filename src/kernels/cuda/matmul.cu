@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/weight_dot.cuh"
 
@@ -106,7 +107,7 @@ bool misaligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0
 
 }  // namespace
 
-void matmul(const float* x, int T, const Mat& W, float* y) {
+void matmul_direct(const float* x, int T, const Mat& W, float* y) {
   if (T <= 0 || W.rows <= 0) return;
   if (W.cols <= 0 || W.cols % kChunk != 0)
     arg_fail("cuda::matmul: cols " + std::to_string(W.cols) + " is not a positive multiple of 32");
@@ -135,6 +136,11 @@ void matmul(const float* x, int T, const Mat& W, float* y) {
     case WeightType::F32: break;
   }
   arg_fail("cuda::matmul: f32 weights are not supported on the GPU (store them as bf16)");
+}
+
+void matmul(const float* x, int T, const Mat& W, float* y) {
+  if (T >= gemm_min_tokens(W)) return matmul_gemm(x, T, W, y);
+  matmul_direct(x, T, W, y);
 }
 
 }  // namespace ms::cuda

@@ -2,15 +2,19 @@
 // the magnitudes of the terms both kernels round, Σ_c |x_c|·|w_c| for bf16 and
 // Σ_c |x_c|·(|s·q_c| + |b|) for affine (both split the dot into s·Σq·x + b·Σx per group or
 // chunk, which can cancel): float sums of up to 16k terms in different orders differ by well
-// under that.
+// under that. The cuBLAS form (matmul_gemm, from gemm_min_tokens(W) tokens on) is held to the same
+// tolerance: its SGEMM sums Σ_c x_c·w_c of the same dequantized w in yet another order.
+// Seen on the H200: at most 7.5e-8 (bf16, 1000 x 4096, T = 512), 5.3e-8 between the two forms.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "cuda_test_util.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 #include "quant/affine.h"
 #include "util/error.h"
@@ -103,6 +107,133 @@ TEST(CudaMatmul, AffineMatchesCpu) {
       }
 }
 
+// mag[t, r] = Σ_c |x[t, c]|·a[r, c], a [rows, cols] the per-weight magnitudes of the file comment
+// (float sums: only the scale of the tolerance).
+std::vector<double> magnitudes(const Vec& x, int T, const Vec& a, int rows, int cols) {
+  Vec ax(x.size()), m(size_t(T) * rows);
+  for (size_t i = 0; i < x.size(); ++i) ax[i] = std::abs(x[i]);
+  cpu::matmul(ax.data(), T, Mat{WeightType::F32, a.data(), rows, cols}, m.data());
+  return {m.begin(), m.end()};
+}
+
+// A weight matrix on the host and the device, with a[r, c] for magnitudes().
+struct TestWeights {
+  Mat host, device;
+  Vec a;
+  std::vector<DeviceBuffer> buffers;
+};
+
+TestWeights bf16_weights(Rng& rng, int rows, int cols, std::vector<uint16_t>& w) {
+  const Vec wf = rng.normals(size_t(rows) * cols, 0.05f);
+  w.resize(wf.size());
+  TestWeights tw;
+  tw.a.resize(wf.size());
+  for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(wf[i]), tw.a[i] = std::abs(bf16_to_f32(w[i]));
+  tw.buffers.push_back(DeviceBuffer::from(w));
+  tw.host = Mat{WeightType::BF16, w.data(), rows, cols};
+  tw.device = Mat{WeightType::BF16, tw.buffers[0].data(), rows, cols};
+  return tw;
+}
+
+TestWeights affine_weights(Rng& rng, int rows, int cols, int bits, int group, QuantBuffer& qb) {
+  Vec wf = rng.normals(size_t(rows) * cols, 0.05f);
+  for (auto& v : wf) v += 0.01f;
+  qb = quantize(wf.data(), rows, cols, bits, group);
+  TestWeights tw;
+  tw.a.resize(wf.size());
+  for (int r = 0; r < rows; ++r) {
+    float* ar = tw.a.data() + size_t(r) * cols;
+    dequantize_row(qb.view(), r, ar);
+    for (int c = 0; c < cols; ++c) {
+      const float b = bf16_to_f32(qb.biases[size_t(r) * (cols / group) + c / group]);
+      ar[c] = std::abs(ar[c] - b) + std::abs(b);
+    }
+  }
+  tw.buffers.push_back(DeviceBuffer::from(qb.q));
+  tw.buffers.push_back(DeviceBuffer::from(qb.scales));
+  tw.buffers.push_back(DeviceBuffer::from(qb.biases));
+  tw.host = Mat::affine(qb.view());
+  QuantMat qm = qb.view();
+  qm.q = tw.buffers[0].as<uint8_t>(), qm.scales = tw.buffers[1].as<uint16_t>(), qm.biases = tw.buffers[2].as<uint16_t>();
+  tw.device = Mat::affine(qm);
+  return tw;
+}
+
+// matmul_gemm against cpu::matmul for each T, tiles of tile_rows rows (0: the default scratch).
+void check_gemm(const std::string& kernel, const std::string& what, const TestWeights& tw, int tile_rows, Rng& rng) {
+  const int rows = tw.host.rows, cols = tw.host.cols;
+  const size_t scratch = tile_rows ? size_t(tile_rows) * cols * sizeof(float) : kGemmScratchBytes;
+  for (int T : {gemm_min_tokens(tw.host), 33, 200, 512}) {
+    const Vec x = rng.normals(size_t(T) * cols);
+    Vec y_cpu(size_t(T) * rows);
+    cpu::matmul(x.data(), T, tw.host, y_cpu.data());
+    DeviceBuffer dx = dev(x), dy(y_cpu.size() * sizeof(float));
+    matmul_gemm(dx.as<float>(), T, tw.device, dy.as<float>(), scratch);
+    const std::string name = what + " " + std::to_string(rows) + "x" + std::to_string(cols) + " T=" +
+                             std::to_string(T) + " tile " + std::to_string(tile_rows ? tile_rows : rows);
+    const double err = rel_error(host(dy), y_cpu, magnitudes(x, T, tw.a, rows, cols));
+    record(kernel, name, err, kTol);
+    EXPECT_LE(err, kTol) << name;
+  }
+}
+
+struct GemmShape {
+  int rows, cols, tile_rows;  // tile_rows 0: the default scratch (one tile for these)
+};
+
+TEST(CudaMatmul, GemmBf16MatchesCpu) {
+  MS_REQUIRE_CUDA();
+  const GemmShape shapes[] = {{300, 1024, 96}, {151, 2048, 64}, {1000, 4096, 0}, {64, 8192, 0}};
+  Rng rng(3);
+  for (const GemmShape& s : shapes) {
+    std::vector<uint16_t> w;
+    const TestWeights tw = bf16_weights(rng, s.rows, s.cols, w);
+    check_gemm("matmul_gemm bf16", "bf16", tw, s.tile_rows, rng);
+  }
+}
+
+TEST(CudaMatmul, GemmAffineMatchesCpu) {
+  MS_REQUIRE_CUDA();
+  const GemmShape shapes[] = {{300, 1024, 96}, {129, 2048, 40}, {512, 4096, 0}};
+  const int groups[] = {32, 64, 128};
+  Rng rng(4);
+  for (int bits : {2, 3, 4, 8})
+    for (size_t i = 0; i < std::size(shapes); ++i) {
+      const GemmShape& s = shapes[i];
+      const int group = groups[(i + size_t(bits)) % 3];
+      QuantBuffer qb;
+      const TestWeights tw = affine_weights(rng, s.rows, s.cols, bits, group, qb);
+      check_gemm("matmul_gemm affine", "q" + std::to_string(bits) + " g" + std::to_string(group), tw, s.tile_rows,
+                 rng);
+    }
+}
+
+// Around the threshold the two forms agree within the tolerance, and matmul is bit for bit the
+// form it picks (each deterministic).
+TEST(CudaMatmul, FormsAgreeAroundThreshold) {
+  MS_REQUIRE_CUDA();
+  Rng rng(5);
+  std::vector<uint16_t> w;
+  QuantBuffer qb;
+  const TestWeights cases[] = {bf16_weights(rng, 1000, 4096, w), affine_weights(rng, 1000, 4096, 4, 64, qb)};
+  for (const TestWeights& tw : cases)
+    for (int T : {gemm_min_tokens(tw.host) - 1, gemm_min_tokens(tw.host), gemm_min_tokens(tw.host) + 1}) {
+      const int rows = tw.host.rows, cols = tw.host.cols;
+      const Vec x = rng.normals(size_t(T) * cols);
+      DeviceBuffer dx = dev(x), d_direct(size_t(T) * rows * 4), d_gemm(size_t(T) * rows * 4), d_matmul(size_t(T) * rows * 4);
+      matmul_direct(dx.as<float>(), T, tw.device, d_direct.as<float>());
+      matmul_gemm(dx.as<float>(), T, tw.device, d_gemm.as<float>());
+      matmul(dx.as<float>(), T, tw.device, d_matmul.as<float>());
+      const Vec y_direct = host(d_direct), y_gemm = host(d_gemm), y = host(d_matmul);
+      const std::string name = std::string(tw.host.type == WeightType::BF16 ? "bf16" : "q4 g64") + " 1000x4096 T=" +
+                               std::to_string(T);
+      const double err = rel_error(y_gemm, y_direct, magnitudes(x, T, tw.a, rows, cols));
+      record("matmul gemm-direct", name, err, kTol);
+      EXPECT_LE(err, kTol) << name;
+      EXPECT_EQ(y, T >= gemm_min_tokens(tw.host) ? y_gemm : y_direct) << name;
+    }
+}
+
 TEST(CudaMatmul, RejectsWhatItCannotRun) {
   MS_REQUIRE_CUDA();
   DeviceBuffer buf(1 << 16);
@@ -111,6 +242,13 @@ TEST(CudaMatmul, RejectsWhatItCannotRun) {
   EXPECT_THROW(matmul(x, 1, Mat{WeightType::BF16, buf.data(), 4, 48}, y), Error);   // cols % 32
   EXPECT_THROW(matmul(x, 1, Mat{WeightType::F32, buf.data(), 4, 64}, y), Error);    // f32 weights
   EXPECT_THROW(matmul(x + 1, 1, Mat{WeightType::BF16, buf.data(), 4, 64}, y), Error);  // misaligned x
+  for (int T : {kGemmMinTokensBf16, kGemmMinTokensAffine}) {  // the cuBLAS form checks alike
+    EXPECT_THROW(matmul(x, T, Mat{WeightType::BF16, buf.data(), 4, 48}, y), Error);
+    EXPECT_THROW(matmul(x, T, Mat{WeightType::F32, buf.data(), 4, 64}, y), Error);
+    EXPECT_THROW(matmul(x + 1, T, Mat{WeightType::BF16, buf.data(), 4, 64}, y), Error);
+    EXPECT_THROW(matmul(x, T, Mat{WeightType::Affine, buf.data(), 4, 64, 4, 48, buf.as<uint16_t>(), buf.as<uint16_t>()}, y),
+                 Error);  // group 48
+  }
 }
 
 }  // namespace

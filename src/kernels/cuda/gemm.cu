@@ -1,0 +1,168 @@
+// cuda::matmul for prefill: W dequantized to float32 in tiles of rows, each tile one cuBLAS SGEMM.
+// The custom kernel reads each weight chunk once per 4 tokens, so for hundreds of tokens it is
+// compute-bound on its decoding and FMA loop; an SGEMM reuses each weight across all T tokens from
+// shared memory and registers. Plain FP32 (no TF32): the forward must stay float32-accurate.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace ms::cuda {
+namespace {
+
+constexpr int kUnit = 8;  // weights a thread dequantizes: BITS whole bytes for every width
+
+#define CUBLAS_CHECK(call)                                                          \
+  do {                                                                              \
+    const cublasStatus_t ms_cublas_st_ = (call);                                    \
+    if (ms_cublas_st_ != CUBLAS_STATUS_SUCCESS) cublas_fail(__FILE__, __LINE__, #call, ms_cublas_st_); \
+  } while (0)
+
+[[noreturn]] void cublas_fail(const char* file, int line, const char* call, cublasStatus_t st) {
+  arg_fail(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " + cublasGetStatusName(st));
+}
+
+// The unit of 8 weights starting at weight 8u: its BITS bytes as one little-endian word.
+template <int BITS>
+__device__ __forceinline__ uint64_t load_unit(const uint8_t* q, size_t u) {
+  const uint8_t* p = q + u * BITS;
+  if constexpr (BITS == 8) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    return uint64_t(v.x) | uint64_t(v.y) << 32;
+  } else if constexpr (BITS == 4) {
+    return __ldg(reinterpret_cast<const uint32_t*>(p));
+  } else if constexpr (BITS == 2) {
+    return __ldg(reinterpret_cast<const uint16_t*>(p));
+  } else {  // 3 bytes, byte-aligned only
+    return uint64_t(__ldg(p)) | uint64_t(__ldg(p + 1)) << 8 | uint64_t(__ldg(p + 2)) << 16;
+  }
+}
+
+// out[i] = W's weight i as float32, for the n/8 units of a tile (rows consecutive in memory, the
+// tile starting at a row, so its weights, q stream and groups run on from its first).
+template <int BITS>
+__global__ void dequantize_kernel(const uint8_t* __restrict__ q, const uint16_t* __restrict__ scales,
+                                  const uint16_t* __restrict__ biases, int units_per_group_log2, size_t units,
+                                  float* __restrict__ out) {
+  for (size_t u = blockIdx.x * size_t(blockDim.x) + threadIdx.x; u < units; u += size_t(gridDim.x) * blockDim.x) {
+    float v[kUnit];
+    if constexpr (BITS == 16) {
+      const uint4 w = __ldg(reinterpret_cast<const uint4*>(q) + u);
+      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[2 * i] = __uint_as_float(words[i] << 16), v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    } else {
+      const uint64_t w = load_unit<BITS>(q, u);
+      const size_t g = u >> units_per_group_log2;
+      const float s = bf16_to_float(__ldg(scales + g)), b = bf16_to_float(__ldg(biases + g));
+#pragma unroll
+      for (int i = 0; i < kUnit; ++i) {
+        const float code = float(uint32_t(w >> (i * BITS)) & ((1u << BITS) - 1));
+        // dequantize_row's float arithmetic, unfused (s·q is exact anyway: 8 by at most 8 significant bits).
+        v[i] = __fadd_rn(__fmul_rn(s, code), b);
+      }
+    }
+    float4* o = reinterpret_cast<float4*>(out + u * kUnit);
+    o[0] = make_float4(v[0], v[1], v[2], v[3]);
+    o[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+
+template <int BITS>
+void dequantize(const Mat& W, int r0, int rows, float* out) {
+  const size_t units = size_t(rows) * size_t(W.cols) / kUnit;
+  const size_t row_units = size_t(W.cols) / kUnit;
+  const auto* q = static_cast<const uint8_t*>(W.data) + size_t(r0) * row_units * (BITS == 16 ? 16 : BITS);
+  const uint16_t *scales = nullptr, *biases = nullptr;
+  int units_per_group_log2 = 0;
+  if constexpr (BITS != 16) {
+    const size_t groups = size_t(W.cols / W.group);
+    scales = W.scales + size_t(r0) * groups, biases = W.biases + size_t(r0) * groups;
+    while ((kUnit << units_per_group_log2) < W.group) ++units_per_group_log2;
+  }
+  constexpr int threads = 256;
+  const unsigned blocks = unsigned(std::min<size_t>((units + threads - 1) / threads, 65535));
+  dequantize_kernel<BITS><<<blocks, threads>>>(q, scales, biases, units_per_group_log2, units, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void dequantize_tile(const Mat& W, int r0, int rows, float* out) {
+  if (W.type == WeightType::BF16) return dequantize<16>(W, r0, rows, out);
+  switch (W.bits) {
+    case 2: return dequantize<2>(W, r0, rows, out);
+    case 3: return dequantize<3>(W, r0, rows, out);
+    case 4: return dequantize<4>(W, r0, rows, out);
+    case 8: return dequantize<8>(W, r0, rows, out);
+  }
+}
+
+// The same checks as matmul_direct, so that matmul throws alike whichever form T picks.
+void check_args(const float* x, const Mat& W, const float* y) {
+  if (W.cols <= 0 || W.cols % 32 != 0)
+    arg_fail("cuda::matmul: cols " + std::to_string(W.cols) + " is not a positive multiple of 32");
+  auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  if (misaligned(x) || misaligned(y) || misaligned(W.data))
+    arg_fail("cuda::matmul: x, y and the weights must be 16-byte aligned");
+  if (W.type == WeightType::F32)
+    arg_fail("cuda::matmul: f32 weights are not supported on the GPU (store them as bf16)");
+  if (W.type == WeightType::Affine) {
+    if (W.group != 32 && W.group != 64 && W.group != 128)
+      arg_fail("cuda::matmul: affine group " + std::to_string(W.group) + " is not 32, 64 or 128");
+    if (W.cols % W.group != 0)
+      arg_fail("cuda::matmul: cols " + std::to_string(W.cols) + " not a multiple of the group " +
+               std::to_string(W.group));
+    if (W.bits != 2 && W.bits != 3 && W.bits != 4 && W.bits != 8)
+      arg_fail("cuda::matmul: affine bits " + std::to_string(W.bits) + " is not 2, 3, 4 or 8");
+  }
+}
+
+// The current device's handle, made on first use, in the default math mode (FP32 SGEMMs stay
+// FP32: TF32 only where asked for) on the legacy default stream the kernels use. Never destroyed:
+// at exit the CUDA context may already be gone.
+cublasHandle_t handle_locked() {
+  static std::map<int, cublasHandle_t> handles;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cublasHandle_t& h = handles[dev];
+  if (!h) {
+    CUBLAS_CHECK(cublasCreate(&h));
+    CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    CUBLAS_CHECK(cublasSetStream(h, cudaStreamLegacy));
+  }
+  return h;
+}
+
+}  // namespace
+
+void matmul_gemm(const float* x, int T, const Mat& W, float* y, size_t max_scratch_bytes) {
+  check_args(x, W, y);
+  if (T <= 0 || W.rows <= 0) return;
+  const size_t row_bytes = size_t(W.cols) * sizeof(float);
+  const int tile = int(std::clamp<size_t>(max_scratch_bytes / row_bytes, 1, size_t(W.rows)));
+  static std::mutex mu;  // one scratch: the tiles of concurrent callers must not interleave
+  static DeviceBuffer scratch;
+  std::lock_guard<std::mutex> lock(mu);
+  const cublasHandle_t h = handle_locked();
+  if (scratch.size() < size_t(tile) * row_bytes)
+    scratch = DeviceBuffer(size_t(tile) * row_bytes);  // frees the old one after the GPU is done with it
+  const float one = 1.0f, zero = 0.0f;
+  for (int r0 = 0; r0 < W.rows; r0 += tile) {
+    const int rows = std::min(tile, W.rows - r0);
+    dequantize_tile(W, r0, rows, scratch.as<float>());
+    // Column-major, cuBLAS' view: y [rows of W, T] with leading dimension W.rows holds y[T, W.rows];
+    // the tile [cols, rows] transposed is W's rows; x [cols, T] is x[T, cols].
+    CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, W.cols, &one, scratch.as<float>(), W.cols, x,
+                             W.cols, &zero, y + r0, W.rows));
+  }
+}
+
+}  // namespace ms::cuda

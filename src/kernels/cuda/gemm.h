@@ -1,0 +1,35 @@
+#pragma once
+// The two forms of cuda::matmul (kernels/cuda/ops.h), named so that tests and benchmarks can run
+// each on any T. Same arguments, checks and results as matmul; device pointers.
+// Plain C++: no CUDA headers needed to include this.
+#include <cstddef>
+
+#include "kernels/weights.h"
+
+namespace ms::cuda {
+
+// matmul runs matmul_gemm from gemm_min_tokens(W) tokens on, matmul_direct below it. Crossovers
+// of bench_cuda_matvec's "gemm" sweep on an H200 (T = 4..48, 64): bf16 at T = 24..32 for 8192 x
+// 8192, 12288 x 2048 and 2048 x 4096 (8192², T=32: 436 us direct, 328 us gemm); the custom kernel
+// decodes 4-bit weights faster than it reads bf16, so q4 g64 crosses at T = 48..64 (8192², T=48:
+// 391 against 473 us, T=64: 513 against 471 us). The SGEMM costs at least ~20 us, so a 512 x 2048
+// matrix stays faster on the custom kernel up to T = 48 at least (12 against 26 us).
+inline constexpr int kGemmMinTokensBf16 = 32;
+inline constexpr int kGemmMinTokensAffine = 64;
+inline int gemm_min_tokens(const Mat& W) {
+  return W.type == WeightType::Affine ? kGemmMinTokensAffine : kGemmMinTokensBf16;
+}
+
+// Device scratch matmul_gemm dequantizes into by default: 64 MiB, 8192 rows of the 151936 x 2048
+// lm_head or 2048 rows of a dense 8192 x 8192 a tile.
+inline constexpr size_t kGemmScratchBytes = size_t(64) << 20;
+
+// The custom kernel (matmul.cu): each weight chunk read once per 4 tokens; what decode needs.
+void matmul_direct(const float* x, int T, const Mat& W, float* y);
+
+// Prefill through cuBLAS: W dequantized to float32 (exactly the CPU's values, scale·q + bias) in
+// tiles of rows that fit max_scratch_bytes, each tile one FP32 SGEMM (no TF32) into y's columns.
+// Deterministic for a given shape and budget; holds the scratch and a cuBLAS handle between calls.
+void matmul_gemm(const float* x, int T, const Mat& W, float* y, size_t max_scratch_bytes = kGemmScratchBytes);
+
+}  // namespace ms::cuda
