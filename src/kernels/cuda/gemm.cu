@@ -4,6 +4,7 @@
 // shared memory and registers. Plain FP32 (no TF32): the forward must stay float32-accurate.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -27,8 +28,38 @@ constexpr int kUnit = 8;  // weights a thread dequantizes: BITS whole bytes for 
     if (ms_cublas_st_ != CUBLAS_STATUS_SUCCESS) cublas_fail(__FILE__, __LINE__, #call, ms_cublas_st_); \
   } while (0)
 
+// cuBLAS, loaded when the first GEMM runs instead of linked: its libraries (hundreds of MB) would
+// otherwise be mapped into every process at start, CPU-only and memory-capped runs too.
+struct Cublas {
+  decltype(&cublasCreate_v2) create;
+  decltype(&cublasSetMathMode) set_math_mode;
+  decltype(&cublasSetStream_v2) set_stream;
+  decltype(&cublasSgemm_v2) sgemm;
+  decltype(&cublasGetStatusName) status_name;
+};
+
+const Cublas& cublas() {
+  static const Cublas api = [] {
+    void* lib = nullptr;
+    for (const char* name : {"libcublas.so.13", MOESTREAM_CUBLAS_DIR "/libcublas.so.13", "libcublas.so"})
+      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!lib) arg_fail(std::string("cannot load cuBLAS (libcublas.so.13) for prefill matmuls: ") + dlerror());
+    auto sym = [&](const char* name) {
+      void* p = dlsym(lib, name);
+      if (!p) arg_fail(std::string("cuBLAS has no ") + name + ": " + dlerror());
+      return p;
+    };
+    return Cublas{reinterpret_cast<decltype(&cublasCreate_v2)>(sym("cublasCreate_v2")),
+                  reinterpret_cast<decltype(&cublasSetMathMode)>(sym("cublasSetMathMode")),
+                  reinterpret_cast<decltype(&cublasSetStream_v2)>(sym("cublasSetStream_v2")),
+                  reinterpret_cast<decltype(&cublasSgemm_v2)>(sym("cublasSgemm_v2")),
+                  reinterpret_cast<decltype(&cublasGetStatusName)>(sym("cublasGetStatusName"))};
+  }();
+  return api;
+}
+
 [[noreturn]] void cublas_fail(const char* file, int line, const char* call, cublasStatus_t st) {
-  arg_fail(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " + cublasGetStatusName(st));
+  arg_fail(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " + cublas().status_name(st));
 }
 
 // The unit of 8 weights starting at weight 8u: its BITS bytes as one little-endian word.
@@ -134,9 +165,9 @@ cublasHandle_t handle_locked() {
   CUDA_CHECK(cudaGetDevice(&dev));
   cublasHandle_t& h = handles[dev];
   if (!h) {
-    CUBLAS_CHECK(cublasCreate(&h));
-    CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
-    CUBLAS_CHECK(cublasSetStream(h, cudaStreamLegacy));
+    CUBLAS_CHECK(cublas().create(&h));
+    CUBLAS_CHECK(cublas().set_math_mode(h, CUBLAS_DEFAULT_MATH));
+    CUBLAS_CHECK(cublas().set_stream(h, cudaStreamLegacy));
   }
   return h;
 }
@@ -160,7 +191,7 @@ void matmul_gemm(const float* x, int T, const Mat& W, float* y, size_t max_scrat
     dequantize_tile(W, r0, rows, scratch.as<float>());
     // Column-major, cuBLAS' view: y [rows of W, T] with leading dimension W.rows holds y[T, W.rows];
     // the tile [cols, rows] transposed is W's rows; x [cols, T] is x[T, cols].
-    CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, W.cols, &one, scratch.as<float>(), W.cols, x,
+    CUBLAS_CHECK(cublas().sgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, W.cols, &one, scratch.as<float>(), W.cols, x,
                              W.cols, &zero, y + r0, W.rows));
   }
 }
