@@ -18,37 +18,37 @@ DeviceExpertStore::DeviceExpertStore(ExpertStore& host, const StoreOptions& vram
     slots_.emplace_back(size_t(cap) * l.stride);
     released_.emplace_back();
   }
-  // Pins, then every expert of the layers that hold them all (the all-resident GPU run).
   for (const auto& [layer, experts] : vram.pins)
     for (size_t i = 0; i < index.layers.size(); ++i)
-      if (model_layer_of(index.layers[i].name) == layer) {
-        if (pools_[i]->pinned() + int(experts.size()) > capacity(int(i)) - vram.top_k)
-          fail("{}: pinning {} experts in layer {} leaves fewer than {} of its {} VRAM slots for the others",
-               host.index().layers[i].file, experts.size(), index.layers[i].name, vram.top_k, capacity(int(i)));
-        acquire(int(i), experts);
-        for (int e : experts) pools_[i]->pin(e);
-        release(int(i));
-      }
+      if (model_layer_of(index.layers[i].name) == layer) pin(int(i), experts, vram.top_k);
   tables_.resize(index.layers.size());
-  for (size_t i = 0; i < index.layers.size(); ++i) {
-    if (capacity(int(i)) < index.layers[i].n_experts) continue;
-    std::vector<int> all(size_t(index.layers[i].n_experts));
-    for (int e = 0; e < index.layers[i].n_experts; ++e) all[size_t(e)] = e;
-    for (size_t b = 0; b < all.size(); b += size_t(free_capacity(int(i)))) {
-      const std::vector<int> part(all.begin() + std::ptrdiff_t(b),
-                                  all.begin() + std::ptrdiff_t(std::min(all.size(), b + size_t(free_capacity(int(i))))));
-      std::vector<int> unpinned;
-      for (int e : part)
-        if (pools_[i]->slot_of(e) < 0) unpinned.push_back(e);
-      acquire(int(i), unpinned);
-      release(int(i));
-    }
-    std::vector<const uint8_t*> table;
-    for (int e = 0; e < index.layers[i].n_experts; ++e) table.push_back(slot_data(int(i), pools_[i]->slot_of(e)));
-    tables_[i] = cuda::DeviceBuffer::from(table);
-  }
+  for (size_t i = 0; i < index.layers.size(); ++i)
+    if (capacity(int(i)) == index.layers[i].n_experts) load_whole_layer(int(i));
   for (auto& p : pools_) p->reset_stats();
   host_.reset_stats();
+}
+
+void DeviceExpertStore::pin(int layer, const std::vector<int>& experts, int top_k) {
+  ExpertPool& pool = *pools_[size_t(layer)];
+  if (pool.pinned() + int(experts.size()) > capacity(layer) - top_k)
+    fail("pinning {} experts in layer {} leaves fewer than {} of its {} VRAM slots for the others", experts.size(),
+         host_.index().layers[size_t(layer)].name, top_k, capacity(layer));
+  acquire(layer, experts);
+  for (int e : experts) pool.pin(e);
+  release(layer);
+}
+
+// A pool as large as its layer never evicts: every expert is read now and found by the table.
+void DeviceExpertStore::load_whole_layer(int layer) {
+  ExpertPool& pool = *pools_[size_t(layer)];
+  std::vector<int> absent;
+  for (int e = 0; e < pool.n_experts(); ++e)
+    if (pool.slot_of(e) < 0) absent.push_back(e);
+  acquire(layer, absent);
+  release(layer);
+  std::vector<const uint8_t*> table;
+  for (int e = 0; e < pool.n_experts(); ++e) table.push_back(slot_data(layer, pool.slot_of(e)));
+  tables_[size_t(layer)] = cuda::DeviceBuffer::from(table);
 }
 
 std::vector<const uint8_t*> DeviceExpertStore::acquire(int layer, const std::vector<int>& experts) {

@@ -43,6 +43,8 @@ class DeviceExpertStore {
   const ExpertStore& host() const { return host_; }
 
  private:
+  void pin(int layer, const std::vector<int>& experts, int top_k);
+  void load_whole_layer(int layer);
   void fill(int layer, const std::vector<ExpertPool::Miss>& misses);
   uint8_t* slot_data(int layer, int slot) const {
     return slots_[size_t(layer)].as<uint8_t>() + size_t(slot) * host_.index().layers[size_t(layer)].stride;

@@ -137,24 +137,6 @@ void dequantize_tile(const Mat& W, int r0, int rows, float* out) {
 }
 
 // The same checks as matmul_direct, so that matmul throws alike whichever form T picks.
-void check_args(const float* x, const Mat& W, const float* y) {
-  if (W.cols <= 0 || W.cols % 32 != 0)
-    arg_fail("cuda::matmul: cols " + std::to_string(W.cols) + " is not a positive multiple of 32");
-  auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
-  if (misaligned(x) || misaligned(y) || misaligned(W.data))
-    arg_fail("cuda::matmul: x, y and the weights must be 16-byte aligned");
-  if (W.type == WeightType::F32)
-    arg_fail("cuda::matmul: f32 weights are not supported on the GPU (store them as bf16)");
-  if (W.type == WeightType::Affine) {
-    if (W.group != 32 && W.group != 64 && W.group != 128)
-      arg_fail("cuda::matmul: affine group " + std::to_string(W.group) + " is not 32, 64 or 128");
-    if (W.cols % W.group != 0)
-      arg_fail("cuda::matmul: cols " + std::to_string(W.cols) + " not a multiple of the group " +
-               std::to_string(W.group));
-    if (W.bits != 2 && W.bits != 3 && W.bits != 4 && W.bits != 8)
-      arg_fail("cuda::matmul: affine bits " + std::to_string(W.bits) + " is not 2, 3, 4 or 8");
-  }
-}
 
 // The current device's handle, made on first use, in the default math mode (FP32 SGEMMs stay
 // FP32: TF32 only where asked for) on the legacy default stream the kernels use. Never destroyed:
@@ -175,7 +157,7 @@ cublasHandle_t handle_locked() {
 }  // namespace
 
 void matmul_gemm(const float* x, int T, const Mat& W, float* y, size_t max_scratch_bytes) {
-  check_args(x, W, y);
+  check_matmul_args(x, W, y);
   if (T <= 0 || W.rows <= 0) return;
   const size_t row_bytes = size_t(W.cols) * sizeof(float);
   const int tile = int(std::clamp<size_t>(max_scratch_bytes / row_bytes, 1, size_t(W.rows)));

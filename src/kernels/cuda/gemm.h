@@ -24,6 +24,9 @@ inline int gemm_min_tokens(const Mat& W) {
 // lm_head or 2048 rows of a dense 8192 x 8192 a tile.
 inline constexpr size_t kGemmScratchBytes = size_t(64) << 20;
 
+// Throws naming what cuda::matmul cannot take: the shape, alignment, dtype, group or bits of W.
+void check_matmul_args(const float* x, const Mat& W, const float* y);
+
 // The custom kernel (matmul.cu): each weight chunk read once per 4 tokens; what decode needs.
 void matmul_direct(const float* x, int T, const Mat& W, float* y);
 

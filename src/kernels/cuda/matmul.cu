@@ -107,35 +107,33 @@ bool misaligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0
 
 }  // namespace
 
-void matmul_direct(const float* x, int T, const Mat& W, float* y) {
-  if (T <= 0 || W.rows <= 0) return;
+void check_matmul_args(const float* x, const Mat& W, const float* y) {
   if (W.cols <= 0 || W.cols % kChunk != 0)
     arg_fail("cuda::matmul: cols " + std::to_string(W.cols) + " is not a positive multiple of 32");
   if (misaligned(x) || misaligned(y) || misaligned(W.data))
     arg_fail("cuda::matmul: x, y and the weights must be 16-byte aligned");
-  int group_log2 = 0;
-  if (W.type == WeightType::Affine) {
-    if (W.group != 32 && W.group != 64 && W.group != 128)
-      arg_fail("cuda::matmul: affine group " + std::to_string(W.group) + " is not 32, 64 or 128");
-    if (W.cols % W.group != 0)
-      arg_fail("cuda::matmul: cols " + std::to_string(W.cols) + " not a multiple of the group " +
-               std::to_string(W.group));
-    group_log2 = floor_log2(W.group / kChunk);
-  }
+  if (W.type == WeightType::F32) arg_fail("cuda::matmul: f32 weights are not supported on the GPU (store them as bf16)");
+  if (W.type != WeightType::Affine) return;
+  if (W.group != 32 && W.group != 64 && W.group != 128)
+    arg_fail("cuda::matmul: affine group " + std::to_string(W.group) + " is not 32, 64 or 128");
+  if (W.cols % W.group != 0)
+    arg_fail("cuda::matmul: cols " + std::to_string(W.cols) + " not a multiple of the group " + std::to_string(W.group));
+  if (W.bits != 2 && W.bits != 3 && W.bits != 4 && W.bits != 8)
+    arg_fail("cuda::matmul: affine bits " + std::to_string(W.bits) + " is not 2, 3, 4 or 8");
+}
+
+void matmul_direct(const float* x, int T, const Mat& W, float* y) {
+  if (T <= 0 || W.rows <= 0) return;
+  check_matmul_args(x, W, y);
+  const int group_log2 = W.type == WeightType::Affine ? floor_log2(W.group / kChunk) : 0;
   const WeightArgs args{static_cast<const uint8_t*>(W.data), W.scales, W.biases, W.rows, W.cols, group_log2};
-  switch (W.type) {
-    case WeightType::BF16: return launch_bits<16>(x, T, args, y);
-    case WeightType::Affine:
-      switch (W.bits) {
-        case 2: return launch_bits<2>(x, T, args, y);
-        case 3: return launch_bits<3>(x, T, args, y);
-        case 4: return launch_bits<4>(x, T, args, y);
-        case 8: return launch_bits<8>(x, T, args, y);
-      }
-      arg_fail("cuda::matmul: affine bits " + std::to_string(W.bits) + " is not 2, 3, 4 or 8");
-    case WeightType::F32: break;
+  if (W.type == WeightType::BF16) return launch_bits<16>(x, T, args, y);
+  switch (W.bits) {
+    case 2: return launch_bits<2>(x, T, args, y);
+    case 3: return launch_bits<3>(x, T, args, y);
+    case 4: return launch_bits<4>(x, T, args, y);
+    default: return launch_bits<8>(x, T, args, y);
   }
-  arg_fail("cuda::matmul: f32 weights are not supported on the GPU (store them as bf16)");
 }
 
 void matmul(const float* x, int T, const Mat& W, float* y) {
