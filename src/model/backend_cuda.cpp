@@ -184,7 +184,7 @@ bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, con
 
   const uint8_t* const* table = experts->resident_table(layer);
   std::vector<int> host_ids;
-  if (routes || !table) host_ids = ids.to_vector();
+  if (!table) host_ids = ids.to_vector();
   DeviceArray<const uint8_t*> records{size_t(K)};
   if (table) {
     cuda::lookup_records(table, ids.data(), K, records.data());
@@ -201,9 +201,16 @@ bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, con
   cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data());
   // Slots held until the kernels are queued: the copy stream orders any refill after them.
   if (!table) experts->release(layer);
-  if (routes) std::copy(host_ids.begin(), host_ids.end(), routes);
-  if (router_probs) copy_to_host(router_probs, probs.data(), size_t(E) * sizeof(float));
+  if (routes) pending_ids.emplace_back(routes, std::move(ids));
+  if (router_probs) pending_probs.emplace_back(router_probs, std::move(probs));
   return true;
+}
+
+void CudaBackend::finish() const {
+  for (auto& [host, dev] : pending_ids) copy_to_host(host, dev.data(), dev.size() * sizeof(int));
+  for (auto& [host, dev] : pending_probs) copy_to_host(host, dev.data(), dev.size() * sizeof(float));
+  pending_ids.clear();
+  pending_probs.clear();
 }
 
 CudaBackend::ExpertGroups CudaBackend::expert_groups(const std::vector<std::vector<int>>& users,

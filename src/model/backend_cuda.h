@@ -166,10 +166,14 @@ struct CudaBackend {
 
   // One token's MoE layer of an engine directory in a few launches: the router's top-k on the
   // GPU, then cuda::moe_experts over the routed records. The routed ids come to the host only
-  // when the layer's pool streams (to read its misses) or `routes` asks for them. False, doing
-  // nothing, where this does not apply (T > 1, a checkpoint's experts).
+  // when the layer's pool streams (to read its misses); `routes` and `router_probs` are filled at
+  // finish(). False, doing nothing, where this does not apply (T > 1, a checkpoint's experts).
   bool moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
                      float* router_probs) const;
+  // Copies what moe_on_device left for the host (in one wait, not one per layer).
+  void finish() const;
+  mutable std::vector<std::pair<int*, DeviceArray<int>>> pending_ids;
+  mutable std::vector<std::pair<float*, DeviceArray<float>>> pending_probs;
 
   // The users of every expert, concatenated in expert order, uploaded in one copy.
   struct ExpertGroups {

@@ -245,6 +245,7 @@ ForwardResult Model::forward_on(const B& be, const int* ids, int T, int pos0, co
   typename B::Buf logits = be.alloc(size_t(rows) * size_t(cfg_.vocab));
   be.matmul(xn.data() + size_t(T - rows) * size_t(H), rows, be.mat(w_.lm_head), logits.data());
   if (opt.sample) r.token = opt.sample(logits.data() + size_t(rows - 1) * size_t(cfg_.vocab), B::kOnDevice);
+  be.finish();
   if (!opt.sample || opt.all_logits) r.logits = be.to_host(std::move(logits));
   if (opt.hidden) {
     r.hidden_pre_norm = be.to_host(std::move(x));

@@ -134,6 +134,34 @@ TEST(CudaForward, PycoderQ4MatchesTheCpu) {
   EXPECT_EQ(generate_greedy(*gpu, gg, ids, gen), generate_greedy(*cpu, gc, ids, gen));
 }
 
+// Decode steps of an engine directory route on the GPU (moe_on_device) and hand the routes and
+// router probabilities back at the end of the forward: the same sets as the CPU's, every layer.
+TEST(CudaForward, PycoderQ4DecodeRoutesMatchTheCpu) {
+  if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
+  auto cpu = Model::load(dir), gpu = Model::load(dir, on_gpu());
+  const int K = cpu->config().top_k, E = cpu->config().n_experts;
+  State sc = cpu->new_state(), sg = gpu->new_state();
+  int mismatched = 0;
+  float prob_err = 0.f;
+  for (int t = 0; t < 24; ++t) {
+    const int id = (t * 7919 + 13) % cpu->config().vocab;
+    const ForwardOptions routes{.routes = true};
+    const ForwardResult rc = cpu->forward(&id, 1, sc, routes), rg = gpu->forward(&id, 1, sg, routes);
+    for (size_t l = 0; l < rc.routes.size(); ++l) {
+      if (rc.routes[l].empty()) continue;
+      ASSERT_EQ(rg.routes[l].size(), size_t(K));
+      ASSERT_EQ(rg.router_probs[l].size(), size_t(E));
+      if (std::set<int>(rc.routes[l].begin(), rc.routes[l].end()) != std::set<int>(rg.routes[l].begin(), rg.routes[l].end()))
+        ++mismatched;
+      for (int e = 0; e < E; ++e)
+        prob_err = std::max(prob_err, std::abs(rg.router_probs[l][size_t(e)] - rc.router_probs[l][size_t(e)]));
+    }
+  }
+  EXPECT_EQ(mismatched, 0) << "(layer, step) pairs whose routed expert set differs";
+  EXPECT_LE(prob_err, 1e-4f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaForward,
                          ::testing::Values(Case{"qwen3-moe-tiny", "p0"}, Case{"qwen3-moe-tiny", "p1"},
                                            Case{"qwen3-moe-tiny", "p2"}, Case{"qwen3-next-tiny", "p0"},
