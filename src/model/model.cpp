@@ -62,7 +62,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
 void check_floor(const std::string& dir, const StoreOptions& o, const EngineIndex& index, int top_k, const char* where) {
   for (const auto& l : index.layers)
     if (const int cap = layer_capacity(o, l); cap < top_k)
-      fail("{}: {} {} expert slots for layer {} cannot hold one token's {} routed experts", dir, cap, where, l.name, top_k);
+      fail("{}: {} {}expert slots for layer {} cannot hold one token's {} routed experts", dir, cap, where, l.name, top_k);
 }
 
 // The host tier under the VRAM pool: a cache of `host_cache` bytes (equal slots per layer), or
@@ -119,7 +119,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
       const MemoryPlan p = plan_memory(m->cfg_, index, m->device_->bytes(), budget, opt.context, "free VRAM");
       if (p.slots < m->cfg_.n_experts) m->plan_ = p, vram.slots = p.slots;
     }
-    check_floor(dir, vram, m->experts_->index(), m->cfg_.top_k, "VRAM");
+    check_floor(dir, vram, index, m->cfg_.top_k, "VRAM ");
     m->device_experts_ = std::make_shared<DeviceExpertStore>(*m->experts_, vram);
   }
   return m;
@@ -144,7 +144,7 @@ std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOp
     store_opt.slots = plan.slots;
     store_opt.layer_caps.clear();
   }
-  check_floor(dir, store_opt, index, cfg.top_k, "host");
+  check_floor(dir, store_opt, index, cfg.top_k, opt.device == Device::Cuda ? "host " : "");
   auto experts = std::make_unique<ExpertStore>(dir, index, store_opt);
   return std::unique_ptr<Model>(new Model(std::move(dense), std::move(cfg), std::move(experts), plan));
 }
