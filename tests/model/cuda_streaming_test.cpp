@@ -96,9 +96,12 @@ void check_vram_streaming_is_exact(const std::string& dir, const std::vector<int
         for (const LayerStats& l : got.vram) copied += l.pool.misses * l.slot_bytes;
         EXPECT_EQ(v.bytes_read, copied) << what;
         EXPECT_EQ(h.hits + h.misses, v.misses) << what;
-        if (host_cache == 0) EXPECT_EQ(h.hits, uint64_t(0)) << "staging keeps nothing: " << what;
-        if (host_cache == row * uint64_t(cfg.n_experts))  // the host holds every expert: each read once
+        if (host_cache == 0) {
+          EXPECT_EQ(h.hits, uint64_t(0)) << "staging keeps nothing: " << what;
+        }
+        if (host_cache == row * uint64_t(cfg.n_experts)) {  // the host holds every expert: each read once
           for (const LayerStats& l : got.host) EXPECT_LE(l.pool.misses, uint64_t(cfg.n_experts)) << l.name << ", " << what;
+        }
       }
 }
 

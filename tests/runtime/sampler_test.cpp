@@ -41,7 +41,9 @@ TEST(Sampler, TopKTopPMinPRestrictTheCandidates) {
     for (int i = 0; i < 500; ++i) {
       const int t = s.sample(logits, 5, {});
       EXPECT_LE(t, 1);  // top_p 0.5: p(0) ≈ 0.66 alone suffices; min_p 0.3 keeps 0 and 1 (0.37)
-      if (p.top_p < 1.f) EXPECT_EQ(t, 0);
+      if (p.top_p < 1.f) {
+        EXPECT_EQ(t, 0);
+      }
     }
   }
 }
