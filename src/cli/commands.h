@@ -1,6 +1,7 @@
 #pragma once
 // Each file in cli/ registers its subcommands on the app; main.cpp calls every register_*.
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace ms::cli {
 
@@ -11,5 +12,8 @@ void register_expert_commands(CLI::App& app);  // simulate, profile
 void register_convert_commands(CLI::App& app);  // convert
 void register_synth_commands(CLI::App& app);  // synth
 void register_serve_commands(CLI::App& app);  // serve
+
+// --out and the routed experts' --expert-bits/--expert-group: what convert and synth both write.
+void add_engine_output_options(CLI::App* cmd, std::string& out, int& expert_bits, int& expert_group);
 
 }  // namespace ms::cli

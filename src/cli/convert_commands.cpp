@@ -10,6 +10,16 @@
 
 namespace ms::cli {
 
+void add_engine_output_options(CLI::App* cmd, std::string& out, int& expert_bits, int& expert_group) {
+  cmd->add_option("--out", out, "Output directory (must not exist unless --force)")->required();
+  cmd->add_option("--expert-bits", expert_bits, "Bits of routed expert weights; 16 = bf16, unquantized")
+      ->check(CLI::IsMember({2, 3, 4, 8, 16}))
+      ->capture_default_str();
+  cmd->add_option("--expert-group", expert_group, "Quantization group size of expert weights")
+      ->check(CLI::IsMember({32, 64, 128}))
+      ->capture_default_str();
+}
+
 namespace {
 
 void add_convert(CLI::App& app) {
@@ -20,13 +30,7 @@ void add_convert(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--from", a->opt.from, "Hugging Face checkpoint directory (config.json, safetensors)")->required();
-  cmd->add_option("--out", a->opt.out, "Output directory (must not exist unless --force)")->required();
-  cmd->add_option("--expert-bits", a->opt.expert_bits, "Bits of routed expert weights; 16 = bf16, unquantized")
-      ->check(CLI::IsMember({2, 3, 4, 8, 16}))
-      ->capture_default_str();
-  cmd->add_option("--expert-group", a->opt.expert_group, "Quantization group size of expert weights")
-      ->check(CLI::IsMember({32, 64, 128}))
-      ->capture_default_str();
+  add_engine_output_options(cmd, a->opt.out, a->opt.expert_bits, a->opt.expert_group);
   cmd->add_option("--proj-bits", a->proj_bits, "Per-projection expert bits, e.g. gate=2,up=2,down=3");
   cmd->add_option("--layer-bits", a->layer_bits, "Per-layer expert bits (all projections), e.g. 0:8,5:3,mtp:8");
   cmd->add_option("--dense-bits", a->opt.dense_bits, "Bits of dense matrices: 16 = as stored, 8 or 4 = quantized")

@@ -25,13 +25,7 @@ void add_synth(CLI::App& app) {
       ->check(CLI::IsMember({"80b-a3b", "tiny"}))
       ->required();
   cmd->add_option("--layers", a->layers, "Decoder layers (default: the shape's own, 48 for 80b-a3b)")->check(CLI::PositiveNumber);
-  cmd->add_option("--out", a->opt.out, "Output directory (must not exist unless --force)")->required();
-  cmd->add_option("--expert-bits", a->opt.expert_bits, "Bits of routed expert weights; 16 = bf16, unquantized")
-      ->check(CLI::IsMember({2, 3, 4, 8, 16}))
-      ->capture_default_str();
-  cmd->add_option("--expert-group", a->opt.expert_group, "Quantization group size of expert weights")
-      ->check(CLI::IsMember({32, 64, 128}))
-      ->capture_default_str();
+  add_engine_output_options(cmd, a->opt.out, a->opt.expert_bits, a->opt.expert_group);
   cmd->add_option("--dense-bits", a->opt.dense_bits, "Bits of dense matrices: 16 = bf16, 8 or 4 = quantized")
       ->check(CLI::IsMember({4, 8, 16}))
       ->capture_default_str();
