@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace ms::test {
@@ -29,6 +30,38 @@ float max_abs_diff(const std::vector<float>& a, const TensorView& ref) {
   float m = 0.f;
   for (size_t i = 0; i < a.size() && int64_t(i) < ref.numel(); ++i) m = std::max(m, std::abs(a[i] - ref.as<float>()[i]));
   return m;
+}
+
+std::vector<FixtureCase> fixture_cases() {
+  std::vector<FixtureCase> cases;
+  for (const char* fixture : {"qwen3-moe-tiny", "qwen3-next-tiny"})
+    for (const char* prompt : {"p0", "p1", "p2"}) cases.push_back({fixture, prompt});
+  return cases;
+}
+
+std::string fixture_case_name(const FixtureCase& c) {
+  std::string n = std::string(c.fixture) + "_" + c.prompt;
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
+int mismatched_route_sets(const std::vector<std::vector<int>>& routes, const TensorStore& ref, const std::string& prompt,
+                          const ModelConfig& cfg) {
+  int mismatched = 0;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const TensorView& want = ref.get(prompt + ".route." + std::to_string(l));
+    const std::vector<int>& got = routes[size_t(l)];
+    if (want.numel() != int64_t(got.size())) {
+      ADD_FAILURE() << prompt << ": layer " << l << " has " << got.size() << " routes, the reference " << want.numel();
+      return -1;
+    }
+    for (size_t t = 0; t < got.size() / size_t(cfg.top_k); ++t) {
+      const int* g = got.data() + t * size_t(cfg.top_k);
+      const int32_t* e = want.as<int32_t>() + t * size_t(cfg.top_k);
+      if (std::set<int>(g, g + cfg.top_k) != std::set<int>(e, e + cfg.top_k)) ++mismatched;
+    }
+  }
+  return mismatched;
 }
 
 std::string shared_dir() {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "format/config.h"
 #include "format/safetensors.h"
 #include "util/error.h"
 
@@ -32,6 +33,19 @@ struct Rng {
 std::vector<int> ints(const TensorView& t);
 // Largest |a[i] - ref[i]| over a float32 reference tensor; a size mismatch fails the test.
 float max_abs_diff(const std::vector<float>& a, const TensorView& ref);
+
+// The fixtures' reference prompts (../shared/fixtures/<fixture>/reference.safetensors, "<prompt>.*"):
+// the cases of the tests against transformers, on the CPU and on the GPU.
+struct FixtureCase {
+  const char* fixture;
+  const char* prompt;
+};
+std::vector<FixtureCase> fixture_cases();
+std::string fixture_case_name(const FixtureCase& c);  // a gtest parameter name: "qwen3_moe_tiny_p0"
+// (layer, token) pairs whose routed expert set differs from the reference's "<prompt>.route.<layer>"
+// (routes as ForwardResult has them); a reference of the wrong size fails the test.
+int mismatched_route_sets(const std::vector<std::vector<int>>& routes, const TensorStore& ref, const std::string& prompt,
+                          const ModelConfig& cfg);
 
 // Runs fn, expecting an ms::Error whose message contains every one of `parts`.
 template <class Fn>

@@ -29,10 +29,7 @@ ModelOptions on_gpu() {
   return o;
 }
 
-struct Case {
-  const char* fixture;
-  const char* prompt;
-};
+using Case = test::FixtureCase;
 
 class CudaForward : public ::testing::TestWithParam<Case> {};
 
@@ -54,17 +51,7 @@ TEST_P(CudaForward, MatchesTransformersOnTheGpu) {
   std::printf("cuda %s %s: max |logit - reference| = %.3g\n", c.fixture, c.prompt, logit_err);
   EXPECT_LE(logit_err, kTol);
 
-  int mismatched = 0;
-  for (int l = 0; l < cfg.n_layers; ++l) {
-    const TensorView& want = ref.get(p + ".route." + std::to_string(l));
-    ASSERT_EQ(want.numel(), int64_t(T) * cfg.top_k);
-    for (int t = 0; t < T; ++t) {
-      const int* got = r.routes[size_t(l)].data() + size_t(t) * size_t(cfg.top_k);
-      const int32_t* exp = want.as<int32_t>() + size_t(t) * size_t(cfg.top_k);
-      if (std::set<int>(got, got + cfg.top_k) != std::set<int>(exp, exp + cfg.top_k)) ++mismatched;
-    }
-  }
-  EXPECT_EQ(mismatched, 0) << "(layer, token) pairs whose routed expert set differs";
+  EXPECT_EQ(test::mismatched_route_sets(r.routes, ref, p, cfg), 0) << "(layer, token) pairs whose routed expert set differs";
 
   if (model->has_mtp()) {
     State s = model->new_state();
@@ -163,14 +150,8 @@ TEST(CudaForward, PycoderQ4DecodeRoutesMatchTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaForward,
-                         ::testing::Values(Case{"qwen3-moe-tiny", "p0"}, Case{"qwen3-moe-tiny", "p1"},
-                                           Case{"qwen3-moe-tiny", "p2"}, Case{"qwen3-next-tiny", "p0"},
-                                           Case{"qwen3-next-tiny", "p1"}, Case{"qwen3-next-tiny", "p2"}),
-                         [](const auto& info) {
-                           std::string n = std::string(info.param.fixture) + "_" + info.param.prompt;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         ::testing::ValuesIn(test::fixture_cases()),
+                         [](const auto& info) { return test::fixture_case_name(info.param); });
 
 }  // namespace
 }  // namespace ms

@@ -3,10 +3,8 @@
 // set of every token at every layer, and the greedy continuation through cached decode.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cmath>
-#include <set>
 
 #include "model/model.h"
 #include "runtime/generate.h"
@@ -18,10 +16,7 @@ namespace {
 using test::ints;
 using test::max_abs_diff;
 
-struct Case {
-  const char* fixture;
-  const char* prompt;
-};
+using Case = test::FixtureCase;
 
 class FixtureReference : public ::testing::TestWithParam<Case> {};
 
@@ -43,18 +38,7 @@ TEST_P(FixtureReference, LogitsRoutesAndGreedyMatchTransformers) {
   EXPECT_LE(max_abs_diff(r.hidden_pre_norm, ref.get(p + ".hidden_pre_final_norm")), 1e-3f);
   EXPECT_LE(max_abs_diff(r.hidden_post_norm, ref.get(p + ".hidden_post_final_norm")), 1e-3f);
 
-  int mismatched = 0;
-  for (int l = 0; l < cfg.n_layers; ++l) {
-    const TensorView& want = ref.get(p + ".route." + std::to_string(l));
-    ASSERT_EQ(want.numel(), int64_t(T) * cfg.top_k);
-    for (int t = 0; t < T; ++t) {
-      const int* got = r.routes[size_t(l)].data() + size_t(t) * size_t(cfg.top_k);
-      const int32_t* exp = want.as<int32_t>() + size_t(t) * size_t(cfg.top_k);
-      std::set<int> a(got, got + cfg.top_k), b(exp, exp + cfg.top_k);
-      if (a != b) ++mismatched;
-    }
-  }
-  EXPECT_EQ(mismatched, 0) << "(layer, token) pairs whose routed expert set differs";
+  EXPECT_EQ(test::mismatched_route_sets(r.routes, ref, p, cfg), 0) << "(layer, token) pairs whose routed expert set differs";
 
   if (model->has_mtp()) {
     for (const char* variant : {"pre", "post"}) {
@@ -74,14 +58,8 @@ TEST_P(FixtureReference, LogitsRoutesAndGreedyMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureReference,
-                         ::testing::Values(Case{"qwen3-moe-tiny", "p0"}, Case{"qwen3-moe-tiny", "p1"},
-                                           Case{"qwen3-moe-tiny", "p2"}, Case{"qwen3-next-tiny", "p0"},
-                                           Case{"qwen3-next-tiny", "p1"}, Case{"qwen3-next-tiny", "p2"}),
-                         [](const auto& info) {
-                           std::string n = std::string(info.param.fixture) + "_" + info.param.prompt;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         ::testing::ValuesIn(test::fixture_cases()),
+                         [](const auto& info) { return test::fixture_case_name(info.param); });
 
 }  // namespace
 }  // namespace ms
