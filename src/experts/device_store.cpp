@@ -94,8 +94,6 @@ void DeviceExpertStore::fill(int layer, const std::vector<ExpertPool::Miss>& mis
       throw;
     }
     host_.release(layer);
-    copies_.bytes += n * stride;
-    copies_.copy_s += secs;
     pools_[size_t(layer)]->add_io(n * stride, secs, 0);
   }
 }

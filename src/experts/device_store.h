@@ -13,11 +13,6 @@
 
 namespace ms {
 
-struct CopyStats {
-  uint64_t bytes = 0;  // host -> VRAM
-  double copy_s = 0;   // GPU time of the copies
-};
-
 class DeviceExpertStore {
  public:
   // `vram`: slots, caps, pins and policy of the VRAM pools (io options are the host tier's).
@@ -38,7 +33,6 @@ class DeviceExpertStore {
   const uint8_t* const* resident_table(int layer) const { return tables_[size_t(layer)].as<const uint8_t*>(); }
 
   std::vector<LayerStats> stats() const;  // the VRAM pools; bytes_read/read_s count the copies
-  CopyStats copies() const { return copies_; }
   size_t resident_bytes() const;  // VRAM slots
   const ExpertStore& host() const { return host_; }
 
@@ -58,7 +52,6 @@ class DeviceExpertStore {
   // Per layer, the compute that used its slots, marked at release(): what a refill waits for.
   std::vector<cuda::ComputeMark> released_;
   cuda::CopyStream copy_;
-  CopyStats copies_;
 };
 
 }  // namespace ms
