@@ -162,9 +162,10 @@ void print_expert_stats(const Model& model, std::FILE* out) {
   }
 #endif
   fmt::print(out, "expert pool ({}, {} MiB resident):\n", store->io_name(), store->resident_bytes() >> 20);
-  const PoolStats total = print_pool(store->stats(), "read", out);
+  const std::vector<LayerStats> layers = store->stats();
+  const PoolStats total = print_pool(layers, "read", out);
   uint64_t all_miss_bytes = 0;
-  for (const LayerStats& l : store->stats()) all_miss_bytes += (l.pool.hits + l.pool.misses) * l.slot_bytes;
+  for (const LayerStats& l : layers) all_miss_bytes += (l.pool.hits + l.pool.misses) * l.slot_bytes;
   const double ratio = all_miss_bytes ? double(total.bytes_read) / double(all_miss_bytes) : 0.0;
   fmt::print(out, "disk_load_ratio {:.3f}  read {:.2f} GB/s\n", ratio, gb_per_s(total.bytes_read, total.read_s));
 }
