@@ -1,7 +1,10 @@
-// y = x · Wᵀ on the GPU for bf16 and affine-quantized (2/3/4/8-bit) weights: one kernel,
-// specialised by BITS (16 = bf16), over the chunk decoding of weight_dot.cuh. The activations of
-// TT tokens are staged in shared memory once per block, and blocks loop over row sets (a grid of
-// what fits on the chip), so that the weights, read once per TT tokens, are what streams from memory.
+// y = x · Wᵀ on the GPU for bf16 and affine-quantized (2/3/4/8-bit) weights. Two kernels: bf16
+// weights decode to float for FMAs (weight_dot.cuh); affine codes, whose float decoding costs more
+// instructions per byte than HBM delivers them at, go to the integer tensor cores as bytes against
+// x in exact integer parts (mma_dot.cuh), and take the float kernel only where x's staging does not
+// fit in shared memory. Either stages the activations of TT tokens in shared memory once per
+// block, and blocks loop over row sets (a grid of what fits on the chip), so that the weights,
+// read once per TT tokens, are what streams from memory.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,6 +15,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/mma_dot.cuh"
 #include "kernels/cuda/weight_dot.cuh"
 
 namespace ms::cuda {
@@ -58,38 +62,108 @@ size_t smem_bytes(int TT, int cols) {
   return size_t(TT) * size_t(cols / kChunk) * (kChunkSlots * sizeof(float4) + sizeof(float));
 }
 
+constexpr int kMmaWarps = kThreads / 32;
+
+// The tensor-core kernel: a warp takes a 16-row tile and a share of its lane blocks (ks warps split
+// the blocks of the same rows, kMmaWarps / ks row sets a block), and the ks partial sums meet in
+// shared memory, added in warp order. Three blocks fit on a multiprocessor at T = 1 (80 registers).
+template <int BITS, int L, int TT>
+__global__ void __launch_bounds__(kThreads, TT == 1 ? 3 : 2) matvec_mma_kernel(const float* __restrict__ x, int T,
+                                                                               WeightArgs W, float* __restrict__ y,
+                                                                               int ks_log2) {
+  extern __shared__ uint2 xb[];
+  const int nquads = quads_of(W.cols, L), padded = nquads * kQuadChunks, nblocks = nquads / L;
+  float* pow2 = reinterpret_cast<float*>(xb + (size_t(nquads) + 1) * quad_entries(TT));
+  float* xsum = pow2 + size_t(TT) * padded;
+  float* partial = xsum + size_t(TT) * padded;  // [kMmaWarps][16][TT]
+  const int t0 = blockIdx.y * TT;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const int ks = 1 << ks_log2, rows_per_set = (kMmaWarps >> ks_log2) * 16;
+  const int per_warp = (nblocks + ks - 1) >> ks_log2, b0 = (warp & (ks - 1)) * per_warp;  // its lane blocks
+  const int b1 = min(b0 + per_warp, nblocks), nsets = (W.rows + rows_per_set - 1) / rows_per_set;
+  if (blockIdx.x < nsets) prefetch_rows<BITS, L>(W, blockIdx.x * rows_per_set + (warp >> ks_log2) * 16, b0, b1);
+  stage_split<BITS, L, kThreads>(x + size_t(t0) * W.cols, TT, T - t0, W.cols, xb, pow2, xsum);
+
+  for (int set = blockIdx.x; set < nsets; set += gridDim.x) {  // uniform over the block
+    const int r0 = set * rows_per_set + (warp >> ks_log2) * 16;
+    float acc[2][TT] = {};
+    mma_dot_rows<BITS, L, TT>(xb, pow2, xsum, W, r0, b0, b1, acc);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int tt = 0; tt < TT; ++tt) {
+        const float v = sum_lanes(acc[h][tt], 4);
+        if ((lane & 3) != 0) continue;
+        if (ks_log2 == 0) {  // the warp's own rows: no partial sums to meet
+          if (r0 + 8 * h + g < W.rows && t0 + tt < T) y[size_t(t0 + tt) * W.rows + r0 + 8 * h + g] = v;
+        } else {
+          partial[(warp * 16 + 8 * h + g) * TT + tt] = v;
+        }
+      }
+    if (ks_log2 == 0) continue;
+    __syncthreads();
+    for (int e = threadIdx.x; e < rows_per_set * TT; e += kThreads) {
+      const int r = e / TT, tt = e % TT, first = (r / 16) << ks_log2;
+      float v = 0.f;
+      for (int k = 0; k < ks; ++k) v += partial[((first + k) * 16 + r % 16) * TT + tt];
+      const int row = set * rows_per_set + r;
+      if (row < W.rows && t0 + tt < T) y[size_t(t0 + tt) * W.rows + row] = v;
+    }
+    __syncthreads();
+  }
+}
+
+size_t mma_smem_bytes(int TT, int cols, int L) {
+  return split_bytes(TT, cols, L) + size_t(kMmaWarps) * 16 * TT * sizeof(float);
+}
+
+// A kernel's launch bookkeeping: the device's shared memory opt-in, set once, and the blocks
+// resident per multiprocessor for the last shared-memory size (asking costs as much as a launch).
+struct KernelLimits {
+  std::mutex mu;
+  bool opted_in = false;
+  int max_smem = 0;
+  size_t smem = 0;
+  int per_sm = 0;
+};
+
+// Blocks of kThreads threads with `smem` bytes of `kernel` (for a W of `cols` columns) that fit on
+// the device at once.
+template <class Kernel>
+int resident_blocks(Kernel kernel, size_t smem, KernelLimits& lim, int cols) {
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  std::lock_guard<std::mutex> lock(lim.mu);
+  if (!lim.opted_in) {
+    lim.max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, lim.max_smem));
+    lim.opted_in = true;
+  }
+  if (smem > size_t(lim.max_smem))
+    arg_fail("cuda::matmul: " + std::to_string(cols) + " columns need " + std::to_string(smem) +
+             " bytes of shared memory, more than the device's " + std::to_string(lim.max_smem));
+  if (lim.smem != smem) {
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&lim.per_sm, kernel, kThreads, smem));
+    lim.smem = smem;
+  }
+  return std::max(1, lim.per_sm) * sms;
+}
+
+void check_token_blocks(int T, int TT) {
+  if ((T + TT - 1) / TT > 65535) arg_fail("cuda::matmul: T " + std::to_string(T) + " tokens in one call; split the batch");
+}
+
 template <int BITS, int TT>
 void launch(const float* x, int T, const WeightArgs& W, float* y) {
   constexpr int R = kRowsPerThread<BITS>;
   auto kernel = matmul_kernel<BITS, TT>;
-  static const int max_smem = [&] {
-    const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, m));
-    return m;
-  }();
-  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  static KernelLimits lim;
   const size_t smem = smem_bytes(TT, W.cols);
-  if (smem > size_t(max_smem))
-    arg_fail("cuda::matmul: " + std::to_string(W.cols) + " columns need " + std::to_string(smem) +
-             " bytes of shared memory, more than the device's " + std::to_string(max_smem));
+  const int resident = resident_blocks(kernel, smem, lim, W.cols);
   const int split_log2 = std::min(5, floor_log2(W.cols / kChunk));
   const int rows_per_set = (kThreads >> split_log2) * R;
   const int nsets = (W.rows + rows_per_set - 1) / rows_per_set;
-  // Blocks resident per multiprocessor, for the last shared-memory size (asking costs as much as a launch).
-  static std::mutex mu;
-  static size_t cached_smem = 0;
-  static int cached_per_sm = 0;
-  int per_sm;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (cached_smem != smem) {
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cached_per_sm, kernel, kThreads, smem));
-      cached_smem = smem;
-    }
-    per_sm = cached_per_sm;
-  }
-  if ((T + TT - 1) / TT > 65535) arg_fail("cuda::matmul: T " + std::to_string(T) + " tokens in one call; split the batch");
-  const dim3 grid(unsigned(std::min(nsets, std::max(1, per_sm) * sms)), unsigned((T + TT - 1) / TT));
+  check_token_blocks(T, TT);
+  const dim3 grid(unsigned(std::min(nsets, resident)), unsigned((T + TT - 1) / TT));
   kernel<<<grid, kThreads, smem>>>(x, T, W, y, split_log2);
   CUDA_CHECK_LAUNCH();
 }
@@ -101,6 +175,54 @@ void launch_bits(const float* x, int T, const WeightArgs& W, float* y) {
     launch<BITS, kBatch>(x, T, W, y);
   else
     launch<BITS, 1>(x, T, W, y);
+}
+
+template <int BITS, int L, int TT>
+void launch_mma(const float* x, int T, const WeightArgs& W, float* y) {
+  auto kernel = matvec_mma_kernel<BITS, L, TT>;
+  static KernelLimits lim;
+  const size_t smem = mma_smem_bytes(TT, W.cols, L);
+  const int resident = resident_blocks(kernel, smem, lim, W.cols);
+  // Warps splitting a row set's lane blocks (ks = 2^ks_log2): the fewest rounds of sets over the
+  // resident blocks, each round nblocks / ks blocks plus about one block of overhead (the
+  // barriers, the sum of the partial rows, the first loads).
+  const int nblocks = quads_of(W.cols, L) / L;
+  auto sets = [&](int ks_log2) {
+    const int rows_per_set = (kMmaWarps >> ks_log2) * 16;
+    return (W.rows + rows_per_set - 1) / rows_per_set;
+  };
+  const long token_blocks = (T + TT - 1) / TT;
+  auto cost = [&](int ks_log2) {
+    const long rounds = (sets(ks_log2) * token_blocks + resident - 1) / resident;
+    return rounds * ((nblocks + (1 << ks_log2) - 1) / (1 << ks_log2) + 1);
+  };
+  int ks_log2 = 0;
+  for (int k = 1; (1 << k) <= kMmaWarps && (1 << k) <= nblocks; ++k)
+    if (cost(k) < cost(ks_log2)) ks_log2 = k;
+  check_token_blocks(T, TT);
+  const dim3 grid(unsigned(std::min(sets(ks_log2), resident)), unsigned(token_blocks));
+  kernel<<<grid, kThreads, smem>>>(x, T, W, y, ks_log2);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int BITS, int L>
+void launch_mma_tokens(const float* x, int T, const WeightArgs& W, float* y) {
+  static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  if (T > 1 && mma_smem_bytes(kBatch, W.cols, L) <= size_t(max_smem))
+    launch_mma<BITS, L, kBatch>(x, T, W, y);
+  else if (mma_smem_bytes(1, W.cols, L) <= size_t(max_smem))
+    launch_mma<BITS, L, 1>(x, T, W, y);
+  else
+    launch_bits<BITS>(x, T, W, y);
+}
+
+// Affine weights on the tensor cores where their staging fits in shared memory.
+template <int BITS>
+void launch_affine(const float* x, int T, const WeightArgs& W, float* y) {
+  if (lane_chunks<BITS>(W.chunks_per_group_log2) == 2)
+    launch_mma_tokens<BITS, 2>(x, T, W, y);
+  else
+    launch_mma_tokens<BITS, 1>(x, T, W, y);
 }
 
 bool misaligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; }
@@ -129,10 +251,10 @@ void matmul_direct(const float* x, int T, const Mat& W, float* y) {
   const WeightArgs args{static_cast<const uint8_t*>(W.data), W.scales, W.biases, W.rows, W.cols, group_log2};
   if (W.type == WeightType::BF16) return launch_bits<16>(x, T, args, y);
   switch (W.bits) {
-    case 2: return launch_bits<2>(x, T, args, y);
-    case 3: return launch_bits<3>(x, T, args, y);
-    case 4: return launch_bits<4>(x, T, args, y);
-    default: return launch_bits<8>(x, T, args, y);
+    case 2: return launch_affine<2>(x, T, args, y);
+    case 3: return launch_affine<3>(x, T, args, y);
+    case 4: return launch_affine<4>(x, T, args, y);
+    default: return launch_affine<8>(x, T, args, y);
   }
 }
 

@@ -1,7 +1,7 @@
 // The MoE block's routing and routed experts on the GPU, for decode-sized batches: no host round
 // trip and a few launches in all. route_topk: one block per token. moe_experts: gate·x and up·x
 // of every (token, slot) row in one launch (silu·up fused), then down and the weighted sum over
-// the slots in a second, each over weight_dot.cuh's chunk decoding as cuda::matmul at T = 1.
+// the slots in a second, each over weight_dot.cuh's chunk decoding (cuda::matmul's for bf16).
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 #pragma once
-// The weight decoding and dot products of the matvec kernels (matmul.cu, moe.cu): bf16 and
-// affine 2/3/4/8-bit rows, decoded a chunk of 32 weights at a time against activations staged in
-// shared memory. A thread decodes a chunk of 32 consecutive weights of a row (BITS 32-bit words,
+// The float weight decoding and dot products of the matvec kernels (moe.cu; matmul.cu for bf16,
+// and for affine rows too wide for mma_dot.cuh's staging): bf16 and affine 2/3/4/8-bit rows,
+// decoded a chunk of 32 weights at a time against activations staged in shared memory. A thread decodes a chunk of 32 consecutive weights of a row (BITS 32-bit words,
 // all in one quantization group since groups are multiples of 32) for R rows at once, so that
 // each activation it reads from shared memory serves R rows; a group of up to 32 threads (lanes)
 // splits a row's chunks and sums by shuffles.

@@ -7,6 +7,7 @@
 // Seen on the H200: at most 7.5e-8 (bf16, 1000 x 4096, T = 512), 5.3e-8 between the two forms.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iterator>
 #include <string>
@@ -70,11 +71,15 @@ TEST(CudaMatmul, Bf16MatchesCpu) {
 
 TEST(CudaMatmul, AffineMatchesCpu) {
   MS_REQUIRE_CUDA();
-  const Shape shapes[] = {{5, 128, 1}, {512, 2048, 1}, {129, 1024, 4}, {64, 4096, 7}, {2048, 512, 1}};
+  // Rows past a 16-row tile and columns past a 128-column quad (7 x 192, 33 x 320, where the
+  // group divides the columns) too.
+  const Shape shapes[] = {{5, 128, 1},  {512, 2048, 1}, {129, 1024, 4}, {64, 4096, 7},
+                          {2048, 512, 1}, {7, 192, 1},   {33, 320, 2},  {1000, 2048, 1}};
   Rng rng(2);
   for (int bits : {2, 3, 4, 8})
     for (int group : {32, 64, 128})
       for (const Shape& s : shapes) {
+        if (s.cols % group != 0) continue;
         Vec wf = rng.normals(size_t(s.rows) * s.cols, 0.05f);
         for (auto& v : wf) v += 0.01f;
         const Vec x = rng.normals(size_t(s.T) * s.cols);
@@ -135,12 +140,11 @@ TestWeights bf16_weights(Rng& rng, int rows, int cols, std::vector<uint16_t>& w)
   return tw;
 }
 
-TestWeights affine_weights(Rng& rng, int rows, int cols, int bits, int group, QuantBuffer& qb) {
-  Vec wf = rng.normals(size_t(rows) * cols, 0.05f);
-  for (auto& v : wf) v += 0.01f;
-  qb = quantize(wf.data(), rows, cols, bits, group);
+// qb's weights as TestWeights (qb must outlive them).
+TestWeights affine_test_weights(const QuantBuffer& qb) {
+  const int rows = qb.rows, cols = qb.cols, group = qb.group;
   TestWeights tw;
-  tw.a.resize(wf.size());
+  tw.a.resize(size_t(rows) * cols);
   for (int r = 0; r < rows; ++r) {
     float* ar = tw.a.data() + size_t(r) * cols;
     dequantize_row(qb.view(), r, ar);
@@ -157,6 +161,74 @@ TestWeights affine_weights(Rng& rng, int rows, int cols, int bits, int group, Qu
   qm.q = tw.buffers[0].as<uint8_t>(), qm.scales = tw.buffers[1].as<uint16_t>(), qm.biases = tw.buffers[2].as<uint16_t>();
   tw.device = Mat::affine(qm);
   return tw;
+}
+
+TestWeights affine_weights(Rng& rng, int rows, int cols, int bits, int group, QuantBuffer& qb) {
+  Vec wf = rng.normals(size_t(rows) * cols, 0.05f);
+  for (auto& v : wf) v += 0.01f;
+  qb = quantize(wf.data(), rows, cols, bits, group);
+  return affine_test_weights(qb);
+}
+
+// The affine kernel multiplies byte codes by x in 30-bit integer form per chunk of 32 (four signed
+// bytes) on the tensor cores. x = 1 + 2^-9 + 2^-18 needs 19 bits: a form of 16 bits (two bytes,
+// or two bf16 parts) would lose 2^-18 of every term, and with all terms positive the outputs would
+// be 3.8e-6 low, over kTol.
+TEST(CudaMatmul, AffineKeepsEveryBitOfX) {
+  MS_REQUIRE_CUDA();
+  Rng rng(9);
+  const int rows = 300, cols = 2048;
+  for (int bits : {2, 3, 4})
+    for (int T : {1, 4}) {
+      const Vec wf = rng.normals(size_t(rows) * cols, 0.05f);
+      QuantBuffer qb = quantize(wf.data(), rows, cols, bits, 64);
+      std::fill(qb.biases.begin(), qb.biases.end(), f32_to_bf16(0.25f));  // scales ≥ 0: every weight ≥ 0.25
+      const TestWeights tw = affine_test_weights(qb);
+      const Vec x(size_t(T) * cols, 1.0f + 0x1p-9f + 0x1p-18f);
+      Vec y_cpu(size_t(T) * rows);
+      cpu::matmul(x.data(), T, tw.host, y_cpu.data());
+      DeviceBuffer dx = dev(x), dy(y_cpu.size() * sizeof(float));
+      matmul(dx.as<float>(), T, tw.device, dy.as<float>());
+      const std::string what = "q" + std::to_string(bits) + " T=" + std::to_string(T);
+      const double err = rel_error(host(dy), y_cpu, magnitudes(x, T, tw.a, rows, cols));
+      record("matmul affine, x = 1 + 2^-9 + 2^-18", what, err, kTol);
+      EXPECT_LE(err, kTol) << what;
+    }
+}
+
+// A chunk of x whose values span seven orders of magnitude (one 1e4, the rest ±1e-3 and 0): its
+// integer form keeps the small ones to 2^-31 of the large one. Dropping them would be 3e-6 off.
+TEST(CudaMatmul, AffineKeepsSmallValuesBesideLargeOnes) {
+  MS_REQUIRE_CUDA();
+  Rng rng(10);
+  const int rows = 200, cols = 1024;
+  for (int bits : {2, 3, 4, 8}) {
+    QuantBuffer qb;
+    const TestWeights tw = affine_weights(rng, rows, cols, bits, 64, qb);
+    Vec x(static_cast<size_t>(cols), 0.f);
+    for (int c = 0; c < cols; ++c) x[size_t(c)] = c % 32 == 5 ? 1e4f : c % 3 == 0 ? 0.f : rng.uniform(-1e-3f, 1e-3f);
+    Vec y_cpu(static_cast<size_t>(rows), 0.f);
+    cpu::matmul(x.data(), 1, tw.host, y_cpu.data());
+    DeviceBuffer dx = dev(x), dy(y_cpu.size() * sizeof(float));
+    matmul(dx.as<float>(), 1, tw.device, dy.as<float>());
+    const std::string what = "q" + std::to_string(bits);
+    const double err = rel_error(host(dy), y_cpu, magnitudes(x, 1, tw.a, rows, cols));
+    record("matmul affine, x of 1e4 and 1e-3", what, err, kTol);
+    EXPECT_LE(err, kTol) << what;
+  }
+}
+
+// A NaN in x makes every output NaN, as on the CPU.
+TEST(CudaMatmul, AffineCarriesNaN) {
+  MS_REQUIRE_CUDA();
+  Rng rng(11);
+  QuantBuffer qb;
+  const TestWeights tw = affine_weights(rng, 40, 256, 4, 64, qb);
+  Vec x = rng.normals(256);
+  x[77] = std::nanf("");
+  DeviceBuffer dx = dev(x), dy(40 * sizeof(float));
+  matmul(dx.as<float>(), 1, tw.device, dy.as<float>());
+  for (float v : host(dy)) EXPECT_TRUE(std::isnan(v));
 }
 
 // matmul_gemm against cpu::matmul for each T, tiles of tile_rows rows (0: the default scratch).

@@ -1,0 +1,361 @@
+#pragma once
+// Dot products of affine 2/3/4/8-bit rows on the integer tensor cores, for the decode matvec
+// (matmul.cu). Decoding a code to float and one FMA per weight (weight_dot.cuh) issues more
+// instructions per byte than HBM delivers at 4 bits and below. Here the codes go to the tensor
+// cores as unsigned bytes, which costs a shift and a mask per four of them (nothing at 8 bits), and
+// x as integers: each chunk of 32 values is scaled by a power of two to 30-bit integers X (exact
+// for every value within 2^30 of the chunk's largest; the rest lose at most 2^-31 of that largest)
+// and split into four signed bytes. The MMA sums codes × bytes exactly in int32, and the four
+// sums meet again in float with their powers of 256.
+//
+// The layout (mma.m16n8k32, A = 16 rows × 32 k of codes, B = 32 k × 8 columns of x's bytes): lane
+// (g, t) = (lane / 4, lane % 4) of a warp decodes chunk 4q + t (32 codes) of rows g and g + 8 of a
+// 16-row tile, for the quad q of 128 columns; at each of 4 k-steps it puts 8 codes of each row in
+// its A registers. One MMA's sum over k thus mixes four chunks (segments), which have their own
+// quantization scales and powers of two: the B operand keeps them apart. Its column n holds byte
+// n / 4 of segment n % 4 (lane t = n % 4's slots) and zeros elsewhere, in a first MMA for bytes
+// 0 and 1 and a second for bytes 2 and 3, so that C[row][n] is the dot of one chunk with one byte.
+// Which column of W a k slot stands for is free: a lane's slots hold the codes in the order its
+// decoding produces them (code_of), and x is staged in that order (stage_split).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/weight_dot.cuh"
+
+namespace ms::cuda {
+
+inline constexpr int kMmaSteps = 4;    // k-steps of a chunk: 32 codes, 8 per lane and row
+inline constexpr int kMmaParts = 4;    // signed bytes of X
+inline constexpr int kQuadChunks = 4;  // chunks a quad spans: one per lane t
+
+// The code (of the 32 of a chunk) in byte m of A register r (0: k slots 4t.., 1: 16 + 4t..) of
+// step j, as decode_step makes them.
+template <int BITS>
+__host__ __device__ constexpr int code_of(int j, int r, int m) {
+  if constexpr (BITS == 8) return 8 * j + 4 * r + m;                       // words 2j, 2j + 1
+  if constexpr (BITS == 4) return 8 * j + 2 * m + r;                       // word j, nibbles 2m + r
+  if constexpr (BITS == 2) return 16 * (j / 2) + 2 * (j % 2) + r + 4 * m;  // word j / 2, >> 2(2(j%2) + r)
+  return 8 * m + 2 * j + r;  // 3 bits: code 2j + r of each 24-bit group m
+}
+
+// The A registers of step j (a compile-time constant once unrolled) of a chunk's words w: four
+// codes as bytes in each.
+template <int BITS>
+__device__ __forceinline__ uint2 decode_step(const uint32_t (&w)[BITS], int j) {
+  if constexpr (BITS == 8) {
+    return make_uint2(w[2 * j], w[2 * j + 1]);
+  } else if constexpr (BITS == 4) {
+    return make_uint2(w[j] & 0x0F0F0F0Fu, (w[j] >> 4) & 0x0F0F0F0Fu);
+  } else if constexpr (BITS == 2) {
+    const uint32_t x = w[j / 2] >> (4 * (j % 2));
+    return make_uint2(x & 0x03030303u, (x >> 2) & 0x03030303u);
+  } else {
+    static_assert(BITS == 3, "2, 3, 4 or 8 bits");
+    // Byte m of ta, tb, tc: bits 0-7, 8-15, 16-23 of the chunk's 24-bit group m (bits 24m..).
+    const uint32_t ta = __byte_perm(__byte_perm(w[0], w[1], 0x0630), w[2], 0x5210);
+    const uint32_t tb = __byte_perm(__byte_perm(w[0], w[1], 0x0741), w[2], 0x6210);
+    const uint32_t tc = __byte_perm(__byte_perm(w[0], w[1], 0x0052), w[2], 0x7410);
+    auto code = [&](int k) -> uint32_t {  // code k of each group, at bits 3k of it
+      switch (k) {
+        case 0: return ta & 0x07070707u;
+        case 1: return (ta >> 3) & 0x07070707u;
+        case 2: return ((ta >> 6) & 0x03030303u) | ((tb << 2) & 0x04040404u);
+        case 3: return (tb >> 1) & 0x07070707u;
+        case 4: return (tb >> 4) & 0x07070707u;
+        case 5: return ((tb >> 7) & 0x01010101u) | ((tc << 1) & 0x06060606u);
+        case 6: return (tc >> 2) & 0x07070707u;
+        default: return (tc >> 5) & 0x07070707u;
+      }
+    };
+    return make_uint2(code(2 * j), code(2 * j + 1));
+  }
+}
+
+// d += a · b, m16n8k32, unsigned byte codes times signed bytes, int32 accumulation (exact).
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], uint2 a_row_g, uint2 a_row_g8, uint2 b) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a_row_g.x), "r"(a_row_g8.x), "r"(a_row_g.y), "r"(a_row_g8.y), "r"(b.x), "r"(b.y));
+}
+
+// Chunks a lane reads of a row at once, L: 2 for 2- and 3-bit codes when a group holds both (16
+// and 24 bytes; one 8- or 12-byte chunk per load would cost as many cache wavefronts per byte as
+// to make the L1 the bound), else 1. Logical quad Q is lane t's chunk (Q / L)·4L + t·L + Q % L:
+// the quads of a lane block (L of them) are read together.
+template <int BITS>
+__host__ __device__ constexpr int lane_chunks(int chunks_per_group_log2) {
+  return BITS <= 3 && chunks_per_group_log2 > 0 ? 2 : 1;
+}
+
+__host__ __device__ constexpr int chunk_of(int L, int q, int t) { return (q / L) * kQuadChunks * L + t * L + q % L; }
+
+// Quads of a row of `cols` columns, a whole number of lane blocks.
+__host__ __device__ inline int quads_of(int cols, int L) {
+  const int per_block = kQuadChunks * L;
+  return (cols / kChunk + per_block - 1) / per_block * L;
+}
+
+// Entries (uint2: one step's B registers of one lane t and byte p) per quad of TT tokens.
+__host__ __device__ constexpr int quad_entries(int TT) { return kMmaSteps * TT * kQuadChunks * kMmaParts; }
+
+// Shared memory stage_split fills for TT tokens of `cols` columns: the B operands of each quad, one
+// quad of zeros, then the power of two and Σx of each chunk.
+__host__ __device__ inline size_t split_bytes(int TT, int cols, int L) {
+  const int nquads = quads_of(cols, L);
+  return (size_t(nquads) + 1) * quad_entries(TT) * sizeof(uint2) + 2 * size_t(TT) * nquads * kQuadChunks * sizeof(float);
+}
+
+// X (|X| < 2^30) as its balanced base-256 digits, X = Σ_p d_p·256^p with each d_p in [-128, 127],
+// byte p of the result: with Y = X + 0x808080, d_p = byte p of Y − 128 (that byte xor 0x80 as a
+// signed byte) for p < 3 and d_3 = byte 3 of Y.
+__device__ __forceinline__ uint32_t digits(int X) { return (uint32_t(X) + 0x808080u) ^ 0x808080u; }
+
+// out[p] = byte p of in[0], in[1], in[2], in[3] (in its bytes 0..3).
+__device__ __forceinline__ void transpose_bytes(const uint32_t (&in)[4], uint32_t (&out)[4]) {
+  const uint32_t lo01 = __byte_perm(in[0], in[1], 0x5140), hi01 = __byte_perm(in[0], in[1], 0x7362);
+  const uint32_t lo23 = __byte_perm(in[2], in[3], 0x5140), hi23 = __byte_perm(in[2], in[3], 0x7362);
+  out[0] = __byte_perm(lo01, lo23, 0x5410), out[1] = __byte_perm(lo01, lo23, 0x7632);
+  out[2] = __byte_perm(hi01, hi23, 0x5410), out[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
+// 2^e as a float, e in [-149, 127].
+__device__ __forceinline__ float pow2f(int e) {
+  return e >= -126 ? __int_as_float((127 + e) << 23) : __int_as_float(1 << (e + 149));
+}
+
+// Stages TT rows of x [TT, cols] (rows from `valid` on, and chunks past cols / 32, read as zero).
+// Each chunk's values become X = x·2^-e, e = ilogb(max |x|) − 29 (no less than −149, so that 2^e
+// is a float; 2^e is NaN for a chunk holding a NaN or an infinity). xb [nquads + 1][kMmaSteps][TT]
+// [kQuadChunks][kMmaParts] holds the B registers (byte p of the X of the codes code_of names: A
+// register 0's in .x, 1's in .y; the last quad all zeros, what lanes that supply no byte read),
+// pow2 [TT][nquads·4] holds 2^e and xsum [TT][nquads·4] Σx (for the bias term b·Σx), both by
+// chunk. A thread takes a chunk. Every thread of the block must call it; it ends with a barrier.
+template <int BITS, int L, int THREADS>
+__device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT, int valid, int cols, uint2* xb,
+                                            float* pow2, float* xsum) {
+  const int nchunks = cols / kChunk, nquads = quads_of(cols, L), padded = nquads * kQuadChunks;
+  for (int i = threadIdx.x; i < quad_entries(TT); i += THREADS) xb[size_t(nquads) * quad_entries(TT) + i] = {0, 0};
+  for (int i = threadIdx.x; i < TT * padded; i += THREADS) {
+    const int t = i / padded, c = i % padded;
+    float v[kChunk] = {};
+    if (t < valid && c < nchunks) {
+      const float4* src = reinterpret_cast<const float4*>(x + size_t(t) * cols + size_t(c) * kChunk);
+#pragma unroll
+      for (int k = 0; k < kChunk / 4; ++k) {
+        const float4 f = __ldg(src + k);
+        v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+      }
+    }
+    float mx = 0.f, sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kChunk; k += 4) {
+      mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[k]), fabsf(v[k + 1])), fmaxf(fabsf(v[k + 2]), fabsf(v[k + 3]))));
+      sum += (v[k] + v[k + 1]) + (v[k + 2] + v[k + 3]);
+    }
+    bool finite = isfinite(sum);
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) finite = finite && isfinite(v[k]);  // fmaxf drops NaNs
+    const int e = mx > 0.f ? max(ilogbf(mx) - 29, -149) : 0;
+    pow2[t * padded + c] = finite ? pow2f(e) : __int_as_float(0x7fc00000);
+    xsum[t * padded + c] = sum;
+    // Chunk c is lane (c % 4L) / L's of quad (c / 4L)·L + c % L (chunk_of's inverse).
+    const int q = c / (kQuadChunks * L) * L + c % L, lane_t = c % (kQuadChunks * L) / L;
+    // X = x·2^-e by two exact power-of-two products (2^-e alone may not be a float).
+    const float s1 = pow2f(-e / 2), s2 = pow2f(-e - -e / 2);
+    uint2* dst = xb + size_t(q) * quad_entries(TT) + (t * kQuadChunks + lane_t) * kMmaParts;
+#pragma unroll
+    for (int j = 0; j < kMmaSteps; ++j) {
+      uint32_t b[2][kMmaParts];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        uint32_t d[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) d[m] = digits(finite ? __float2int_rn(v[code_of<BITS>(j, r, m)] * s1 * s2) : 0);
+        transpose_bytes(d, b[r]);
+      }
+#pragma unroll
+      for (int p = 0; p < kMmaParts; ++p) dst[j * TT * kQuadChunks * kMmaParts + p] = make_uint2(b[0][p], b[1][p]);
+    }
+  }
+  __syncthreads();
+}
+
+// What a lane holds of a lane block of a tile's two rows g and g + 8: the codes of its L chunks,
+// and their (one) group's scale and bias as floats.
+template <int BITS, int L>
+struct LaneBlock {
+  uint32_t w[2][L][BITS];
+  float scale[2], bias[2];
+};
+
+// Where a lane reads the tile's two rows (clamped to the last row): its first chunk of quad 0,
+// and the rows' first scale (and bias) index.
+struct TileRows {
+  const uint8_t* w[2];
+  uint32_t s[2];
+};
+
+template <int BITS, int L>
+__device__ __forceinline__ TileRows tile_rows(const WeightArgs& W, int r0, int g, int t) {
+  const int ngroups = (W.cols / kChunk) >> W.chunks_per_group_log2;
+  TileRows tr;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = min(r0 + g + 8 * h, W.rows - 1);
+    tr.w[h] = W.data + size_t(row) * (size_t(W.cols) * BITS / 8) + t * L * (kChunk * BITS / 8);
+    tr.s[h] = uint32_t(row) * uint32_t(ngroups);
+  }
+  return tr;
+}
+
+// N consecutive words from p, in the widest loads its alignment (N·4 bytes) allows.
+template <int N>
+__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  } else if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
+      w[2 * i] = v.x, w[2 * i + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
+  }
+}
+
+// Lane t's chunks of lane block lb (quads lb·L ..) of the tile's rows, and their group's scale and
+// bias; zeros past the end of the row when FULL is false (only the last block may reach past it).
+template <int BITS, int L, bool FULL>
+__device__ __forceinline__ void load_lane_block(const WeightArgs& W, const TileRows& tr, int lb, int t,
+                                                LaneBlock<BITS, L>& blk) {
+  const int nchunks = W.cols / kChunk;
+  const int c = chunk_of(L, lb * L, t);  // its first chunk
+  const size_t off = size_t(lb) * (kQuadChunks * L * kChunk * BITS / 8);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (FULL) {
+      load_words<L * BITS>(tr.w[h] + off, &blk.w[h][0][0]);
+    } else {
+#pragma unroll
+      for (int s = 0; s < L; ++s) {
+        if (c + s < nchunks) {
+          load_chunk<BITS>(tr.w[h] + off + s * (kChunk * BITS / 8), blk.w[h][s]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < BITS; ++i) blk.w[h][s][i] = 0;
+        }
+      }
+    }
+    const bool valid = FULL || c < nchunks;
+    const uint32_t gi = tr.s[h] + (uint32_t(c) >> W.chunks_per_group_log2);
+    blk.scale[h] = valid ? bf16_to_float(__ldg(W.scales + gi)) : 0.f;
+    blk.bias[h] = valid ? bf16_to_float(__ldg(W.biases + gi)) : 0.f;
+  }
+}
+
+// acc[h][tt] += lane (g, t)'s share of quad q (sub-quad s of its lane block) of rows r0 + g + 8h
+// of W · x_tt (B operands, powers of two and chunk sums as stage_split left them).
+template <int BITS, int L, int TT>
+__device__ __forceinline__ void mma_dot_quad(const uint2* xb, const float* pow2, const float* xsum, int nquads,
+                                             int q, int s, const LaneBlock<BITS, L>& blk, float (&acc)[2][TT]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // The B column this lane supplies in each MMA: bytes g / 4 and g / 4 + 2 of segment g % 4; a
+  // lane whose segment is not its own reads the quad of zeros past the last.
+  const uint2* b0p = (g & 3) == t ? xb + size_t(q) * quad_entries(TT) + t * kMmaParts + (g >> 2)
+                                  : xb + size_t(nquads) * quad_entries(TT);
+  int c[2][TT][4] = {};
+#pragma unroll
+  for (int j = 0; j < kMmaSteps; ++j) {
+    uint2 b[2][TT];
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt) {
+      const uint2* e = b0p + (j * TT + tt) * kQuadChunks * kMmaParts;
+      b[0][tt] = e[0], b[1][tt] = e[2];
+    }
+    const uint2 a_g = decode_step<BITS>(blk.w[0][s], j), a_g8 = decode_step<BITS>(blk.w[1][s], j);
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int tt = 0; tt < TT; ++tt) mma_u8s8(c[m][tt], a_g, a_g8, b[m][tt]);
+  }
+  // C[g + 8h][2t + i] is byte t / 2 of segment 2(t % 2) + i in the first MMA, byte t / 2 + 2 in
+  // the second: together 256^(t/2)·(C0 + 65536·C1) of that segment's Σ code·X. The segment's
+  // scale is its lane's (the lanes of a row are adjacent).
+  const float k0 = t >= 2 ? 256.f : 1.f, k1 = k0 * 65536.f;
+  float seg_scale[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      seg_scale[h][i] = __shfl_sync(0xffffffffu, blk.scale[h], (lane & ~3) | (2 * (t & 1) + i));
+  const int own = chunk_of(L, q, t);
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) {
+    const float* p2 = pow2 + tt * nquads * kQuadChunks;
+    const float xs = xsum[tt * nquads * kQuadChunks + own];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float a = acc[h][tt];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float v = fmaf(float(c[1][tt][2 * h + i]), k1, float(c[0][tt][2 * h + i]) * k0);
+        a = fmaf(v * p2[chunk_of(L, q, 2 * (t & 1) + i)], seg_scale[h][i], a);
+      }
+      acc[h][tt] = fmaf(blk.bias[h], xs, a);
+    }
+  }
+}
+
+// Lane blocks loaded together before any computes: about 32 bytes a lane and row in flight.
+template <int BITS, int L>
+inline constexpr int kBlocksAtOnce = BITS * L >= 8 ? 1 : 2;
+
+// acc[h][tt] += lane (g, t)'s share of rows r0 + g + 8h of W · x_tt over lane blocks [b0, b1).
+// The four lanes of a g hold shares of the same rows whose sum is the dot product.
+template <int BITS, int L, int TT>
+__device__ __forceinline__ void mma_dot_rows(const uint2* xb, const float* pow2, const float* xsum,
+                                             const WeightArgs& W, int r0, int b0, int b1, float (&acc)[2][TT]) {
+  constexpr int U = kBlocksAtOnce<BITS, L>;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int nquads = quads_of(W.cols, L), full_end = min(b1, W.cols / (kChunk * kQuadChunks * L));
+  const TileRows rows = tile_rows<BITS, L>(W, r0, g, t);
+  int b = b0;
+  for (; b + U <= full_end; b += U) {
+    LaneBlock<BITS, L> blk[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) load_lane_block<BITS, L, true>(W, rows, b + u, t, blk[u]);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int s = 0; s < L; ++s) mma_dot_quad<BITS, L, TT>(xb, pow2, xsum, nquads, (b + u) * L + s, s, blk[u], acc);
+  }
+  for (; b < b1; ++b) {
+    LaneBlock<BITS, L> blk;
+    load_lane_block<BITS, L, false>(W, rows, b, t, blk);
+#pragma unroll
+    for (int s = 0; s < L; ++s) mma_dot_quad<BITS, L, TT>(xb, pow2, xsum, nquads, b * L + s, s, blk, acc);
+  }
+}
+
+// Asks the L2 for the first lane blocks mma_dot_rows will read (rows r0.., blocks b0..), before
+// the block stages x.
+template <int BITS, int L>
+__device__ __forceinline__ void prefetch_rows(const WeightArgs& W, int r0, int b0, int b1) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const TileRows tr = tile_rows<BITS, L>(W, r0, g, t);
+  for (int b = b0; b < min(b1, b0 + kBlocksAtOnce<BITS, L>); ++b)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (chunk_of(L, b * L, t) < W.cols / kChunk)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(tr.w[h] + size_t(b) * (kQuadChunks * L * kChunk * BITS / 8)));
+}
+
+}  // namespace ms::cuda
