@@ -9,13 +9,14 @@
 namespace ms::cuda {
 
 // matmul runs matmul_gemm from gemm_min_tokens(W) tokens on, matmul_direct below it. Crossovers
-// of bench_cuda_matvec's "gemm" sweep on an H200 (T = 4..48, 64): bf16 at T = 24..32 for 8192 x
-// 8192, 12288 x 2048 and 2048 x 4096 (8192², T=32: 436 us direct, 328 us gemm); the custom kernel
-// decodes 4-bit weights faster than it reads bf16, so q4 g64 crosses at T = 48..64 (8192², T=48:
-// 391 against 473 us, T=64: 513 against 471 us). The SGEMM costs at least ~20 us, so a 512 x 2048
-// matrix stays faster on the custom kernel up to T = 48 at least (12 against 26 us).
+// of bench_cuda_matvec's "gemm" sweep on an H200 (T = 4..96): bf16 at T = 24..32 for 8192 x
+// 8192, 12288 x 2048 and 2048 x 4096 (8192², T=32: 436 us direct, 328 us gemm). Affine weights
+// run on the integer tensor cores, 4 tokens a block: at T = 64 direct is faster for all four
+// shapes (8192², 446 against 474 us), at T = 96 the SGEMM for three (8192², 577 against 670 us;
+// 12288 x 2048 even), so the switch is between them; a 512 x 2048 matrix stays faster direct at
+// T = 96 (18 against 22 us).
 inline constexpr int kGemmMinTokensBf16 = 32;
-inline constexpr int kGemmMinTokensAffine = 64;
+inline constexpr int kGemmMinTokensAffine = 80;
 inline int gemm_min_tokens(const Mat& W) {
   return W.type == WeightType::Affine ? kGemmMinTokensAffine : kGemmMinTokensBf16;
 }

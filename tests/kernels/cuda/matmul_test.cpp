@@ -24,7 +24,7 @@
 namespace ms::cuda::test {
 namespace {
 
-constexpr double kTol = 1e-6;  // seen on the H200: at most 5e-8
+constexpr double kTol = 1e-6;  // seen on the H200: at most 1.7e-7 (affine, x = 1 + 2^-9 + 2^-18)
 
 struct Shape {
   int rows, cols, T;
