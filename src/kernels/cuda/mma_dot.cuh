@@ -3,10 +3,10 @@
 // (matmul.cu). Decoding a code to float and one FMA per weight (weight_dot.cuh) issues more
 // instructions per byte than HBM delivers at 4 bits and below. Here the codes go to the tensor
 // cores as unsigned bytes, which costs a shift and a mask per four of them (nothing at 8 bits), and
-// x as integers: each chunk of 32 values is scaled by a power of two to 30-bit integers X (exact
-// for every value within 2^30 of the chunk's largest; the rest lose at most 2^-31 of that largest)
-// and split into four signed bytes. The MMA sums codes × bytes exactly in int32, and the four
-// sums meet again in float with their powers of 256.
+// x as integers: each unit of 32 or 64 values (what a lane reads of a row at once) is scaled by a
+// power of two to 30-bit integers X (exact for every value within 2^30 of the unit's largest; the
+// rest lose at most 2^-31 of that largest) and split into four signed bytes. The MMA sums codes ×
+// bytes exactly in int32, and the four sums meet again in float with their powers of 256.
 //
 // The layout (mma.m16n8k32, A = 16 rows × 32 k of codes, B = 32 k × 8 columns of x's bytes): lane
 // (g, t) = (lane / 4, lane % 4) of a warp decodes chunk 4q + t (32 codes) of rows g and g + 8 of a
@@ -126,21 +126,23 @@ __device__ __forceinline__ float pow2f(int e) {
 }
 
 // Stages TT rows of x [TT, cols] (rows from `valid` on, and chunks past cols / 32, read as zero).
-// Each chunk's values become X = x·2^-e, e = ilogb(max |x|) − 29 (no less than −149, so that 2^e
-// is a float; 2^e is NaN for a chunk holding a NaN or an infinity). xb [nquads + 1][kMmaSteps][TT]
-// [kQuadChunks][kMmaParts] holds the B registers (byte p of the X of the codes code_of names: A
-// register 0's in .x, 1's in .y; the last quad all zeros, what lanes that supply no byte read),
-// pow2 [TT][nquads·4] holds 2^e and xsum [TT][nquads·4] Σx (for the bias term b·Σx), both by
-// chunk. A thread takes a chunk. Every thread of the block must call it; it ends with a barrier.
+// The values of a unit (the L chunks a lane reads at once) become X = x·2^-e, e = ilogb(max |x|)
+// − 29 (no less than −149, so that 2^e is a float; 2^e is NaN for a unit holding a NaN or an
+// infinity). xb [nquads + 1][kMmaSteps][TT][kQuadChunks][kMmaParts] holds the B registers (byte p
+// of the X of the codes code_of names: A register 0's in .x, 1's in .y; the last quad all zeros,
+// what lanes that supply no byte read), pow2 [TT][nquads·4/L] holds 2^e and xsum [TT][nquads·4/L]
+// Σx (for the bias term b·Σx) by unit. A thread takes a chunk, and the L threads of a unit are
+// adjacent lanes. Every thread of the block must call it; it ends with a barrier.
 template <int BITS, int L, int THREADS>
 __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT, int valid, int cols, uint2* xb,
                                             float* pow2, float* xsum) {
   const int nchunks = cols / kChunk, nquads = quads_of(cols, L), padded = nquads * kQuadChunks;
   for (int i = threadIdx.x; i < quad_entries(TT); i += THREADS) xb[size_t(nquads) * quad_entries(TT) + i] = {0, 0};
-  for (int i = threadIdx.x; i < TT * padded; i += THREADS) {
-    const int t = i / padded, c = i % padded;
+  const int n = TT * padded;
+  for (int base = 0; base < n; base += THREADS) {  // uniform: every lane reaches the shuffles
+    const int i = base + int(threadIdx.x), t = i / padded, c = i % padded;
     float v[kChunk] = {};
-    if (t < valid && c < nchunks) {
+    if (i < n && t < valid && c < nchunks) {
       const float4* src = reinterpret_cast<const float4*>(x + size_t(t) * cols + size_t(c) * kChunk);
 #pragma unroll
       for (int k = 0; k < kChunk / 4; ++k) {
@@ -154,12 +156,20 @@ __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT,
       mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[k]), fabsf(v[k + 1])), fmaxf(fabsf(v[k + 2]), fabsf(v[k + 3]))));
       sum += (v[k] + v[k + 1]) + (v[k + 2] + v[k + 3]);
     }
-    bool finite = isfinite(sum);
+    int finite = isfinite(sum);
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) finite = finite && isfinite(v[k]);  // fmaxf drops NaNs
+    if constexpr (L == 2) {  // the unit's other chunk is the neighbouring lane's
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      finite &= __shfl_xor_sync(0xffffffffu, finite, 1);
+    }
+    if (i >= n) continue;
     const int e = mx > 0.f ? max(ilogbf(mx) - 29, -149) : 0;
-    pow2[t * padded + c] = finite ? pow2f(e) : __int_as_float(0x7fc00000);
-    xsum[t * padded + c] = sum;
+    if (c % L == 0) {
+      pow2[t * padded + c / L] = finite ? pow2f(e) : __int_as_float(0x7fc00000);
+      xsum[t * padded + c / L] = sum;
+    }
     // Chunk c is lane (c % 4L) / L's of quad (c / 4L)·L + c % L (chunk_of's inverse).
     const int q = c / (kQuadChunks * L) * L + c % L, lane_t = c % (kQuadChunks * L) / L;
     // X = x·2^-e by two exact power-of-two products (2^-e alone may not be a float).
@@ -261,17 +271,16 @@ __device__ __forceinline__ void load_lane_block(const WeightArgs& W, const TileR
   }
 }
 
-// acc[h][tt] += lane (g, t)'s share of quad q (sub-quad s of its lane block) of rows r0 + g + 8h
-// of W · x_tt (B operands, powers of two and chunk sums as stage_split left them).
-template <int BITS, int L, int TT>
-__device__ __forceinline__ void mma_dot_quad(const uint2* xb, const float* pow2, const float* xsum, int nquads,
-                                             int q, int s, const LaneBlock<BITS, L>& blk, float (&acc)[2][TT]) {
+// c[m][tt] += lane (g, t)'s MMAs over quad q of the codes w_g, w_g8 of its chunk of rows g and
+// g + 8 (B operands as stage_split left them).
+template <int BITS, int TT>
+__device__ __forceinline__ void mma_accumulate(const uint2* xb, int nquads, int q, const uint32_t (&w_g)[BITS],
+                                               const uint32_t (&w_g8)[BITS], int (&c)[2][TT][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // The B column this lane supplies in each MMA: bytes g / 4 and g / 4 + 2 of segment g % 4; a
   // lane whose segment is not its own reads the quad of zeros past the last.
   const uint2* b0p = (g & 3) == t ? xb + size_t(q) * quad_entries(TT) + t * kMmaParts + (g >> 2)
                                   : xb + size_t(nquads) * quad_entries(TT);
-  int c[2][TT][4] = {};
 #pragma unroll
   for (int j = 0; j < kMmaSteps; ++j) {
     uint2 b[2][TT];
@@ -280,15 +289,24 @@ __device__ __forceinline__ void mma_dot_quad(const uint2* xb, const float* pow2,
       const uint2* e = b0p + (j * TT + tt) * kQuadChunks * kMmaParts;
       b[0][tt] = e[0], b[1][tt] = e[2];
     }
-    const uint2 a_g = decode_step<BITS>(blk.w[0][s], j), a_g8 = decode_step<BITS>(blk.w[1][s], j);
+    const uint2 a_g = decode_step<BITS>(w_g, j), a_g8 = decode_step<BITS>(w_g8, j);
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
       for (int tt = 0; tt < TT; ++tt) mma_u8s8(c[m][tt], a_g, a_g8, b[m][tt]);
   }
+}
+
+// acc[h][tt] += lane (g, t)'s share of lane block lb of rows g + 8h of W · x_tt, from its MMA sums
+// c over the block's quads (powers of two and sums by unit as stage_split left them).
+template <int BITS, int L, int TT>
+__device__ __forceinline__ void mma_flush(const float* pow2, const float* xsum, int nquads, int lb,
+                                          const LaneBlock<BITS, L>& blk, const int (&c)[2][TT][4],
+                                          float (&acc)[2][TT]) {
+  const int lane = threadIdx.x & 31, t = lane & 3;
   // C[g + 8h][2t + i] is byte t / 2 of segment 2(t % 2) + i in the first MMA, byte t / 2 + 2 in
-  // the second: together 256^(t/2)·(C0 + 65536·C1) of that segment's Σ code·X. The segment's
-  // scale is its lane's (the lanes of a row are adjacent).
+  // the second: together 256^(t/2)·(C0 + 65536·C1) of that segment's Σ code·X. A segment's unit
+  // is lb·4 + its lane, and its scale that lane's (the lanes of a row are adjacent).
   const float k0 = t >= 2 ? 256.f : 1.f, k1 = k0 * 65536.f;
   float seg_scale[2][2];
 #pragma unroll
@@ -296,22 +314,33 @@ __device__ __forceinline__ void mma_dot_quad(const uint2* xb, const float* pow2,
 #pragma unroll
     for (int i = 0; i < 2; ++i)
       seg_scale[h][i] = __shfl_sync(0xffffffffu, blk.scale[h], (lane & ~3) | (2 * (t & 1) + i));
-  const int own = chunk_of(L, q, t);
+  const int unit0 = lb * kQuadChunks;
 #pragma unroll
   for (int tt = 0; tt < TT; ++tt) {
-    const float* p2 = pow2 + tt * nquads * kQuadChunks;
-    const float xs = xsum[tt * nquads * kQuadChunks + own];
+    const float* p2 = pow2 + tt * nquads * kQuadChunks + unit0;
+    const float xs = xsum[tt * nquads * kQuadChunks + unit0 + t];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float a = acc[h][tt];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const float v = fmaf(float(c[1][tt][2 * h + i]), k1, float(c[0][tt][2 * h + i]) * k0);
-        a = fmaf(v * p2[chunk_of(L, q, 2 * (t & 1) + i)], seg_scale[h][i], a);
+        a = fmaf(v * p2[2 * (t & 1) + i], seg_scale[h][i], a);
       }
       acc[h][tt] = fmaf(blk.bias[h], xs, a);
     }
   }
+}
+
+// acc[h][tt] += lane (g, t)'s share of lane block lb of rows g + 8h of W · x_tt: its L quads
+// summed exactly in int32 (the unit's X share one power of two), then scaled once.
+template <int BITS, int L, int TT>
+__device__ __forceinline__ void mma_dot_block(const uint2* xb, const float* pow2, const float* xsum, int nquads,
+                                              int lb, const LaneBlock<BITS, L>& blk, float (&acc)[2][TT]) {
+  int c[2][TT][4] = {};
+#pragma unroll
+  for (int s = 0; s < L; ++s) mma_accumulate<BITS, TT>(xb, nquads, lb * L + s, blk.w[0][s], blk.w[1][s], c);
+  mma_flush<BITS, L, TT>(pow2, xsum, nquads, lb, blk, c, acc);
 }
 
 // Lane blocks loaded together before any computes: about 32 bytes a lane and row in flight.
@@ -333,15 +362,12 @@ __device__ __forceinline__ void mma_dot_rows(const uint2* xb, const float* pow2,
 #pragma unroll
     for (int u = 0; u < U; ++u) load_lane_block<BITS, L, true>(W, rows, b + u, t, blk[u]);
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int s = 0; s < L; ++s) mma_dot_quad<BITS, L, TT>(xb, pow2, xsum, nquads, (b + u) * L + s, s, blk[u], acc);
+    for (int u = 0; u < U; ++u) mma_dot_block<BITS, L, TT>(xb, pow2, xsum, nquads, b + u, blk[u], acc);
   }
   for (; b < b1; ++b) {
     LaneBlock<BITS, L> blk;
     load_lane_block<BITS, L, false>(W, rows, b, t, blk);
-#pragma unroll
-    for (int s = 0; s < L; ++s) mma_dot_quad<BITS, L, TT>(xb, pow2, xsum, nquads, b * L + s, s, blk, acc);
+    mma_dot_block<BITS, L, TT>(xb, pow2, xsum, nquads, b, blk, acc);
   }
 }
 
