@@ -11,6 +11,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/deltanet.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -421,13 +422,6 @@ __global__ void __launch_bounds__(kStateThreads)
   }
 }
 
-int device_attr(cudaDeviceAttr attr) {
-  int dev = 0, v = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
-  return v;
-}
-
 void check_heads(int n_k_heads, int n_v_heads) {
   if (n_k_heads <= 0 || n_v_heads <= 0 || n_v_heads % n_k_heads != 0)
     arg_fail("cuda::gated_delta_rule: n_v_heads " + std::to_string(n_v_heads) +
@@ -460,7 +454,7 @@ void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, 
 }
 
 bool chunked_delta_rule_fits(const float* k, int dk, int dv, const float* state, const float* out) {
-  static const int max_smem = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   return dk > 0 && dv > 0 && dk % 4 == 0 && dv % 4 == 0 && state_smem_bytes(dk) <= size_t(max_smem) &&
          aligned16(k) && aligned16(state) && aligned16(out);
 }

@@ -57,11 +57,6 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const float* __restric
   }
 }
 
-// Shared memory a block needs for TT tokens of `cols` activations (and their chunk sums).
-size_t smem_bytes(int TT, int cols) {
-  return size_t(TT) * size_t(cols / kChunk) * (kChunkSlots * sizeof(float4) + sizeof(float));
-}
-
 constexpr int kMmaWarps = kThreads / 32;
 
 // The tensor-core kernel: a warp takes a 16-row tile and a share of its lane blocks (ks warps split
@@ -121,8 +116,7 @@ size_t mma_smem_bytes(int TT, int cols, int L) {
 // resident per multiprocessor for the last shared-memory size (asking costs as much as a launch).
 struct KernelLimits {
   std::mutex mu;
-  bool opted_in = false;
-  int max_smem = 0;
+  int max_smem = 0;  // 0 until the opt-in
   size_t smem = 0;
   int per_sm = 0;
 };
@@ -133,11 +127,7 @@ template <class Kernel>
 int resident_blocks(Kernel kernel, size_t smem, KernelLimits& lim, int cols) {
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   std::lock_guard<std::mutex> lock(lim.mu);
-  if (!lim.opted_in) {
-    lim.max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, lim.max_smem));
-    lim.opted_in = true;
-  }
+  if (lim.max_smem == 0) lim.max_smem = allow_max_smem(kernel);
   if (smem > size_t(lim.max_smem))
     arg_fail("cuda::matmul: " + std::to_string(cols) + " columns need " + std::to_string(smem) +
              " bytes of shared memory, more than the device's " + std::to_string(lim.max_smem));
@@ -157,7 +147,7 @@ void launch(const float* x, int T, const WeightArgs& W, float* y) {
   constexpr int R = kRowsPerThread<BITS>;
   auto kernel = matmul_kernel<BITS, TT>;
   static KernelLimits lim;
-  const size_t smem = smem_bytes(TT, W.cols);
+  const size_t smem = staged_bytes(TT, W.cols);
   const int resident = resident_blocks(kernel, smem, lim, W.cols);
   const int split_log2 = std::min(5, floor_log2(W.cols / kChunk));
   const int rows_per_set = (kThreads >> split_log2) * R;
@@ -171,7 +161,7 @@ void launch(const float* x, int T, const WeightArgs& W, float* y) {
 template <int BITS>
 void launch_bits(const float* x, int T, const WeightArgs& W, float* y) {
   static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  if (T > 1 && smem_bytes(kBatch, W.cols) <= size_t(max_smem))
+  if (T > 1 && staged_bytes(kBatch, W.cols) <= size_t(max_smem))
     launch<BITS, kBatch>(x, T, W, y);
   else
     launch<BITS, 1>(x, T, W, y);

@@ -139,23 +139,10 @@ __global__ void __launch_bounds__(kDownThreads) down_sum_kernel(const float* __r
   }
 }
 
-// Lets `kernel` use the device's whole shared memory; returns that size. Once per kernel.
-template <class Kernel>
-int allow_max_smem(Kernel kernel) {
-  const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, m));
-  return m;
-}
-
 void check_smem(size_t need, int max, const char* what) {
   if (need > size_t(max))
     arg_fail(std::string("cuda::moe_experts: ") + what + " needs " + std::to_string(need) +
              " bytes of shared memory, more than the device's " + std::to_string(max));
-}
-
-// Bytes of staged activations (and chunk sums) for n rows of `cols`.
-size_t staged_bytes(int n, int cols) {
-  return size_t(n) * size_t(cols / kChunk) * (kChunkSlots * sizeof(float4) + sizeof(float));
 }
 
 template <int BITS>

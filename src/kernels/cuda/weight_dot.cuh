@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace ms::cuda {
@@ -132,6 +133,11 @@ __device__ __forceinline__ void decode_step(const uint32_t (&w)[BITS], int st, f
   }
 }
 
+// Bytes of shared memory stage_activations fills for n rows of `cols` activations.
+inline size_t staged_bytes(int n, int cols) {
+  return size_t(n) * size_t(cols / kChunk) * (kChunkSlots * sizeof(float4) + sizeof(float));
+}
+
 // Stages n rows of activations x [n, cols] (rows from `valid` on read as zero) for dot_rows:
 // xs [n][cols/32][kChunkSlots] float4 and, for affine weights, xsum [n][cols/32] (Σx per chunk,
 // for the bias term b·Σx). Every thread of the block must call it; it ends with a barrier.
@@ -227,20 +233,6 @@ __device__ __forceinline__ void dot_rows(const float4* xs, const float* xsum, co
 __device__ __forceinline__ float sum_lanes(float v, int split) {
   for (int o = split / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
-}
-
-// Launch helpers of these kernels.
-inline int device_attribute(cudaDeviceAttr attr) {
-  int dev = 0, v = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
-  return v;
-}
-
-inline int floor_log2(int v) {
-  int l = 0;
-  while ((2 << l) <= v) ++l;
-  return l;
 }
 
 }  // namespace ms::cuda
