@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "experts/device_store.h"
+#include "forward_errors.h"
 #include "kernels/cuda/device.h"
 #include "model/model.h"
 #include "runtime/convert.h"
@@ -164,19 +165,8 @@ TEST(CudaStreaming, CorruptRecordIsNamedAndNeverPublished) {
   opt.experts.verify = true;
   opt.experts.direct_io = false;  // the mended bytes must be what the next read sees
   auto model = Model::load(dir, opt);
-  std::string error;
   std::vector<int> failing;
-  // Long, varied prompts route most experts; expert 5 of layer 2 is read within a few of them.
-  for (int attempt = 0; attempt < 20 && error.empty(); ++attempt) {
-    State s = model->new_state();
-    failing.clear();
-    for (int t = 0; t < 256; ++t) failing.push_back((t * 131 + attempt * 17) % 8192);
-    try {
-      model->forward(failing.data(), int(failing.size()), s);
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  }
+  const std::string error = test::first_forward_error([&]() -> Model& { return *model; }, &failing);
   ASSERT_FALSE(error.empty()) << "expert 5 of layer 2 was never routed";
   EXPECT_NE(error.find("checksum mismatch"), std::string::npos) << error;
   EXPECT_NE(error.find(layer.name + ", expert 5"), std::string::npos) << error;

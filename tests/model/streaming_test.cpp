@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "forward_errors.h"
 #include "model/model.h"
 #include "runtime/convert.h"
 #include "runtime/generate.h"
@@ -131,19 +132,14 @@ TEST(Streaming, CorruptRecordIsNamedWithVerify) {
   }
   ModelOptions opt;
   opt.experts.verify = true;
-  std::string err;
-  // Long prompts route most experts; expert 0 of layer 2 is read within a few of them.
-  for (int i = 0; i < 20 && err.empty(); ++i) {
-    auto model = Model::load(dir, opt);
-    State s = model->new_state();
-    std::vector<int> p;
-    for (int t = 0; t < 256; ++t) p.push_back((t * 131 + i * 17) % 8192);
-    try {
-      model->forward(p.data(), int(p.size()), s);
-    } catch (const Error& e) {
-      err = e.what();
-    }
-  }
+  std::unique_ptr<Model> model;
+  std::vector<int> prompt;
+  const std::string err = test::first_forward_error(
+      [&]() -> Model& {
+        model = Model::load(dir, opt);
+        return *model;
+      },
+      &prompt);
   ASSERT_FALSE(err.empty()) << "a corrupt record was read without --verify noticing";
   EXPECT_NE(err.find("layer_002.bin"), std::string::npos) << err;
   EXPECT_NE(err.find("model.layers.2.mlp"), std::string::npos) << err;
