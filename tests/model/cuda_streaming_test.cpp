@@ -11,7 +11,7 @@
 #include <fstream>
 
 #include "experts/device_store.h"
-#include "forward_errors.h"
+#include "streaming_support.h"
 #include "kernels/cuda/device.h"
 #include "model/model.h"
 #include "runtime/convert.h"
@@ -25,9 +25,7 @@ namespace {
 #define MS_REQUIRE_GPU() \
   if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device: the VRAM pool runs only on a machine with an NVIDIA GPU"
 
-struct RunResult {
-  std::vector<float> logits;  // every prompt position
-  std::vector<int> tokens;    // greedy continuation
+struct RunResult : test::RunResult {
   std::vector<LayerStats> vram, host;
 };
 
@@ -41,11 +39,7 @@ ModelOptions on_gpu(int vram_slots = 0, uint64_t host_cache = 0) {
 
 RunResult run_model(const std::string& dir, const ModelOptions& opt, const std::vector<int>& prompt, int n_new) {
   auto model = Model::load(dir, opt);
-  State s = model->new_state();
-  RunResult r;
-  r.logits = model->forward(prompt.data(), int(prompt.size()), s, {.all_logits = true}).logits;
-  State g = model->new_state();
-  r.tokens = generate_greedy(*model, g, prompt, {.max_tokens = n_new, .stop_at_eos = false});
+  RunResult r{test::run_prompt(*model, prompt, n_new)};
   r.vram = model->device_experts()->stats();
   r.host = model->experts()->stats();
   return r;

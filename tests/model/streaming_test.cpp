@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "forward_errors.h"
+#include "streaming_support.h"
 #include "model/model.h"
 #include "runtime/convert.h"
 #include "runtime/generate.h"
@@ -21,19 +21,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  std::vector<float> logits;  // every prompt position
-  std::vector<int> tokens;    // greedy continuation
-};
+using test::RunResult;
 
 RunResult run_model(const std::string& dir, const ModelOptions& opt, const std::vector<int>& prompt, int n_new) {
-  auto model = Model::load(dir, opt);
-  State s = model->new_state();
-  RunResult r;
-  r.logits = model->forward(prompt.data(), int(prompt.size()), s, {.all_logits = true}).logits;
-  State g = model->new_state();
-  r.tokens = generate_greedy(*model, g, prompt, {.max_tokens = n_new, .stop_at_eos = false});
-  return r;
+  return test::run_prompt(*Model::load(dir, opt), prompt, n_new);
 }
 
 std::vector<int> sizes_to_check(int top_k, int n_experts) {

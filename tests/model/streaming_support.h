@@ -1,14 +1,31 @@
 #pragma once
-// The corrupt-record tests' search for a forward that reads the damaged expert
-// (streaming_test.cpp on the CPU, cuda_streaming_test.cpp on the GPU).
+// What the streaming tests on the CPU (streaming_test.cpp) and the GPU (cuda_streaming_test.cpp)
+// both run: a prompt's logits and greedy continuation, and the search for a forward that reads a
+// damaged expert record.
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/generate.h"
 #include "util/error.h"
 
 namespace ms::test {
+
+struct RunResult {
+  std::vector<float> logits;  // every prompt position
+  std::vector<int> tokens;    // greedy continuation
+};
+
+// The logits of `prompt` at every position, then n_new greedy tokens from a fresh state.
+inline RunResult run_prompt(Model& model, const std::vector<int>& prompt, int n_new) {
+  State s = model.new_state();
+  RunResult r;
+  r.logits = model.forward(prompt.data(), int(prompt.size()), s, {.all_logits = true}).logits;
+  State g = model.new_state();
+  r.tokens = generate_greedy(model, g, prompt, {.max_tokens = n_new, .stop_at_eos = false});
+  return r;
+}
 
 // Runs forwards of up to 20 long, varied prompts (256 ids below 8192), each on model() with a
 // fresh state, until one throws ms::Error; returns its message ("" when none threw), the prompt
