@@ -99,7 +99,7 @@ Copies make_copies(const Config& c, int group) {
 
 void run(const Config& c, int group, int T, double hbm, const std::string& filter) {
   const std::string type = type_name(c, group);
-  if ((std::string(c.name) + " " + type).find(filter) == std::string::npos) return;
+  if (("matvec " + std::string(c.name) + " " + type).find(filter) == std::string::npos) return;
   const Copies w = make_copies(c, group);
   const int copies = int(w.mats.size());
   cuda::DeviceBuffer x(size_t(T) * c.cols * 4), y(size_t(T) * c.rows * 4);
@@ -248,8 +248,8 @@ void run_delta_rule(const std::string& filter) {
 
 }  // namespace
 
-// Optional argument: run only the cases whose "name type" contains it (e.g. "lm_head 151936 q4",
-// "gated_delta_rule").
+// Optional argument: run only the cases whose "kind name type" contains it (e.g. "matvec" for the
+// decode matvecs alone, "matvec lm_head 151936 q4", "gemm", "moe_experts", "gated_delta_rule").
 int main(int argc, char** argv) {
   const std::string filter = argc > 1 ? argv[1] : "";
   if (!cuda::cuda_available()) {
@@ -269,6 +269,7 @@ int main(int argc, char** argv) {
       c.bits = bits;
       run(c, 64, 1, hbm, filter);
     }
+  for (int group : {32, 128}) run(Config{"lm_head 151936", 151936, 2048, 4}, group, 1, hbm, filter);
   std::printf("prefill/verify batches (weights reused by 4 tokens a block):\n");
   for (int T : {4, 16})
     for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter);

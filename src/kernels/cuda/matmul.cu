@@ -209,10 +209,10 @@ void launch_mma_tokens(const float* x, int T, const WeightArgs& W, float* y) {
 // Affine weights on the tensor cores where their staging fits in shared memory.
 template <int BITS>
 void launch_affine(const float* x, int T, const WeightArgs& W, float* y) {
-  if (lane_chunks<BITS>(W.chunks_per_group_log2) == 2)
-    launch_mma_tokens<BITS, 2>(x, T, W, y);
-  else
-    launch_mma_tokens<BITS, 1>(x, T, W, y);
+  if constexpr (lane_chunks<BITS>(1) == 2) {
+    if (lane_chunks<BITS>(W.chunks_per_group_log2) == 2) return launch_mma_tokens<BITS, 2>(x, T, W, y);
+  }
+  launch_mma_tokens<BITS, 1>(x, T, W, y);
 }
 
 bool misaligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; }

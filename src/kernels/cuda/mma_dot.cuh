@@ -80,13 +80,15 @@ __device__ __forceinline__ void mma_u8s8(int (&d)[4], uint2 a_row_g, uint2 a_row
       : "r"(a_row_g.x), "r"(a_row_g8.x), "r"(a_row_g.y), "r"(a_row_g8.y), "r"(b.x), "r"(b.y));
 }
 
-// Chunks a lane reads of a row at once, L: 2 for 2- and 3-bit codes when a group holds both (16
-// and 24 bytes a load instead of 8 and 12, and one scale and bias load for both: on the H200 the
-// 2-bit lm_head went from 47 to 53 % of the copy rate), else 1. Quad q is lane t's chunk
-// (q / L)·4L + t·L + q % L: the L quads of a lane block are read together.
+// Chunks a lane reads of a row at once, L: 2 for 2-, 3- and 4-bit codes when a group holds both
+// (16, 24 and 32 bytes instead of 8, 12 and 16, and one scale and bias load for both: the L1 is
+// what limits the kernel, and the scale loads, 2 bytes from each of 16 rows, were a third of its
+// global-load work), else 1. On the H200 the 2-bit lm_head went from 47 to 53 % of the copy rate,
+// the 4-bit one from 78 to 84 %; at 8 bits the lm_head gained 1 point and the dense 4096 lost 3.
+// Quad q is lane t's chunk (q / L)·4L + t·L + q % L: the L quads of a lane block are read together.
 template <int BITS>
 __host__ __device__ constexpr int lane_chunks(int chunks_per_group_log2) {
-  return BITS <= 3 && chunks_per_group_log2 > 0 ? 2 : 1;
+  return BITS <= 4 && chunks_per_group_log2 > 0 ? 2 : 1;
 }
 
 __host__ __device__ constexpr int chunk_of(int L, int q, int t) { return (q / L) * kQuadChunks * L + t * L + q % L; }
@@ -273,14 +275,18 @@ __device__ __forceinline__ void load_lane_block(const WeightArgs& W, const TileR
 
 // c[m][tt] += lane (g, t)'s MMAs over quad q of the codes w_g, w_g8 of its chunk of rows g and
 // g + 8 (B operands as stage_split left them).
-template <int BITS, int TT>
+template <int BITS, int L, int TT>
 __device__ __forceinline__ void mma_accumulate(const uint2* xb, int nquads, int q, const uint32_t (&w_g)[BITS],
                                                const uint32_t (&w_g8)[BITS], int (&c)[2][TT][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // The B column this lane supplies in each MMA: bytes g / 4 and g / 4 + 2 of segment g % 4; a
-  // lane whose segment is not its own reads the quad of zeros past the last.
+  // lane whose segment is not its own reads the quad of zeros past the last. With L = 2 it reads
+  // it 2 entries in, where its words fall in banks the others leave free (theirs are 8t + 0..3
+  // for b[0], 8t + 4..7 for b[1]), so that each load takes one shared-memory wavefront instead of
+  // two: 2-, 3- and 4-bit g64 lm_heads gained 1 to 4 points of the copy rate on the H200. With
+  // L = 1 the offset made the 4-bit kernel spill in this loop (60 instead of 72 %).
   const uint2* b0p = (g & 3) == t ? xb + size_t(q) * quad_entries(TT) + t * kMmaParts + (g >> 2)
-                                  : xb + size_t(nquads) * quad_entries(TT);
+                                  : xb + size_t(nquads) * quad_entries(TT) + (L == 2 ? 2 : 0);
 #pragma unroll
   for (int j = 0; j < kMmaSteps; ++j) {
     uint2 b[2][TT];
@@ -339,11 +345,12 @@ __device__ __forceinline__ void mma_dot_block(const uint2* xb, const float* pow2
                                               int lb, const LaneBlock<BITS, L>& blk, float (&acc)[2][TT]) {
   int c[2][TT][4] = {};
 #pragma unroll
-  for (int s = 0; s < L; ++s) mma_accumulate<BITS, TT>(xb, nquads, lb * L + s, blk.w[0][s], blk.w[1][s], c);
+  for (int s = 0; s < L; ++s) mma_accumulate<BITS, L, TT>(xb, nquads, lb * L + s, blk.w[0][s], blk.w[1][s], c);
   mma_flush<BITS, L, TT>(pow2, xsum, nquads, lb, blk, c, acc);
 }
 
-// Lane blocks loaded together before any computes: about 32 bytes a lane and row in flight.
+// Lane blocks loaded together before any computes: about 32 bytes a lane and row in flight (two
+// 4-bit blocks of 32 bytes at once took the lm_head from 84 to 77 % of the copy rate).
 template <int BITS, int L>
 inline constexpr int kBlocksAtOnce = BITS * L >= 8 ? 1 : 2;
 
