@@ -65,7 +65,9 @@ struct Config {
 };
 
 std::string type_name(const Config& c, int group) {
-  return c.bits == 16 ? "bf16" : "q" + std::to_string(c.bits) + " g" + std::to_string(group);
+  if (c.bits == 16) return "bf16";
+  std::string name = "q";  // appended piecewise: "q" + std::to_string(...) trips g++ 12's -Wrestrict
+  return name.append(std::to_string(c.bits)).append(" g").append(std::to_string(group));
 }
 
 // Copies of one shape's weights (codes 0x5a, bf16 scales and biases 0x3c3c ≈ 0.0115), as many as
@@ -99,7 +101,9 @@ Copies make_copies(const Config& c, int group) {
 
 void run(const Config& c, int group, int T, double hbm, const std::string& filter) {
   const std::string type = type_name(c, group);
-  if (("matvec " + std::string(c.name) + " " + type).find(filter) == std::string::npos) return;
+  std::string what = "matvec ";
+  what.append(c.name).append(" ").append(type);
+  if (what.find(filter) == std::string::npos) return;
   const Copies w = make_copies(c, group);
   const int copies = int(w.mats.size());
   cuda::DeviceBuffer x(size_t(T) * c.cols * 4), y(size_t(T) * c.rows * 4);
