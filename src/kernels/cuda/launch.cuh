@@ -2,6 +2,10 @@
 // Launch helpers the CUDA kernels share: device attributes, a kernel's shared-memory opt-in.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <mutex>
+#include <string>
+
 #include "kernels/cuda/check.h"
 
 namespace ms::cuda {
@@ -19,6 +23,32 @@ int allow_max_smem(Kernel kernel) {
   const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, m));
   return m;
+}
+
+// A kernel's launch bookkeeping: the device's shared memory opt-in, set once, and the blocks
+// resident per multiprocessor for the last shared-memory size (asking costs as much as a launch).
+struct KernelLimits {
+  std::mutex mu;
+  int max_smem = 0;  // 0 until the opt-in
+  size_t smem = 0;
+  int per_sm = 0;
+};
+
+// Blocks of `threads` threads with `smem` bytes of `kernel` that fit on the device at once; `who`
+// and `cols` (the columns that need the shared memory) name the call when they do not fit.
+template <class Kernel>
+int resident_blocks(Kernel kernel, int threads, size_t smem, KernelLimits& lim, const char* who, int cols) {
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  std::lock_guard<std::mutex> lock(lim.mu);
+  if (lim.max_smem == 0) lim.max_smem = allow_max_smem(kernel);
+  if (smem > size_t(lim.max_smem))
+    arg_fail(std::string(who) + ": " + std::to_string(cols) + " columns need " + std::to_string(smem) +
+             " bytes of shared memory, more than the device's " + std::to_string(lim.max_smem));
+  if (lim.smem != smem) {
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&lim.per_sm, kernel, threads, smem));
+    lim.smem = smem;
+  }
+  return std::max(1, lim.per_sm) * sms;
 }
 
 inline int floor_log2(int v) {

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
 #include <string>
 
 #include "kernels/cuda/check.h"
@@ -59,83 +58,30 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const float* __restric
 
 constexpr int kMmaWarps = kThreads / 32;
 
-// The tensor-core kernel: a warp takes a 16-row tile and a share of its lane blocks (ks warps split
-// the blocks of the same rows, kMmaWarps / ks row sets a block), and the ks partial sums meet in
-// shared memory, added in warp order. Three blocks fit on a multiprocessor at T = 1 (80 registers).
+// The tensor-core kernel (mma_row_sets): kMmaWarps / ks row sets a block, each warp a 16-row tile
+// and a share of its lane blocks. Three blocks fit on a multiprocessor at T = 1 (80 registers).
 template <int BITS, int L, int TT>
 __global__ void __launch_bounds__(kThreads, TT == 1 ? 3 : 2) matvec_mma_kernel(const float* __restrict__ x, int T,
                                                                                WeightArgs W, float* __restrict__ y,
                                                                                int ks_log2) {
   extern __shared__ uint2 xb[];
-  const int nquads = quads_of(W.cols, L), padded = nquads * kQuadChunks, nblocks = nquads / L;
+  const int nquads = quads_of(W.cols, L), padded = nquads * kQuadChunks;
   float* pow2 = reinterpret_cast<float*>(xb + (size_t(nquads) + 1) * quad_entries(TT));
   float* xsum = pow2 + size_t(TT) * padded;
   float* partial = xsum + size_t(TT) * padded;  // [kMmaWarps][16][TT]
-  const int t0 = blockIdx.y * TT;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
-  const int ks = 1 << ks_log2, rows_per_set = (kMmaWarps >> ks_log2) * 16;
-  const int per_warp = (nblocks + ks - 1) >> ks_log2, b0 = (warp & (ks - 1)) * per_warp;  // its lane blocks
-  const int b1 = min(b0 + per_warp, nblocks), nsets = (W.rows + rows_per_set - 1) / rows_per_set;
-  if (blockIdx.x < nsets) prefetch_rows<BITS, L>(W, blockIdx.x * rows_per_set + (warp >> ks_log2) * 16, b0, b1);
+  const int t0 = blockIdx.y * TT, warp = threadIdx.x >> 5;
+  const int2 blocks = warp_blocks(nquads / L, ks_log2, warp);
+  prefetch_rows<BITS, L>(W, blockIdx.x * ((kMmaWarps >> ks_log2) * 16) + (warp >> ks_log2) * 16, blocks.x, blocks.y);
   stage_split<BITS, L, kThreads>(x + size_t(t0) * W.cols, TT, T - t0, W.cols, xb, pow2, xsum);
-
-  for (int set = blockIdx.x; set < nsets; set += gridDim.x) {  // uniform over the block
-    const int r0 = set * rows_per_set + (warp >> ks_log2) * 16;
-    float acc[2][TT] = {};
-    mma_dot_rows<BITS, L, TT>(xb, pow2, xsum, W, r0, b0, b1, acc);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int tt = 0; tt < TT; ++tt) {
-        const float v = sum_lanes(acc[h][tt], 4);
-        if ((lane & 3) != 0) continue;
-        if (ks_log2 == 0) {  // the warp's own rows: no partial sums to meet
-          if (r0 + 8 * h + g < W.rows && t0 + tt < T) y[size_t(t0 + tt) * W.rows + r0 + 8 * h + g] = v;
-        } else {
-          partial[(warp * 16 + 8 * h + g) * TT + tt] = v;
-        }
-      }
-    if (ks_log2 == 0) continue;
-    __syncthreads();
-    for (int e = threadIdx.x; e < rows_per_set * TT; e += kThreads) {
-      const int r = e / TT, tt = e % TT, first = (r / 16) << ks_log2;
-      float v = 0.f;
-      for (int k = 0; k < ks; ++k) v += partial[((first + k) * 16 + r % 16) * TT + tt];
-      const int row = set * rows_per_set + r;
-      if (row < W.rows && t0 + tt < T) y[size_t(t0 + tt) * W.rows + row] = v;
-    }
-    __syncthreads();
-  }
+  const WeightArgs Ws[1] = {W};
+  mma_row_sets<BITS, L, TT, 1, kMmaWarps>(StagedX{xb, pow2, xsum, nquads, TT, 0}, Ws, ks_log2, partial,
+                                          [&](int row, int tt, const float (&v)[1]) {
+                                            if (t0 + tt < T) y[size_t(t0 + tt) * W.rows + row] = v[0];
+                                          });
 }
 
 size_t mma_smem_bytes(int TT, int cols, int L) {
   return split_bytes(TT, cols, L) + size_t(kMmaWarps) * 16 * TT * sizeof(float);
-}
-
-// A kernel's launch bookkeeping: the device's shared memory opt-in, set once, and the blocks
-// resident per multiprocessor for the last shared-memory size (asking costs as much as a launch).
-struct KernelLimits {
-  std::mutex mu;
-  int max_smem = 0;  // 0 until the opt-in
-  size_t smem = 0;
-  int per_sm = 0;
-};
-
-// Blocks of kThreads threads with `smem` bytes of `kernel` (for a W of `cols` columns) that fit on
-// the device at once.
-template <class Kernel>
-int resident_blocks(Kernel kernel, size_t smem, KernelLimits& lim, int cols) {
-  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
-  std::lock_guard<std::mutex> lock(lim.mu);
-  if (lim.max_smem == 0) lim.max_smem = allow_max_smem(kernel);
-  if (smem > size_t(lim.max_smem))
-    arg_fail("cuda::matmul: " + std::to_string(cols) + " columns need " + std::to_string(smem) +
-             " bytes of shared memory, more than the device's " + std::to_string(lim.max_smem));
-  if (lim.smem != smem) {
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&lim.per_sm, kernel, kThreads, smem));
-    lim.smem = smem;
-  }
-  return std::max(1, lim.per_sm) * sms;
 }
 
 void check_token_blocks(int T, int TT) {
@@ -148,7 +94,7 @@ void launch(const float* x, int T, const WeightArgs& W, float* y) {
   auto kernel = matmul_kernel<BITS, TT>;
   static KernelLimits lim;
   const size_t smem = staged_bytes(TT, W.cols);
-  const int resident = resident_blocks(kernel, smem, lim, W.cols);
+  const int resident = resident_blocks(kernel, kThreads, smem, lim, "cuda::matmul", W.cols);
   const int split_log2 = std::min(5, floor_log2(W.cols / kChunk));
   const int rows_per_set = (kThreads >> split_log2) * R;
   const int nsets = (W.rows + rows_per_set - 1) / rows_per_set;
@@ -172,25 +118,11 @@ void launch_mma(const float* x, int T, const WeightArgs& W, float* y) {
   auto kernel = matvec_mma_kernel<BITS, L, TT>;
   static KernelLimits lim;
   const size_t smem = mma_smem_bytes(TT, W.cols, L);
-  const int resident = resident_blocks(kernel, smem, lim, W.cols);
-  // Warps splitting a row set's lane blocks (ks = 2^ks_log2): the fewest rounds of sets over the
-  // resident blocks, each round nblocks / ks blocks plus about one block of overhead (the
-  // barriers, the sum of the partial rows, the first loads).
-  const int nblocks = quads_of(W.cols, L) / L;
-  auto sets = [&](int ks_log2) {
-    const int rows_per_set = (kMmaWarps >> ks_log2) * 16;
-    return (W.rows + rows_per_set - 1) / rows_per_set;
-  };
+  const int resident = resident_blocks(kernel, kThreads, smem, lim, "cuda::matmul", W.cols);
   const long token_blocks = (T + TT - 1) / TT;
-  auto cost = [&](int ks_log2) {
-    const long rounds = (sets(ks_log2) * token_blocks + resident - 1) / resident;
-    return rounds * ((nblocks + (1 << ks_log2) - 1) / (1 << ks_log2) + 1);
-  };
-  int ks_log2 = 0;
-  for (int k = 1; (1 << k) <= kMmaWarps && (1 << k) <= nblocks; ++k)
-    if (cost(k) < cost(ks_log2)) ks_log2 = k;
+  const int ks_log2 = mma_split_log2(W.rows, quads_of(W.cols, L) / L, token_blocks, resident, kMmaWarps);
   check_token_blocks(T, TT);
-  const dim3 grid(unsigned(std::min(sets(ks_log2), resident)), unsigned(token_blocks));
+  const dim3 grid(unsigned(std::min(mma_sets(W.rows, kMmaWarps, ks_log2), resident)), unsigned(token_blocks));
   kernel<<<grid, kThreads, smem>>>(x, T, W, y, ks_log2);
   CUDA_CHECK_LAUNCH();
 }

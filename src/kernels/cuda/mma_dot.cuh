@@ -109,6 +109,15 @@ __host__ __device__ inline size_t split_bytes(int TT, int cols, int L) {
   return (size_t(nquads) + 1) * quad_entries(TT) * sizeof(uint2) + 2 * size_t(TT) * nquads * kQuadChunks * sizeof(float);
 }
 
+// What stage_split staged for `tokens` tokens, seen from token tt0: the kernels below read tokens
+// tt0 .. tt0 + TT − 1 of it.
+struct StagedX {
+  const uint2* xb;
+  const float* pow2;
+  const float* xsum;
+  int nquads, tokens, tt0;
+};
+
 // X (|X| < 2^30) as its balanced base-256 digits, X = Σ_p d_p·256^p with each d_p in [-128, 127],
 // byte p of the result: with Y = X + 0x808080, d_p = byte p of Y − 128 (that byte xor 0x80 as a
 // signed byte) for p < 3 and d_3 = byte 3 of Y.
@@ -274,9 +283,9 @@ __device__ __forceinline__ void load_lane_block(const WeightArgs& W, const TileR
 }
 
 // c[m][tt] += lane (g, t)'s MMAs over quad q of the codes w_g, w_g8 of its chunk of rows g and
-// g + 8 (B operands as stage_split left them).
+// g + 8, for token tt of X.
 template <int BITS, int L, int TT>
-__device__ __forceinline__ void mma_accumulate(const uint2* xb, int nquads, int q, const uint32_t (&w_g)[BITS],
+__device__ __forceinline__ void mma_accumulate(const StagedX& X, int q, const uint32_t (&w_g)[BITS],
                                                const uint32_t (&w_g8)[BITS], int (&c)[2][TT][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // The B column this lane supplies in each MMA: bytes g / 4 and g / 4 + 2 of segment g % 4; a
@@ -285,14 +294,15 @@ __device__ __forceinline__ void mma_accumulate(const uint2* xb, int nquads, int 
   // for b[0], 8t + 4..7 for b[1]), so that each load takes one shared-memory wavefront instead of
   // two: 2-, 3- and 4-bit g64 lm_heads gained 1 to 4 points of the copy rate on the H200. With
   // L = 1 the offset made the 4-bit kernel spill in this loop (60 instead of 72 %).
-  const uint2* b0p = (g & 3) == t ? xb + size_t(q) * quad_entries(TT) + t * kMmaParts + (g >> 2)
-                                  : xb + size_t(nquads) * quad_entries(TT) + (L == 2 ? 2 : 0);
+  const int entries = quad_entries(X.tokens);
+  const uint2* b0p = (g & 3) == t ? X.xb + size_t(q) * entries + t * kMmaParts + (g >> 2)
+                                  : X.xb + size_t(X.nquads) * entries + (L == 2 ? 2 : 0);
 #pragma unroll
   for (int j = 0; j < kMmaSteps; ++j) {
     uint2 b[2][TT];
 #pragma unroll
     for (int tt = 0; tt < TT; ++tt) {
-      const uint2* e = b0p + (j * TT + tt) * kQuadChunks * kMmaParts;
+      const uint2* e = b0p + (j * X.tokens + X.tt0 + tt) * kQuadChunks * kMmaParts;
       b[0][tt] = e[0], b[1][tt] = e[2];
     }
     const uint2 a_g = decode_step<BITS>(w_g, j), a_g8 = decode_step<BITS>(w_g8, j);
@@ -304,11 +314,10 @@ __device__ __forceinline__ void mma_accumulate(const uint2* xb, int nquads, int 
 }
 
 // acc[h][tt] += lane (g, t)'s share of lane block lb of rows g + 8h of W · x_tt, from its MMA sums
-// c over the block's quads (powers of two and sums by unit as stage_split left them).
+// c over the block's quads (x_tt: token tt of X).
 template <int BITS, int L, int TT>
-__device__ __forceinline__ void mma_flush(const float* pow2, const float* xsum, int nquads, int lb,
-                                          const LaneBlock<BITS, L>& blk, const int (&c)[2][TT][4],
-                                          float (&acc)[2][TT]) {
+__device__ __forceinline__ void mma_flush(const StagedX& X, int lb, const LaneBlock<BITS, L>& blk,
+                                          const int (&c)[2][TT][4], float (&acc)[2][TT]) {
   const int lane = threadIdx.x & 31, t = lane & 3;
   // C[g + 8h][2t + i] is byte t / 2 of segment 2(t % 2) + i in the first MMA, byte t / 2 + 2 in
   // the second: together 256^(t/2)·(C0 + 65536·C1) of that segment's Σ code·X. A segment's unit
@@ -323,8 +332,9 @@ __device__ __forceinline__ void mma_flush(const float* pow2, const float* xsum, 
   const int unit0 = lb * kQuadChunks;
 #pragma unroll
   for (int tt = 0; tt < TT; ++tt) {
-    const float* p2 = pow2 + tt * nquads * kQuadChunks + unit0;
-    const float xs = xsum[tt * nquads * kQuadChunks + unit0 + t];
+    const int unit = (X.tt0 + tt) * X.nquads * kQuadChunks + unit0;
+    const float* p2 = X.pow2 + unit;
+    const float xs = X.xsum[unit + t];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float a = acc[h][tt];
@@ -341,12 +351,12 @@ __device__ __forceinline__ void mma_flush(const float* pow2, const float* xsum, 
 // acc[h][tt] += lane (g, t)'s share of lane block lb of rows g + 8h of W · x_tt: its L quads
 // summed exactly in int32 (the unit's X share one power of two), then scaled once.
 template <int BITS, int L, int TT>
-__device__ __forceinline__ void mma_dot_block(const uint2* xb, const float* pow2, const float* xsum, int nquads,
-                                              int lb, const LaneBlock<BITS, L>& blk, float (&acc)[2][TT]) {
+__device__ __forceinline__ void mma_dot_block(const StagedX& X, int lb, const LaneBlock<BITS, L>& blk,
+                                              float (&acc)[2][TT]) {
   int c[2][TT][4] = {};
 #pragma unroll
-  for (int s = 0; s < L; ++s) mma_accumulate<BITS, L, TT>(xb, nquads, lb * L + s, blk.w[0][s], blk.w[1][s], c);
-  mma_flush<BITS, L, TT>(pow2, xsum, nquads, lb, blk, c, acc);
+  for (int s = 0; s < L; ++s) mma_accumulate<BITS, L, TT>(X, lb * L + s, blk.w[0][s], blk.w[1][s], c);
+  mma_flush<BITS, L, TT>(X, lb, blk, c, acc);
 }
 
 // Lane blocks loaded together before any computes: about 32 bytes a lane and row in flight (two
@@ -354,28 +364,116 @@ __device__ __forceinline__ void mma_dot_block(const uint2* xb, const float* pow2
 template <int BITS, int L>
 inline constexpr int kBlocksAtOnce = BITS * L >= 8 ? 1 : 2;
 
-// acc[h][tt] += lane (g, t)'s share of rows r0 + g + 8h of W · x_tt over lane blocks [b0, b1).
-// The four lanes of a g hold shares of the same rows whose sum is the dot product.
-template <int BITS, int L, int TT>
-__device__ __forceinline__ void mma_dot_rows(const uint2* xb, const float* pow2, const float* xsum,
-                                             const WeightArgs& W, int r0, int b0, int b1, float (&acc)[2][TT]) {
+// acc[m][h][tt] += lane (g, t)'s share of rows r0 + g + 8h of W[m] · x_tt over lane blocks [b0, b1),
+// the M matrices (of the same columns) loaded together. The four lanes of a g hold shares of the
+// same rows whose sum is the dot product.
+template <int BITS, int L, int TT, int M>
+__device__ __forceinline__ void mma_dot_rows(const StagedX& X, const WeightArgs (&W)[M], int r0, int b0, int b1,
+                                             float (&acc)[M][2][TT]) {
   constexpr int U = kBlocksAtOnce<BITS, L>;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int nquads = quads_of(W.cols, L), full_end = min(b1, W.cols / (kChunk * kQuadChunks * L));
-  const TileRows rows = tile_rows<BITS, L>(W, r0, g, t);
+  const int full_end = min(b1, W[0].cols / (kChunk * kQuadChunks * L));
+  TileRows rows[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) rows[m] = tile_rows<BITS, L>(W[m], r0, g, t);
   int b = b0;
   for (; b + U <= full_end; b += U) {
-    LaneBlock<BITS, L> blk[U];
+    LaneBlock<BITS, L> blk[M][U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) load_lane_block<BITS, L, true>(W, rows, b + u, t, blk[u]);
+    for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int u = 0; u < U; ++u) mma_dot_block<BITS, L, TT>(xb, pow2, xsum, nquads, b + u, blk[u], acc);
+      for (int u = 0; u < U; ++u) load_lane_block<BITS, L, true>(W[m], rows[m], b + u, t, blk[m][u]);
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int u = 0; u < U; ++u) mma_dot_block<BITS, L, TT>(X, b + u, blk[m][u], acc[m]);
   }
   for (; b < b1; ++b) {
-    LaneBlock<BITS, L> blk;
-    load_lane_block<BITS, L, false>(W, rows, b, t, blk);
-    mma_dot_block<BITS, L, TT>(xb, pow2, xsum, nquads, b, blk, acc);
+    LaneBlock<BITS, L> blk[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) load_lane_block<BITS, L, false>(W[m], rows[m], b, t, blk[m]);
+#pragma unroll
+    for (int m = 0; m < M; ++m) mma_dot_block<BITS, L, TT>(X, b, blk[m], acc[m]);
   }
+}
+
+// The lane blocks [b0, b1) of a row that warp `warp` takes when ks = 2^ks_log2 warps split them.
+__device__ __forceinline__ int2 warp_blocks(int nblocks, int ks_log2, int warp) {
+  const int per_warp = (nblocks + (1 << ks_log2) - 1) >> ks_log2, b0 = (warp & ((1 << ks_log2) - 1)) * per_warp;
+  return make_int2(b0, min(b0 + per_warp, nblocks));
+}
+
+// The dot products of the rows of M matrices (of the same shape) with the TT tokens of X, over
+// this block's row sets (blockIdx.x, + gridDim.x, ...; (WARPS / ks)·16 rows each): a warp takes a
+// 16-row tile of each set and its share of the tile's lane blocks (warp_blocks; ks = 2^ks_log2),
+// and the ks partial sums meet in `partial` ([WARPS][M][16][TT] floats of shared memory), added in
+// warp order. store(row, tt, v) gets v[m] = W[m] row · x_tt once for each row. Every thread of
+// the block calls it; with ks = 1 there are no barriers.
+template <int BITS, int L, int TT, int M, int WARPS, class Store>
+__device__ __forceinline__ void mma_row_sets(const StagedX& X, const WeightArgs (&W)[M], int ks_log2, float* partial,
+                                             Store&& store) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const int ks = 1 << ks_log2, rows_per_set = (WARPS >> ks_log2) * 16, rows = W[0].rows;
+  const int2 blocks = warp_blocks(X.nquads / L, ks_log2, warp);
+  const int nsets = (rows + rows_per_set - 1) / rows_per_set;
+  for (int set = blockIdx.x; set < nsets; set += gridDim.x) {  // uniform over the block
+    const int r0 = set * rows_per_set + (warp >> ks_log2) * 16;
+    float acc[M][2][TT] = {};
+    mma_dot_rows<BITS, L, TT, M>(X, W, r0, blocks.x, blocks.y, acc);
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int tt = 0; tt < TT; ++tt) acc[m][h][tt] = sum_lanes(acc[m][h][tt], 4);
+    if ((lane & 3) == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int tt = 0; tt < TT; ++tt) {
+          float v[M];
+#pragma unroll
+          for (int m = 0; m < M; ++m) v[m] = acc[m][h][tt];
+          if (ks_log2 == 0) {  // the warp's own rows: no partial sums to meet
+            if (r0 + 8 * h + g < rows) store(r0 + 8 * h + g, tt, v);
+          } else {
+#pragma unroll
+            for (int m = 0; m < M; ++m) partial[((warp * M + m) * 16 + 8 * h + g) * TT + tt] = v[m];
+          }
+        }
+    }
+    if (ks_log2 == 0) continue;
+    __syncthreads();
+    for (int e = threadIdx.x; e < rows_per_set * TT; e += WARPS * 32) {
+      const int r = e / TT, tt = e % TT, first = (r / 16) << ks_log2;
+      float v[M] = {};
+      for (int j = 0; j < ks; ++j)
+#pragma unroll
+        for (int m = 0; m < M; ++m) v[m] += partial[(((first + j) * M + m) * 16 + r % 16) * TT + tt];
+      if (set * rows_per_set + r < rows) store(set * rows_per_set + r, tt, v);
+    }
+    __syncthreads();
+  }
+}
+
+// Row sets of `rows` rows when ks = 2^ks_log2 of `warps` warps split each tile's lane blocks.
+__host__ __device__ inline int mma_sets(int rows, int warps, int ks_log2) {
+  const int rows_per_set = (warps >> ks_log2) * 16;
+  return (rows + rows_per_set - 1) / rows_per_set;
+}
+
+// ks_log2 for mma_row_sets: the fewest rounds of row sets (times token_blocks) over the resident
+// blocks, each round nblocks / ks lane blocks plus about one block of overhead (the barriers, the
+// sum of the partial rows, the first loads).
+inline int mma_split_log2(int rows, int nblocks, long token_blocks, int resident, int warps) {
+  auto cost = [&](int ks_log2) {
+    const long rounds = (mma_sets(rows, warps, ks_log2) * token_blocks + resident - 1) / resident;
+    return rounds * ((nblocks + (1 << ks_log2) - 1) / (1 << ks_log2) + 1);
+  };
+  int best = 0;
+  for (int k = 1; (1 << k) <= warps && (1 << k) <= nblocks; ++k)
+    if (cost(k) < cost(best)) best = k;
+  return best;
 }
 
 // Asks the L2 for the first lane blocks mma_dot_rows will read (rows r0.., blocks b0..), before

@@ -1,7 +1,9 @@
 // The MoE block's routing and routed experts on the GPU, for decode-sized batches: no host round
 // trip and a few launches in all. route_topk: one block per token. moe_experts: gate·x and up·x
 // of every (token, slot) row in one launch (silu·up fused), then down and the weighted sum over
-// the slots in a second, each over weight_dot.cuh's chunk decoding (cuda::matmul's for bf16).
+// the slots in a second. Affine experts go to the integer tensor cores (mma_dot.cuh, as
+// cuda::matmul's affine rows), bf16 ones (and affine ones whose staging does not fit in shared
+// memory) to weight_dot.cuh's float decoding.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/mma_dot.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/weight_dot.cuh"
 
@@ -19,6 +22,8 @@ constexpr int kRouteThreads = 256;
 constexpr int kMaxExperts = 8192;    // probabilities and taken flags of a row in 48 KB of shared memory
 constexpr int kGateUpThreads = 128;  // small blocks: more of them over the few rows of an expert
 constexpr int kDownThreads = 256;
+constexpr int kGateUpMmaWarps = 8;
+constexpr int kDownMmaWarps = 16;  // a block's (slot, lane block) items: 20 at the 80B shape
 
 // softmax, top-k and the picked weights of one row of logits. The exponentials are rounded once
 // from double (as a correctly rounded expf) and summed by one thread in index order, so that the
@@ -139,6 +144,75 @@ __global__ void __launch_bounds__(kDownThreads) down_sum_kernel(const float* __r
   }
 }
 
+// gate and up of record j = blockIdx.y on x[j / K] on the tensor cores, both loaded together
+// (mma_row_sets over the row sets blockIdx.x, ...), and h[j] = silu(gate·x) · (up·x) for them.
+template <int BITS, int L>
+__global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(const float* __restrict__ x, int K,
+                                                                         const uint8_t* const* records, ProjArgs gate,
+                                                                         ProjArgs up, float* __restrict__ h,
+                                                                         int ks_log2) {
+  extern __shared__ uint2 xb[];
+  const int H = gate.cols, I = gate.rows, j = blockIdx.y, warp = threadIdx.x >> 5;
+  const int nquads = quads_of(H, L), padded = nquads * kQuadChunks;
+  float* pow2 = reinterpret_cast<float*>(xb + (size_t(nquads) + 1) * quad_entries(1));
+  float* xsum = pow2 + padded;
+  float* partial = xsum + padded;  // [kGateUpMmaWarps][2][16]
+  const uint8_t* record = records[j];
+  const WeightArgs W[2] = {weights_of(record, gate), weights_of(record, up)};
+  const int2 blocks = warp_blocks(nquads / L, ks_log2, warp);
+  const int r0 = blockIdx.x * ((kGateUpMmaWarps >> ks_log2) * 16) + (warp >> ks_log2) * 16;
+#pragma unroll
+  for (int m = 0; m < 2; ++m) prefetch_rows<BITS, L>(W[m], r0, blocks.x, blocks.y);
+  stage_split<BITS, L, kGateUpMmaWarps * 32>(x + size_t(j / K) * H, 1, 1, H, xb, pow2, xsum);
+  mma_row_sets<BITS, L, 1, 2, kGateUpMmaWarps>(StagedX{xb, pow2, xsum, nquads, 1, 0}, W, ks_log2, partial,
+                                               [&](int row, int, const float (&v)[2]) {
+                                                 h[size_t(j) * I + row] = v[0] / (1.0f + expf(-v[0])) * v[1];
+                                               });
+}
+
+// Block (b, t): rows [16b, 16b + 16) of out[t] on the tensor cores. The K rows h[t·K + k] are
+// staged together as K tokens; the warps take the (slot, lane block) items, and once all are done
+// each row is summed over the slots in k order: out = Σ_k fl(w_k · y_k), as down_sum_kernel.
+template <int BITS, int L>
+__global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const float* __restrict__ h, int K,
+                                                                    const uint8_t* const* records,
+                                                                    const float* __restrict__ weights, ProjArgs down,
+                                                                    float* __restrict__ out) {
+  extern __shared__ uint2 xb[];
+  const int I = down.cols, H = down.rows, t = blockIdx.y, r0 = blockIdx.x * 16;
+  const int nquads = quads_of(I, L), padded = nquads * kQuadChunks, nblocks = nquads / L, items = K * nblocks;
+  float* pow2 = reinterpret_cast<float*>(xb + (size_t(nquads) + 1) * quad_entries(K));
+  float* xsum = pow2 + size_t(K) * padded;
+  float* partial = xsum + size_t(K) * padded;  // [K][nblocks][16]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  auto weights_k = [&](int k) { return weights_of(records[size_t(t) * K + k], down); };
+  if (warp < items) prefetch_rows<BITS, L>(weights_k(warp / nblocks), r0, warp % nblocks, warp % nblocks + 1);
+  stage_split<BITS, L, kDownMmaWarps * 32>(h + size_t(t) * K * I, K, K, I, xb, pow2, xsum);
+
+  for (int item = warp; item < items; item += kDownMmaWarps) {  // uniform over the warp
+    const int k = item / nblocks, lb = item % nblocks;
+    const WeightArgs W[1] = {weights_k(k)};
+    float acc[1][2][1] = {};
+    mma_dot_rows<BITS, L, 1, 1>(StagedX{xb, pow2, xsum, nquads, K, k}, W, r0, lb, lb + 1, acc);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float v = sum_lanes(acc[0][hh][0], 4);
+      if ((lane & 3) == 0) partial[(k * nblocks + lb) * 16 + 8 * hh + g] = v;
+    }
+  }
+  __syncthreads();
+  const int i = threadIdx.x;
+  if (i < 16 && r0 + i < H) {
+    float o = 0.f;
+    for (int k = 0; k < K; ++k) {
+      float y = 0.f;
+      for (int lb = 0; lb < nblocks; ++lb) y += partial[(k * nblocks + lb) * 16 + i];
+      o = __fadd_rn(o, __fmul_rn(weights[size_t(t) * K + k], y));
+    }
+    out[size_t(t) * H + size_t(r0 + i)] = o;
+  }
+}
+
 void check_smem(size_t need, int max, const char* what) {
   if (need > size_t(max))
     arg_fail(std::string("cuda::moe_experts: ") + what + " needs " + std::to_string(need) +
@@ -177,6 +251,65 @@ void launch_down(const float* h, int T, int K, const uint8_t* const* records, co
   const dim3 grid(unsigned((down.rows + quads * R - 1) / (quads * R)), unsigned(T));
   down_sum_kernel<BITS><<<grid, kDownThreads, smem>>>(h, K, records, weights, down, quads, out, split_log2);
   CUDA_CHECK_LAUNCH();
+}
+
+size_t gate_up_mma_smem(int H, int L) { return split_bytes(1, H, L) + size_t(kGateUpMmaWarps) * 2 * 16 * sizeof(float); }
+
+size_t down_mma_smem(int K, int I, int L) {
+  return split_bytes(K, I, L) + size_t(K) * (quads_of(I, L) / L) * 16 * sizeof(float);
+}
+
+template <int BITS, int L>
+void launch_gate_up_mma(const float* x, int n, int K, const uint8_t* const* records, const ProjArgs& gate,
+                        const ProjArgs& up, float* h) {
+  auto kernel = gate_up_mma_kernel<BITS, L>;
+  static KernelLimits lim;
+  const size_t smem = gate_up_mma_smem(gate.cols, L);
+  const int resident = resident_blocks(kernel, kGateUpMmaWarps * 32, smem, lim, "cuda::moe_experts: gate/up", gate.cols);
+  const int ks_log2 = mma_split_log2(gate.rows, quads_of(gate.cols, L) / L, n, resident, kGateUpMmaWarps);
+  const dim3 grid(unsigned(mma_sets(gate.rows, kGateUpMmaWarps, ks_log2)), unsigned(n));
+  kernel<<<grid, kGateUpMmaWarps * 32, smem>>>(x, K, records, gate, up, h, ks_log2);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int BITS, int L>
+void launch_down_mma(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
+                     const ProjArgs& down, float* out) {
+  auto kernel = down_mma_kernel<BITS, L>;
+  static KernelLimits lim;
+  const size_t smem = down_mma_smem(K, down.cols, L);
+  resident_blocks(kernel, kDownMmaWarps * 32, smem, lim, "cuda::moe_experts: down", down.cols);
+  const dim3 grid(unsigned((down.rows + 15) / 16), unsigned(T));
+  kernel<<<grid, kDownMmaWarps * 32, smem>>>(h, K, records, weights, down, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+int max_smem() {
+  static const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  return m;
+}
+
+// gate and up (affine, BITS bits) on the tensor cores where x's staging fits; else the float kernel.
+template <int BITS>
+void gate_up(const float* x, int n, int K, const uint8_t* const* records, const ProjArgs& gate, const ProjArgs& up,
+             float* h) {
+  const int L = std::min(lane_chunks<BITS>(gate.chunks_per_group_log2), lane_chunks<BITS>(up.chunks_per_group_log2));
+  if (gate_up_mma_smem(gate.cols, L) > size_t(max_smem())) return launch_gate_up<BITS>(x, n, K, records, gate, up, h);
+  if constexpr (lane_chunks<BITS>(1) == 2) {
+    if (L == 2) return launch_gate_up_mma<BITS, 2>(x, n, K, records, gate, up, h);
+  }
+  launch_gate_up_mma<BITS, 1>(x, n, K, records, gate, up, h);
+}
+
+template <int BITS>
+void down_sum(const float* h, int T, int K, const uint8_t* const* records, const float* weights, const ProjArgs& down,
+              float* out) {
+  const int L = lane_chunks<BITS>(down.chunks_per_group_log2);
+  if (down_mma_smem(K, down.cols, L) > size_t(max_smem())) return launch_down<BITS>(h, T, K, records, weights, down, out);
+  if constexpr (lane_chunks<BITS>(1) == 2) {
+    if (L == 2) return launch_down_mma<BITS, 2>(h, T, K, records, weights, down, out);
+  }
+  launch_down_mma<BITS, 1>(h, T, K, records, weights, down, out);
 }
 
 ProjArgs proj_args(const RecordMat& m, const char* name) {
@@ -236,17 +369,17 @@ void moe_experts(const float* x, int T, int K, const uint8_t* const* records, co
   const int n = T * K;
   switch (proj[0].bits) {
     case 16: launch_gate_up<16>(x, n, K, records, gate, up, scratch); break;
-    case 2: launch_gate_up<2>(x, n, K, records, gate, up, scratch); break;
-    case 3: launch_gate_up<3>(x, n, K, records, gate, up, scratch); break;
-    case 4: launch_gate_up<4>(x, n, K, records, gate, up, scratch); break;
-    case 8: launch_gate_up<8>(x, n, K, records, gate, up, scratch); break;
+    case 2: gate_up<2>(x, n, K, records, gate, up, scratch); break;
+    case 3: gate_up<3>(x, n, K, records, gate, up, scratch); break;
+    case 4: gate_up<4>(x, n, K, records, gate, up, scratch); break;
+    case 8: gate_up<8>(x, n, K, records, gate, up, scratch); break;
   }
   switch (proj[2].bits) {
     case 16: return launch_down<16>(scratch, T, K, records, weights, down, out);
-    case 2: return launch_down<2>(scratch, T, K, records, weights, down, out);
-    case 3: return launch_down<3>(scratch, T, K, records, weights, down, out);
-    case 4: return launch_down<4>(scratch, T, K, records, weights, down, out);
-    case 8: return launch_down<8>(scratch, T, K, records, weights, down, out);
+    case 2: return down_sum<2>(scratch, T, K, records, weights, down, out);
+    case 3: return down_sum<3>(scratch, T, K, records, weights, down, out);
+    case 4: return down_sum<4>(scratch, T, K, records, weights, down, out);
+    case 8: return down_sum<8>(scratch, T, K, records, weights, down, out);
   }
 }
 
