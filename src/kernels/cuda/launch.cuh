@@ -17,10 +17,13 @@ inline int device_attribute(cudaDeviceAttr attr) {
   return v;
 }
 
-// Lets `kernel` use the device's whole shared memory; returns that size. Once per kernel.
+// Lets `kernel` use the device's whole shared memory, less its static shared memory; returns the
+// dynamic size it may now ask for. Once per kernel.
 template <class Kernel>
 int allow_max_smem(Kernel kernel) {
-  const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  cudaFuncAttributes attr{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) - int(attr.sharedSizeBytes);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, m));
   return m;
 }
