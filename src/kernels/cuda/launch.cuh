@@ -54,6 +54,38 @@ int resident_blocks(Kernel kernel, int threads, size_t smem, KernelLimits& lim, 
   return std::max(1, lim.per_sm) * sms;
 }
 
+// Programmatic dependent launch (sm_90 and newer): a kernel started by launch_overlapped may run
+// while the kernel before it in the stream finishes, so that its launch and whatever it does
+// before grid_dependency_wait() (reading weights, which no kernel writes) overlap that kernel's
+// tail. It must wait before it reads what the kernel before it wrote or writes what it reads.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next kernel in the stream, if launch_overlapped started it, begin before this one ends.
+__device__ __forceinline__ void grid_dependents_may_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+template <class... Params, class... Args>
+void launch_overlapped(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, Args... args) {
+  static const bool programmatic = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = smem;
+  config.attrs = &attr;
+  config.numAttrs = programmatic ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, Params(args)...));
+}
+
 inline int floor_log2(int v) {
   int l = 0;
   while ((2 << l) <= v) ++l;

@@ -231,6 +231,41 @@ TEST(CudaMatmul, AffineCarriesNaN) {
   for (float v : host(dy)) EXPECT_TRUE(std::isnan(v));
 }
 
+// Back-to-back calls start overlapped (launch_overlapped): each must still read all of the output
+// of the call before it, and must not write over that call's input before it is done. Three calls
+// over two buffers, each reading the last one's output and writing over its input (the second
+// starting as NaN, so that reading it early shows), against the same chain on the CPU. The bound
+// propagates: after step k the error is at most A·e_{k-1} + kTol·A·|y_{k-1}| (A = |W| per weight,
+// as magnitudes()); an early read or write is off by the size of the values themselves.
+TEST(CudaMatmul, ChainedCallsWaitForEachOther) {
+  MS_REQUIRE_CUDA();
+  Rng rng(12);
+  for (int n : {512, 4096}) {
+    QuantBuffer qb;
+    const TestWeights tw = affine_weights(rng, n, n, 4, 64, qb);
+    Vec y = rng.normals(size_t(n)), next = y;
+    DeviceBuffer a = dev(y), b = dev(Vec(size_t(n), NAN));
+    std::vector<double> bound(size_t(n), 0.0);
+    for (int step = 0; step < 3; ++step) {
+      matmul((step % 2 ? b : a).as<float>(), 1, tw.device, (step % 2 ? a : b).as<float>());
+      Vec e(bound.begin(), bound.end());
+      const std::vector<double> carried = magnitudes(e, 1, tw.a, n, n), mag = magnitudes(y, 1, tw.a, n, n);
+      for (size_t r = 0; r < bound.size(); ++r) bound[r] = carried[r] + kTol * mag[r];
+      cpu::matmul(y.data(), 1, tw.host, next.data());
+      y.swap(next);
+    }
+    const Vec got = host(b);
+    double err = 0;
+    for (size_t r = 0; r < got.size(); ++r) {
+      const double e = std::abs(double(got[r]) - y[r]) / (bound[r] + 1e-30);
+      err = std::max(err, std::isnan(e) ? INFINITY : e);
+    }
+    const std::string what = std::to_string(n) + "x" + std::to_string(n) + ", 3 chained calls (err/bound)";
+    record("matmul affine", what, err, 1.0);
+    EXPECT_LE(err, 1.0) << what;
+  }
+}
+
 // matmul_gemm against cpu::matmul for each T, tiles of tile_rows rows (0: the default scratch).
 void check_gemm(const std::string& kernel, const std::string& what, const TestWeights& tw, int tile_rows, Rng& rng) {
   const int rows = tw.host.rows, cols = tw.host.cols;
