@@ -1,10 +1,9 @@
 // y = x · Wᵀ on the GPU for bf16 and affine-quantized (2/3/4/8-bit) weights. Two kernels: bf16
 // weights decode to float for FMAs (weight_dot.cuh); affine codes, whose float decoding costs more
 // instructions per byte than HBM delivers them at, go to the integer tensor cores as bytes against
-// x in exact integer parts (mma_dot.cuh), and take the float kernel only where x's staging does not
-// fit in shared memory. Either stages the activations of TT tokens in shared memory once per
-// block, and blocks loop over row sets (a grid of what fits on the chip), so that the weights,
-// read once per TT tokens, are what streams from memory.
+// x in exact integer parts (mma_dot.cuh). Either stages the activations of TT tokens in shared
+// memory once per block, and blocks loop over row sets (a grid of what fits on the chip), so that
+// the weights, read once per TT tokens, are what streams from memory.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,16 +22,13 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBatch = 4;  // tokens per block when T > 1
 
-template <int BITS, int TT>
-__global__ void __launch_bounds__(kThreads) matmul_kernel(const float* __restrict__ x, int T, WeightArgs W,
-                                                          float* __restrict__ y, int split_log2) {
-  constexpr int R = kRowsPerThread<BITS>;
-  extern __shared__ float4 smem[];
-  const int nchunks = W.cols / kChunk;
-  float4* xs = smem;                                                                  // [TT][nchunks][kChunkSlots]
-  float* xsum = reinterpret_cast<float*>(smem + size_t(TT) * nchunks * kChunkSlots);  // [TT][nchunks]
+template <int TT>
+__global__ void __launch_bounds__(kThreads) bf16_matmul_kernel(const float* __restrict__ x, int T, WeightArgs W,
+                                                               float* __restrict__ y, int split_log2) {
+  constexpr int R = kBf16Rows;
+  extern __shared__ float4 xs[];  // [TT][nchunks][kChunkSlots]
   const int t0 = blockIdx.y * TT;
-  stage_activations<BITS, kThreads>(x + size_t(t0) * W.cols, TT, T - t0, W.cols, xs, xsum);
+  stage_activations<kThreads>(x + size_t(t0) * W.cols, TT, T - t0, W.cols, xs);
 
   const int split = 1 << split_log2, lane = threadIdx.x & (split - 1), grp = threadIdx.x >> split_log2;
   const int groups = kThreads >> split_log2;
@@ -41,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const float* __restric
   for (int set = blockIdx.x; set < nsets; set += gridDim.x) {  // uniform over the block
     const int r0 = (set * groups + grp) * R;
     float acc[1][R][TT] = {};
-    dot_rows<BITS, TT, 1>(xs, xsum, Ws, r0, lane, split, acc);
+    dot_rows<TT, 1>(xs, Ws, r0, lane, split, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -95,10 +91,10 @@ void check_token_blocks(int T, int TT) {
   if ((T + TT - 1) / TT > 65535) arg_fail("cuda::matmul: T " + std::to_string(T) + " tokens in one call; split the batch");
 }
 
-template <int BITS, int TT>
-void launch(const float* x, int T, const WeightArgs& W, float* y) {
-  constexpr int R = kRowsPerThread<BITS>;
-  auto kernel = matmul_kernel<BITS, TT>;
+template <int TT>
+void launch_bf16(const float* x, int T, const WeightArgs& W, float* y) {
+  constexpr int R = kBf16Rows;
+  auto kernel = bf16_matmul_kernel<TT>;
   static KernelLimits lim;
   const size_t smem = staged_bytes(TT, W.cols);
   const int resident = resident_blocks(kernel, kThreads, smem, lim, "cuda::matmul", W.cols);
@@ -111,13 +107,12 @@ void launch(const float* x, int T, const WeightArgs& W, float* y) {
   CUDA_CHECK_LAUNCH();
 }
 
-template <int BITS>
-void launch_bits(const float* x, int T, const WeightArgs& W, float* y) {
+void launch_bf16_tokens(const float* x, int T, const WeightArgs& W, float* y) {
   static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   if (T > 1 && staged_bytes(kBatch, W.cols) <= size_t(max_smem))
-    launch<BITS, kBatch>(x, T, W, y);
+    launch_bf16<kBatch>(x, T, W, y);
   else
-    launch<BITS, 1>(x, T, W, y);
+    launch_bf16<1>(x, T, W, y);
 }
 
 template <int BITS, int L, int TT>
@@ -138,13 +133,11 @@ void launch_mma_tokens(const float* x, int T, const WeightArgs& W, float* y) {
   static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   if (T > 1 && mma_smem_bytes(kBatch, W.cols, L) <= size_t(max_smem))
     launch_mma<BITS, L, kBatch>(x, T, W, y);
-  else if (mma_smem_bytes(1, W.cols, L) <= size_t(max_smem))
-    launch_mma<BITS, L, 1>(x, T, W, y);
   else
-    launch_bits<BITS>(x, T, W, y);
+    launch_mma<BITS, L, 1>(x, T, W, y);  // rows too wide for its staging are refused (resident_blocks)
 }
 
-// Affine weights on the tensor cores where their staging fits in shared memory.
+// Affine weights on the tensor cores, two chunks a lane where a group holds both.
 template <int BITS>
 void launch_affine(const float* x, int T, const WeightArgs& W, float* y) {
   if constexpr (lane_chunks<BITS>(1) == 2) {
@@ -177,7 +170,7 @@ void matmul_direct(const float* x, int T, const Mat& W, float* y) {
   check_matmul_args(x, W, y);
   const int group_log2 = W.type == WeightType::Affine ? floor_log2(W.group / kChunk) : 0;
   const WeightArgs args{static_cast<const uint8_t*>(W.data), W.scales, W.biases, W.rows, W.cols, group_log2};
-  if (W.type == WeightType::BF16) return launch_bits<16>(x, T, args, y);
+  if (W.type == WeightType::BF16) return launch_bf16_tokens(x, T, args, y);
   switch (W.bits) {
     case 2: return launch_affine<2>(x, T, args, y);
     case 3: return launch_affine<3>(x, T, args, y);

@@ -1,6 +1,6 @@
 #pragma once
 // Dot products of affine 2/3/4/8-bit rows on the integer tensor cores, for the decode matvec
-// (matmul.cu). Decoding a code to float and one FMA per weight (weight_dot.cuh) issues more
+// (matmul.cu) and the routed experts (moe.cu). Decoding a code to float and one FMA per weight issues more
 // instructions per byte than HBM delivers at 4 bits and below. Here the codes go to the tensor
 // cores as unsigned bytes, which costs a shift and a mask per four of them (nothing at 8 bits), and
 // x as integers: each unit of 32 or 64 values (what a lane reads of a row at once) is scaled by a

@@ -2,8 +2,7 @@
 // trip and a few launches in all. route_topk: one block per token. moe_experts: gate·x and up·x
 // of every (token, slot) row in one launch (silu·up fused), then down and the weighted sum over
 // the slots in a second. Affine experts go to the integer tensor cores (mma_dot.cuh, as
-// cuda::matmul's affine rows), bf16 ones (and affine ones whose staging does not fit in shared
-// memory) to weight_dot.cuh's float decoding.
+// cuda::matmul's affine rows), bf16 ones to weight_dot.cuh's float kernels.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -74,16 +73,13 @@ __device__ __forceinline__ WeightArgs weights_of(const uint8_t* record, const Pr
 
 // Block (set, j): rows of set `set` of gate and up of record j on x[j / K], and
 // h[j] = silu(gate·x) · (up·x) for them (cuda::silu_mul's formula).
-template <int BITS>
-__global__ void __launch_bounds__(kGateUpThreads) gate_up_kernel(const float* __restrict__ x, int K,
+__global__ void __launch_bounds__(kGateUpThreads) gate_up_bf16_kernel(const float* __restrict__ x, int K,
                                                                  const uint8_t* const* records, ProjArgs gate,
                                                                  ProjArgs up, float* __restrict__ h, int split_log2) {
-  constexpr int R = kRowsPerThread<BITS>;
-  extern __shared__ float4 smem[];
+  constexpr int R = kBf16Rows;
+  extern __shared__ float4 xs[];  // [H/32][kChunkSlots]
   const int H = gate.cols, I = gate.rows, j = blockIdx.y;
-  float4* xs = smem;                                                            // [H/32][kChunkSlots]
-  float* xsum = reinterpret_cast<float*>(smem + size_t(H / kChunk) * kChunkSlots);  // [H/32]
-  stage_activations<BITS, kGateUpThreads>(x + size_t(j / K) * H, 1, 1, H, xs, xsum);
+  stage_activations<kGateUpThreads>(x + size_t(j / K) * H, 1, 1, H, xs);
 
   const uint8_t* record = records[j];
   const WeightArgs W[2] = {weights_of(record, gate), weights_of(record, up)};
@@ -93,7 +89,7 @@ __global__ void __launch_bounds__(kGateUpThreads) gate_up_kernel(const float* __
   for (int set = blockIdx.x; set < nsets; set += gridDim.x) {  // uniform over the block
     const int r0 = (set * groups + grp) * R;
     float acc[2][R][1] = {};
-    dot_rows<BITS, 1, 2>(xs, xsum, W, r0, lane, split, acc);
+    dot_rows<1, 2>(xs, W, r0, lane, split, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float g = sum_lanes(acc[0][r][0], split), u = sum_lanes(acc[1][r][0], split);
@@ -105,19 +101,16 @@ __global__ void __launch_bounds__(kGateUpThreads) gate_up_kernel(const float* __
 // Block (b, t): rows [b·quads·R, (b+1)·quads·R) of out[t]. The K rows h[t·K + k] are staged
 // together; the groups take the (quad of rows, slot) items, and once all are done each row is
 // summed over the slots in k order: out = Σ_k fl(w_k · y_k), as scatter_scaled then sum_slots.
-template <int BITS>
-__global__ void __launch_bounds__(kDownThreads) down_sum_kernel(const float* __restrict__ h, int K,
+__global__ void __launch_bounds__(kDownThreads) down_sum_bf16_kernel(const float* __restrict__ h, int K,
                                                                 const uint8_t* const* records,
                                                                 const float* __restrict__ weights, ProjArgs down,
                                                                 int quads, float* __restrict__ out, int split_log2) {
-  constexpr int R = kRowsPerThread<BITS>;
-  extern __shared__ float4 smem[];
+  constexpr int R = kBf16Rows;
+  extern __shared__ float4 xs[];  // [K][nchunks][kChunkSlots], then ys
   const int I = down.cols, H = down.rows, nchunks = I / kChunk, t = blockIdx.y;
   const int block_rows = quads * R, row0 = blockIdx.x * block_rows;
-  float4* xs = smem;                                                                  // [K][nchunks][kChunkSlots]
-  float* xsum = reinterpret_cast<float*>(smem + size_t(K) * nchunks * kChunkSlots);  // [K][nchunks]
-  float* ys = xsum + size_t(K) * nchunks;                                             // [K][block_rows]
-  stage_activations<BITS, kDownThreads>(h + size_t(t) * K * I, K, K, I, xs, xsum);
+  float* ys = reinterpret_cast<float*>(xs + size_t(K) * nchunks * kChunkSlots);  // [K][block_rows]
+  stage_activations<kDownThreads>(h + size_t(t) * K * I, K, K, I, xs);
 
   const int split = 1 << split_log2, lane = threadIdx.x & (split - 1), grp = threadIdx.x >> split_log2;
   const int groups = kDownThreads >> split_log2;
@@ -128,8 +121,7 @@ __global__ void __launch_bounds__(kDownThreads) down_sum_kernel(const float* __r
     const int item = min(base + grp, items - 1), k = item % K, q = item / K;
     const WeightArgs W[1] = {weights_of(records[size_t(t) * K + k], down)};
     float acc[1][R][1] = {};
-    dot_rows<BITS, 1, 1>(xs + size_t(k) * nchunks * kChunkSlots, xsum + size_t(k) * nchunks, W, row0 + q * R, lane,
-                         split, acc);
+    dot_rows<1, 1>(xs + size_t(k) * nchunks * kChunkSlots, W, row0 + q * R, lane, split, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float y = sum_lanes(acc[0][r][0], split);
@@ -172,7 +164,7 @@ __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(co
 
 // Block (b, t): rows [16b, 16b + 16) of out[t] on the tensor cores. The K rows h[t·K + k] are
 // staged together as K tokens; the warps take the (slot, lane block) items, and once all are done
-// each row is summed over the slots in k order: out = Σ_k fl(w_k · y_k), as down_sum_kernel.
+// each row is summed over the slots in k order: out = Σ_k fl(w_k · y_k), as down_sum_bf16_kernel.
 template <int BITS, int L>
 __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const float* __restrict__ h, int K,
                                                                     const uint8_t* const* records,
@@ -219,25 +211,23 @@ void check_smem(size_t need, int max, const char* what) {
              " bytes of shared memory, more than the device's " + std::to_string(max));
 }
 
-template <int BITS>
-void launch_gate_up(const float* x, int n, int K, const uint8_t* const* records, const ProjArgs& gate,
-                    const ProjArgs& up, float* h) {
-  constexpr int R = kRowsPerThread<BITS>;
-  static const int max_smem = allow_max_smem(gate_up_kernel<BITS>);
+void launch_gate_up_bf16(const float* x, int n, int K, const uint8_t* const* records, const ProjArgs& gate,
+                         const ProjArgs& up, float* h) {
+  constexpr int R = kBf16Rows;
+  static const int max_smem = allow_max_smem(gate_up_bf16_kernel);
   const size_t smem = staged_bytes(1, gate.cols);
   check_smem(smem, max_smem, "gate/up");
   const int split_log2 = std::min(5, floor_log2(gate.cols / kChunk));
   const int rows_per_set = (kGateUpThreads >> split_log2) * R;
   const dim3 grid(unsigned((gate.rows + rows_per_set - 1) / rows_per_set), unsigned(n));
-  gate_up_kernel<BITS><<<grid, kGateUpThreads, smem>>>(x, K, records, gate, up, h, split_log2);
+  gate_up_bf16_kernel<<<grid, kGateUpThreads, smem>>>(x, K, records, gate, up, h, split_log2);
   CUDA_CHECK_LAUNCH();
 }
 
-template <int BITS>
-void launch_down(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
-                 const ProjArgs& down, float* out) {
-  constexpr int R = kRowsPerThread<BITS>;
-  static const int max_smem = allow_max_smem(down_sum_kernel<BITS>);
+void launch_down_bf16(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
+                      const ProjArgs& down, float* out) {
+  constexpr int R = kBf16Rows;
+  static const int max_smem = allow_max_smem(down_sum_bf16_kernel);
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   const int split_log2 = std::min(5, floor_log2(down.cols / kChunk));
   const int groups = kDownThreads >> split_log2;
@@ -249,7 +239,7 @@ void launch_down(const float* h, int T, int K, const uint8_t* const* records, co
   const size_t smem = staged_bytes(K, down.cols) + size_t(K) * quads * R * sizeof(float);
   check_smem(smem, max_smem, "down");
   const dim3 grid(unsigned((down.rows + quads * R - 1) / (quads * R)), unsigned(T));
-  down_sum_kernel<BITS><<<grid, kDownThreads, smem>>>(h, K, records, weights, down, quads, out, split_log2);
+  down_sum_bf16_kernel<<<grid, kDownThreads, smem>>>(h, K, records, weights, down, quads, out, split_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -284,17 +274,11 @@ void launch_down_mma(const float* h, int T, int K, const uint8_t* const* records
   CUDA_CHECK_LAUNCH();
 }
 
-int max_smem() {
-  static const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  return m;
-}
-
-// gate and up (affine, BITS bits) on the tensor cores where x's staging fits; else the float kernel.
+// gate and up (affine, BITS bits) on the tensor cores, two chunks a lane where a group holds both.
 template <int BITS>
 void gate_up(const float* x, int n, int K, const uint8_t* const* records, const ProjArgs& gate, const ProjArgs& up,
              float* h) {
   const int L = std::min(lane_chunks<BITS>(gate.chunks_per_group_log2), lane_chunks<BITS>(up.chunks_per_group_log2));
-  if (gate_up_mma_smem(gate.cols, L) > size_t(max_smem())) return launch_gate_up<BITS>(x, n, K, records, gate, up, h);
   if constexpr (lane_chunks<BITS>(1) == 2) {
     if (L == 2) return launch_gate_up_mma<BITS, 2>(x, n, K, records, gate, up, h);
   }
@@ -305,7 +289,6 @@ template <int BITS>
 void down_sum(const float* h, int T, int K, const uint8_t* const* records, const float* weights, const ProjArgs& down,
               float* out) {
   const int L = lane_chunks<BITS>(down.chunks_per_group_log2);
-  if (down_mma_smem(K, down.cols, L) > size_t(max_smem())) return launch_down<BITS>(h, T, K, records, weights, down, out);
   if constexpr (lane_chunks<BITS>(1) == 2) {
     if (L == 2) return launch_down_mma<BITS, 2>(h, T, K, records, weights, down, out);
   }
@@ -368,14 +351,14 @@ void moe_experts(const float* x, int T, int K, const uint8_t* const* records, co
     arg_fail("cuda::moe_experts: x, out and scratch must be 16-byte aligned");
   const int n = T * K;
   switch (proj[0].bits) {
-    case 16: launch_gate_up<16>(x, n, K, records, gate, up, scratch); break;
+    case 16: launch_gate_up_bf16(x, n, K, records, gate, up, scratch); break;
     case 2: gate_up<2>(x, n, K, records, gate, up, scratch); break;
     case 3: gate_up<3>(x, n, K, records, gate, up, scratch); break;
     case 4: gate_up<4>(x, n, K, records, gate, up, scratch); break;
     case 8: gate_up<8>(x, n, K, records, gate, up, scratch); break;
   }
   switch (proj[2].bits) {
-    case 16: return launch_down<16>(scratch, T, K, records, weights, down, out);
+    case 16: return launch_down_bf16(scratch, T, K, records, weights, down, out);
     case 2: return down_sum<2>(scratch, T, K, records, weights, down, out);
     case 3: return down_sum<3>(scratch, T, K, records, weights, down, out);
     case 4: return down_sum<4>(scratch, T, K, records, weights, down, out);

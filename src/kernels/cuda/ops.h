@@ -48,7 +48,8 @@ struct RecordMat {
 // sum_slots give). proj: gate [I, H], up [I, H], down [H, I], gate and up of one bit width.
 // records: a device array of T·K device pointers, each 16-byte aligned, repeats allowed;
 // weights [T, K]; x [T, H], out [T, H] and scratch (moe_scratch_floats) 16-byte aligned.
-// Per row the float decoding and FMAs of weight_dot.cuh, and the result deterministic.
+// Per row the arithmetic of cuda::matmul (affine rows on the tensor cores, bf16 ones in float),
+// and the result deterministic. Rows too wide to stage in shared memory are refused.
 void moe_experts(const float* x, int T, int K, const uint8_t* const* records, const float* weights,
                  const RecordMat (&proj)[3], float* out, float* scratch);
 // Floats of scratch moe_experts needs: h, [T·K, I].

@@ -356,6 +356,13 @@ TEST(CudaMatmul, RejectsWhatItCannotRun) {
     EXPECT_THROW(matmul(x, T, Mat{WeightType::Affine, buf.data(), 4, 64, 4, 48, buf.as<uint16_t>(), buf.as<uint16_t>()}, y),
                  Error);  // group 48
   }
+  // Rows too wide for the staging of x in shared memory, for either kernel (the buffer would hold
+  // what a kernel reads, should one run).
+  DeviceBuffer wide(size_t(4) << 20);
+  const float* xw = wide.as<float>();
+  const Mat affine{WeightType::Affine, wide.data(), 1, 1 << 20, 4, 64, wide.as<uint16_t>(), wide.as<uint16_t>()};
+  EXPECT_THROW(matmul(xw, 1, affine, wide.as<float>()), Error);
+  EXPECT_THROW(matmul(xw, 1, Mat{WeightType::BF16, wide.data(), 1, 1 << 20}, wide.as<float>()), Error);
 }
 
 }  // namespace

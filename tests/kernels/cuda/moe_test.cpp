@@ -387,6 +387,9 @@ TEST(CudaMoe, RejectsWhatItCannotRun) {
   EXPECT_THROW(moe_experts(x, 1, 2, rec, x, r, y, y), Error);
   RecordMat a[3] = {gate, gate, down};
   EXPECT_THROW(moe_experts(x + 1, 1, 2, rec, x, a, y, y), Error);  // misaligned x
+  RecordMat w[3] = {gate, gate, down};
+  w[0].cols = w[1].cols = w[2].rows = 1 << 20;  // x too wide to stage in shared memory (refused before any launch)
+  EXPECT_THROW(moe_experts(x, 1, 2, rec, x, w, y, y), Error);
 }
 
 }  // namespace
