@@ -1,12 +1,13 @@
 #pragma once
 // Dot products of affine 2/3/4/8-bit rows on the integer tensor cores, for the decode matvec
-// (matmul.cu) and the routed experts (moe.cu). Decoding a code to float and one FMA per weight issues more
-// instructions per byte than HBM delivers at 4 bits and below. Here the codes go to the tensor
-// cores as unsigned bytes, which costs a shift and a mask per four of them (nothing at 8 bits), and
-// x as integers: each unit of 32 or 64 values (what a lane reads of a row at once) is scaled by a
-// power of two to 30-bit integers X (exact for every value within 2^30 of the unit's largest; the
-// rest lose at most 2^-31 of that largest) and split into four signed bytes. The MMA sums codes ×
-// bytes exactly in int32, and the four sums meet again in float with their powers of 256.
+// (matmul.cu) and the routed experts (moe.cu). Decoding a code to float and one FMA per weight
+// issues more instructions per byte than HBM delivers at 4 bits and below. Here the codes go to the
+// tensor cores as unsigned bytes, which costs a shift and a mask per four of them (nothing at 8
+// bits), and x as integers: each unit of 32 or 64 values (what a lane reads of a row at once) is
+// scaled by a power of two to 30-bit integers X (exact for every value within 2^30 of the unit's
+// largest; the rest lose at most 2^-31 of that largest) and split into four signed bytes. The MMA
+// sums codes × bytes exactly in int32, and the four sums meet again in float with their powers of
+// 256.
 //
 // The layout (mma.m16n8k32, A = 16 rows × 32 k of codes, B = 32 k × 8 columns of x's bytes): lane
 // (g, t) = (lane / 4, lane % 4) of a warp decodes its chunk of quad q (32 codes; chunk_of: 4q + t
@@ -403,6 +404,12 @@ __device__ __forceinline__ int2 warp_blocks(int nblocks, int ks_log2, int warp) 
   return make_int2(b0, min(b0 + per_warp, nblocks));
 }
 
+// Row sets of `rows` rows when ks = 2^ks_log2 of `warps` warps split each tile's lane blocks.
+__host__ __device__ inline int mma_sets(int rows, int warps, int ks_log2) {
+  const int rows_per_set = (warps >> ks_log2) * 16;
+  return (rows + rows_per_set - 1) / rows_per_set;
+}
+
 // The dot products of the rows of M matrices (of the same shape) with the TT tokens of X, over
 // this block's row sets (blockIdx.x, + gridDim.x, ...; (WARPS / ks)·16 rows each): a warp takes a
 // 16-row tile of each set and its share of the tile's lane blocks (warp_blocks; ks = 2^ks_log2),
@@ -415,7 +422,7 @@ __device__ __forceinline__ void mma_row_sets(const StagedX& X, const WeightArgs 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   const int ks = 1 << ks_log2, rows_per_set = (WARPS >> ks_log2) * 16, rows = W[0].rows;
   const int2 blocks = warp_blocks(X.nquads / L, ks_log2, warp);
-  const int nsets = (rows + rows_per_set - 1) / rows_per_set;
+  const int nsets = mma_sets(rows, WARPS, ks_log2);
   for (int set = blockIdx.x; set < nsets; set += gridDim.x) {  // uniform over the block
     const int r0 = set * rows_per_set + (warp >> ks_log2) * 16;
     float acc[M][2][TT] = {};
@@ -454,12 +461,6 @@ __device__ __forceinline__ void mma_row_sets(const StagedX& X, const WeightArgs 
     }
     __syncthreads();
   }
-}
-
-// Row sets of `rows` rows when ks = 2^ks_log2 of `warps` warps split each tile's lane blocks.
-__host__ __device__ inline int mma_sets(int rows, int warps, int ks_log2) {
-  const int rows_per_set = (warps >> ks_log2) * 16;
-  return (rows + rows_per_set - 1) / rows_per_set;
 }
 
 // ks_log2 for mma_row_sets: the fewest rounds of row sets (times token_blocks) over the resident

@@ -22,7 +22,8 @@ constexpr int kMaxExperts = 8192;    // probabilities and taken flags of a row i
 constexpr int kGateUpThreads = 128;  // small blocks: more of them over the few rows of an expert
 constexpr int kDownThreads = 256;
 constexpr int kGateUpMmaWarps = 8;
-constexpr int kDownMmaWarps = 24;  // a block's (slot, lane block) items in one round: 20 at the 80B shape, 24 at Qwen3-30B
+// A block's (slot, lane block) items in one round: 20 at Qwen3-Next-80B's shape, 24 at Qwen3-30B's.
+constexpr int kDownMmaWarps = 24;
 
 // softmax, top-k and the picked weights of one row of logits. The exponentials are rounded once
 // from double (as a correctly rounded expf) and summed by one thread in index order, so that the
