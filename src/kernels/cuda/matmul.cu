@@ -57,10 +57,10 @@ constexpr int kMmaWarps = kThreads / 32;
 // The tensor-core kernel (mma_row_sets): kMmaWarps / ks row sets a block, each warp a 16-row tile
 // and a share of its lane blocks. Three blocks fit on a multiprocessor at T = 1 (80 registers).
 // Launched overlapped (launch.cuh): its launch and first weight prefetches overlap the kernel
-// before, and the next one may start once every block has staged x. On the H200 that took an
-// expert-sized matvec from 4.9 to 3.6 us and the 4-bit lm_head from 85 to 88 % of the copy rate,
-// but the dense 8192² from 17.7 to 19.6 us, probably as its 256 blocks leave slots free where the next
-// call's blocks wait and then run unevenly spread over the multiprocessors.
+// before. On the H200 that took an expert-sized 4-bit matvec from 4.9 to 3.7 us, the dense 8192²
+// from 17.7 to 16.0 us and the 4-bit lm_head from 85 to 88 % of the copy rate. A block lets the
+// next kernel start only once it is done: letting it start after staging x cost the dense 8192²
+// 2 us instead (its 256 blocks leave slots free, which the next call's blocks took early).
 template <int BITS, int L, int TT>
 __global__ void __launch_bounds__(kThreads, TT == 1 ? 3 : 2) matvec_mma_kernel(const float* __restrict__ x, int T,
                                                                                WeightArgs W, float* __restrict__ y,
@@ -75,12 +75,12 @@ __global__ void __launch_bounds__(kThreads, TT == 1 ? 3 : 2) matvec_mma_kernel(c
   prefetch_rows<BITS, L>(W, blockIdx.x * ((kMmaWarps >> ks_log2) * 16) + (warp >> ks_log2) * 16, blocks.x, blocks.y);
   grid_dependency_wait();  // x is the kernel before's output, y may be its input
   stage_split<BITS, L, kThreads>(x + size_t(t0) * W.cols, TT, T - t0, W.cols, xb, pow2, xsum);
-  grid_dependents_may_start();
   const WeightArgs Ws[1] = {W};
   mma_row_sets<BITS, L, TT, 1, kMmaWarps>(StagedX{xb, pow2, xsum, nquads, TT, 0}, Ws, ks_log2, partial,
                                           [&](int row, int tt, const float (&v)[1]) {
                                             if (t0 + tt < T) y[size_t(t0 + tt) * W.rows + row] = v[0];
                                           });
+  grid_dependents_may_start();
 }
 
 size_t mma_smem_bytes(int TT, int cols, int L) {
