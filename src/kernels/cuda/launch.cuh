@@ -28,32 +28,6 @@ int allow_max_smem(Kernel kernel) {
   return m;
 }
 
-// A kernel's launch bookkeeping: the device's shared memory opt-in, set once, and the blocks
-// resident per multiprocessor for the last shared-memory size (asking costs as much as a launch).
-struct KernelLimits {
-  std::mutex mu;
-  int max_smem = 0;  // 0 until the opt-in
-  size_t smem = 0;
-  int per_sm = 0;
-};
-
-// Blocks of `threads` threads with `smem` bytes of `kernel` that fit on the device at once; `who`
-// and `cols` (the columns that need the shared memory) name the call when they do not fit.
-template <class Kernel>
-int resident_blocks(Kernel kernel, int threads, size_t smem, KernelLimits& lim, const char* who, int cols) {
-  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
-  std::lock_guard<std::mutex> lock(lim.mu);
-  if (lim.max_smem == 0) lim.max_smem = allow_max_smem(kernel);
-  if (smem > size_t(lim.max_smem))
-    arg_fail(std::string(who) + ": " + std::to_string(cols) + " columns need " + std::to_string(smem) +
-             " bytes of shared memory, more than the device's " + std::to_string(lim.max_smem));
-  if (lim.smem != smem) {
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&lim.per_sm, kernel, threads, smem));
-    lim.smem = smem;
-  }
-  return std::max(1, lim.per_sm) * sms;
-}
-
 // Programmatic dependent launch (sm_90 and newer): a kernel started by launch_overlapped may run
 // while the kernel before it in the stream finishes, so that its launch and whatever it does
 // before grid_dependency_wait() (reading weights, which no kernel writes) overlap that kernel's
@@ -71,9 +45,19 @@ __device__ __forceinline__ void grid_dependents_may_start() {
 #endif
 }
 
+// Whether `kernel` was compiled for sm_90 or newer (its PTX, which a newer device may compile for
+// itself, holds the waits only then) and the device can overlap it.
+template <class Kernel>
+bool can_overlap(Kernel kernel) {
+  cudaFuncAttributes attr{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  return attr.ptxVersion >= 90 && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+}
+
+// Launches `kernel` overlapped with the kernel before it where `overlap` (can_overlap(kernel)),
+// else as <<<>>> does.
 template <class... Params, class... Args>
-void launch_overlapped(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, Args... args) {
-  static const bool programmatic = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+void launch_overlapped(void (*kernel)(Params...), bool overlap, dim3 grid, int threads, size_t smem, Args... args) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
@@ -82,8 +66,35 @@ void launch_overlapped(void (*kernel)(Params...), dim3 grid, int threads, size_t
   config.blockDim = dim3(unsigned(threads));
   config.dynamicSmemBytes = smem;
   config.attrs = &attr;
-  config.numAttrs = programmatic ? 1 : 0;
+  config.numAttrs = overlap ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, Params(args)...));
+}
+
+// A kernel's launch bookkeeping: the device's shared memory opt-in, set once, and the blocks
+// resident per multiprocessor for the last shared-memory size (asking costs as much as a launch).
+struct KernelLimits {
+  std::mutex mu;
+  int max_smem = 0;  // 0 until the opt-in
+  size_t smem = 0;
+  int per_sm = 0;
+  bool overlap = false;  // launch_overlapped may overlap it with the kernel before (can_overlap)
+};
+
+// Blocks of `threads` threads with `smem` bytes of `kernel` that fit on the device at once; `who`
+// and `cols` (the columns that need the shared memory) name the call when they do not fit.
+template <class Kernel>
+int resident_blocks(Kernel kernel, int threads, size_t smem, KernelLimits& lim, const char* who, int cols) {
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  std::lock_guard<std::mutex> lock(lim.mu);
+  if (lim.max_smem == 0) lim.max_smem = allow_max_smem(kernel), lim.overlap = can_overlap(kernel);
+  if (smem > size_t(lim.max_smem))
+    arg_fail(std::string(who) + ": " + std::to_string(cols) + " columns need " + std::to_string(smem) +
+             " bytes of shared memory, more than the device's " + std::to_string(lim.max_smem));
+  if (lim.smem != smem) {
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&lim.per_sm, kernel, threads, smem));
+    lim.smem = smem;
+  }
+  return std::max(1, lim.per_sm) * sms;
 }
 
 inline int floor_log2(int v) {

@@ -125,7 +125,7 @@ void launch_mma(const float* x, int T, const WeightArgs& W, float* y) {
   const int ks_log2 = mma_split_log2(W.rows, quads_of(W.cols, L) / L, token_blocks, resident, kMmaWarps);
   check_token_blocks(T, TT);
   const dim3 grid(unsigned(std::min(mma_sets(W.rows, kMmaWarps, ks_log2), resident)), unsigned(token_blocks));
-  launch_overlapped(kernel, grid, kThreads, smem, x, T, W, y, ks_log2);
+  launch_overlapped(kernel, lim.overlap, grid, kThreads, smem, x, T, W, y, ks_log2);
 }
 
 template <int BITS, int L>
