@@ -454,8 +454,7 @@ void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, 
 }
 
 bool chunked_delta_rule_fits(const float* k, int dk, int dv, const float* state, const float* out) {
-  static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  return dk > 0 && dv > 0 && dk % 4 == 0 && dv % 4 == 0 && state_smem_bytes(dk) <= size_t(max_smem) &&
+  return dk > 0 && dv > 0 && dk % 4 == 0 && dv % 4 == 0 && state_smem_bytes(dk) <= size_t(optin_smem()) &&
          aligned16(k) && aligned16(state) && aligned16(out);
 }
 

@@ -17,13 +17,19 @@ inline int device_attribute(cudaDeviceAttr attr) {
   return v;
 }
 
+// The shared memory a block may opt in to on the device (asked once).
+inline int optin_smem() {
+  static const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  return m;
+}
+
 // Lets `kernel` use the device's whole shared memory, less its static shared memory; returns the
 // dynamic size it may now ask for. Once per kernel.
 template <class Kernel>
 int allow_max_smem(Kernel kernel) {
   cudaFuncAttributes attr{};
   CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) - int(attr.sharedSizeBytes);
+  const int m = optin_smem() - int(attr.sharedSizeBytes);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, m));
   return m;
 }

@@ -108,8 +108,7 @@ void launch_bf16(const float* x, int T, const WeightArgs& W, float* y) {
 }
 
 void launch_bf16_tokens(const float* x, int T, const WeightArgs& W, float* y) {
-  static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  if (T > 1 && staged_bytes(kBatch, W.cols) <= size_t(max_smem))
+  if (T > 1 && staged_bytes(kBatch, W.cols) <= size_t(optin_smem()))
     launch_bf16<kBatch>(x, T, W, y);
   else
     launch_bf16<1>(x, T, W, y);
@@ -130,8 +129,7 @@ void launch_mma(const float* x, int T, const WeightArgs& W, float* y) {
 
 template <int BITS, int L>
 void launch_mma_tokens(const float* x, int T, const WeightArgs& W, float* y) {
-  static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  if (T > 1 && mma_smem_bytes(kBatch, W.cols, L) <= size_t(max_smem))
+  if (T > 1 && mma_smem_bytes(kBatch, W.cols, L) <= size_t(optin_smem()))
     launch_mma<BITS, L, kBatch>(x, T, W, y);
   else
     launch_mma<BITS, L, 1>(x, T, W, y);  // rows too wide for its staging are refused (resident_blocks)
