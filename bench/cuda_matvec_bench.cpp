@@ -146,15 +146,17 @@ void run_prefill(const Config& c, int T, const std::string& filter) {
 }
 
 // One decode step's routed experts at Qwen3-Next-80B's shape (hidden 2048, moe_intermediate 512,
-// 512 experts of 4-bit g64 records, top 10): moe_experts (two launches), and what the forward
-// runs without it, per expert matmul x3 + silu_mul + scatter_scaled and then sum_slots. Each
-// call routes to 10 random distinct experts of the 512 (885 MB of records, past the L2). Bytes
-// counted: the 10 records' weights, scales and biases, x read and out written.
-void run_moe(double hbm, const std::string& filter) {
-  if (std::string("moe_experts 80B q4 g64").find(filter) == std::string::npos) return;
+// 512 experts of `bits`-bit g64 records, top 10): moe_experts (two launches), and what the
+// forward runs without it, per expert matmul x3 + silu_mul + scatter_scaled and then sum_slots.
+// Each call routes to 10 random distinct experts of the 512 (885 MB of 4-bit records, past the
+// L2). Bytes counted: the 10 records' weights, scales and biases, x read and out written.
+void run_moe(double hbm, const std::string& filter, int bits) {
+  const std::string name = "moe_experts 80B q" + std::to_string(bits) + " g64";
+  if (name.find(filter) == std::string::npos) return;
   constexpr int H = 2048, I = 512, E = 512, K = 10, kRoutes = 256;
-  const ExpertLayer layer = plan_expert_layer("model.layers.0.mlp", "experts/layer_000.bin", E,
-                                              {ProjSpec{4, 64, I, H}, ProjSpec{4, 64, I, H}, ProjSpec{4, 64, H, I}});
+  const ExpertLayer layer =
+      plan_expert_layer("model.layers.0.mlp", "experts/layer_000.bin", E,
+                        {ProjSpec{bits, 64, I, H}, ProjSpec{bits, 64, I, H}, ProjSpec{bits, 64, H, I}});
   cuda::DeviceBuffer blob(size_t(E) * layer.stride), x(H * 4), out(H * 4), h(size_t(K) * I * 4),
       g(I * 4), u(I * 4), y(H * 4), partial(size_t(K) * H * 4), dw(K * 4), dslots(K * 4);
   CUDA_CHECK(cudaMemset(blob.data(), 0x3c, blob.size()));  // codes 0x3c, bf16 scales and biases ≈ 0.0115
@@ -190,7 +192,7 @@ void run_moe(double hbm, const std::string& filter) {
     std::printf("%-40s T=1 K=%d %9.2f us %8.0f GB/s %5.1f%% of copy\n", what, K, ms * 1e3, gbps, 100.0 * gbps / hbm);
   };
   const int rounds = 2000;
-  report("moe_experts 80B q4 g64 (2 launches)", time_ms(rounds, [&](int i) {
+  report((name + " (2 launches)").c_str(), time_ms(rounds, [&](int i) {
            cuda::moe_experts(x.as<float>(), 1, K, drecords.as<const uint8_t*>() + size_t(i % kRoutes) * K,
                              dw.as<float>(), proj, out.as<float>(), h.as<float>());
          }));
@@ -199,7 +201,7 @@ void run_moe(double hbm, const std::string& filter) {
                reinterpret_cast<const uint16_t*>(rec + p.scales_offset),
                reinterpret_cast<const uint16_t*>(rec + p.biases_offset)};
   };
-  report("per-expert launches (51)", time_ms(rounds / 4, [&](int i) {
+  report("  per-expert launches (51)", time_ms(rounds / 4, [&](int i) {
            for (int k = 0; k < K; ++k) {
              const uint8_t* rec = records[size_t(i % kRoutes) * K + size_t(k)];
              cuda::matmul(x.as<float>(), 1, mat(rec, layer.proj[0]), g.as<float>());
@@ -210,10 +212,16 @@ void run_moe(double hbm, const std::string& filter) {
            }
            cuda::sum_slots(partial.as<float>(), 1, K, H, out.as<float>());
          }));
+}
+
+// cuda::route_topk at Qwen3-Next-80B's shape: 512 experts, top 10.
+void run_route(const std::string& filter) {
+  if (std::string("route_topk").find(filter) == std::string::npos) return;
+  constexpr int E = 512, K = 10;
 
   cuda::DeviceBuffer logits(E * 4), probs(E * 4), rid(K * 4), rw(K * 4);
   CUDA_CHECK(cudaMemset(logits.data(), 0x3c, logits.size()));
-  const double route_ms = time_ms(rounds, [&](int) {
+  const double route_ms = time_ms(2000, [&](int) {
     cuda::route_topk(logits.as<float>(), 1, E, K, true, probs.as<float>(), rid.as<int>(), rw.as<float>());
   });
   std::printf("%-40s T=1 E=%d K=%d %9.2f us\n", "route_topk", E, K, route_ms * 1e3);
@@ -253,7 +261,8 @@ void run_delta_rule(const std::string& filter) {
 }  // namespace
 
 // Optional argument: run only the cases whose "kind name type" contains it (e.g. "matvec" for the
-// decode matvecs alone, "matvec lm_head 151936 q4", "gemm", "moe_experts", "gated_delta_rule").
+// decode matvecs alone, "matvec lm_head 151936 q4", "gemm", "moe_experts", "route_topk",
+// "gated_delta_rule").
 int main(int argc, char** argv) {
   const std::string filter = argc > 1 ? argv[1] : "";
   if (!cuda::cuda_available()) {
@@ -293,7 +302,8 @@ int main(int argc, char** argv) {
         c.bits = bits;
         run_prefill(c, T, filter);
       }
-  run_moe(hbm, filter);
+  for (int bits : {8, 4, 3, 2}) run_moe(hbm, filter, bits);
+  run_route(filter);
   run_delta_rule(filter);
   return 0;
 }

@@ -103,6 +103,8 @@ int resident_blocks(Kernel kernel, int threads, size_t smem, KernelLimits& lim, 
   return std::max(1, lim.per_sm) * sms;
 }
 
+inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 inline int floor_log2(int v) {
   int l = 0;
   while ((2 << l) <= v) ++l;

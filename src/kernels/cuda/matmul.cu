@@ -61,7 +61,7 @@ constexpr int kMmaWarps = kThreads / 32;
 // from 17.7 to 16.0 us and the 4-bit lm_head from 85 to 88 % of the copy rate. A block lets the
 // next kernel start only once it is done: letting it start after staging x cost the dense 8192²
 // 2 us instead (its 256 blocks leave slots free, which the next call's blocks took early).
-template <int BITS, int L, int TT>
+template <int BITS, int L, int G, int TT>
 __global__ void __launch_bounds__(kThreads, TT == 1 ? 3 : 2) matvec_mma_kernel(const float* __restrict__ x, int T,
                                                                                WeightArgs W, float* __restrict__ y,
                                                                                int ks_log2) {
@@ -74,12 +74,12 @@ __global__ void __launch_bounds__(kThreads, TT == 1 ? 3 : 2) matvec_mma_kernel(c
   const int2 blocks = warp_blocks(nquads / L, ks_log2, warp);
   prefetch_rows<BITS, L>(W, blockIdx.x * ((kMmaWarps >> ks_log2) * 16) + (warp >> ks_log2) * 16, blocks.x, blocks.y);
   grid_dependency_wait();  // x is the kernel before's output, y may be its input
-  stage_split<BITS, L, kThreads>(x + size_t(t0) * W.cols, TT, T - t0, W.cols, xb, pow2, xsum);
+  stage_split<BITS, L, G, kThreads>(x + size_t(t0) * W.cols, TT, T - t0, W.cols, xb, pow2, xsum);
   const WeightArgs Ws[1] = {W};
-  mma_row_sets<BITS, L, TT, 1, kMmaWarps>(StagedX{xb, pow2, xsum, nquads, TT, 0}, Ws, ks_log2, partial,
-                                          [&](int row, int tt, const float (&v)[1]) {
-                                            if (t0 + tt < T) y[size_t(t0 + tt) * W.rows + row] = v[0];
-                                          });
+  mma_row_sets<BITS, L, G, TT, 1, kMmaWarps>(StagedX{xb, pow2, xsum, nquads, TT, 0}, Ws, ks_log2, partial,
+                                             [&](int row, int tt, const float (&v)[1]) {
+                                               if (t0 + tt < T) y[size_t(t0 + tt) * W.rows + row] = v[0];
+                                             });
   grid_dependents_may_start();
 }
 
@@ -114,9 +114,9 @@ void launch_bf16_tokens(const float* x, int T, const WeightArgs& W, float* y) {
     launch_bf16<1>(x, T, W, y);
 }
 
-template <int BITS, int L, int TT>
+template <int BITS, int L, int G, int TT>
 void launch_mma(const float* x, int T, const WeightArgs& W, float* y) {
-  auto kernel = matvec_mma_kernel<BITS, L, TT>;
+  auto kernel = matvec_mma_kernel<BITS, L, G, TT>;
   static KernelLimits lim;
   const size_t smem = mma_smem_bytes(TT, W.cols, L);
   const int resident = resident_blocks(kernel, kThreads, smem, lim, "cuda::matmul", W.cols);
@@ -127,31 +127,24 @@ void launch_mma(const float* x, int T, const WeightArgs& W, float* y) {
   launch_overlapped(kernel, lim.overlap, grid, kThreads, smem, x, T, W, y, ks_log2);
 }
 
-template <int BITS, int L>
-void launch_mma_tokens(const float* x, int T, const WeightArgs& W, float* y) {
-  if (T > 1 && mma_smem_bytes(kBatch, W.cols, L) <= size_t(optin_smem()))
-    launch_mma<BITS, L, kBatch>(x, T, W, y);
-  else
-    launch_mma<BITS, L, 1>(x, T, W, y);  // rows too wide for its staging are refused (resident_blocks)
-}
-
-// Affine weights on the tensor cores, two chunks a lane where a group holds both.
+// Affine weights on the tensor cores, in the lane layout their rows allow.
 template <int BITS>
 void launch_affine(const float* x, int T, const WeightArgs& W, float* y) {
-  if constexpr (lane_chunks<BITS>(1) == 2) {
-    if (lane_chunks<BITS>(W.chunks_per_group_log2) == 2) return launch_mma_tokens<BITS, 2>(x, T, W, y);
-  }
-  launch_mma_tokens<BITS, 1>(x, T, W, y);
+  const bool scales_fit = aligned(W.scales, 8) && aligned(W.biases, 8);
+  with_lane_layout<BITS>(W.cols, W.chunks_per_group_log2, scales_fit, [&](auto L, auto G) {
+    if (T > 1 && mma_smem_bytes(kBatch, W.cols, L) <= size_t(optin_smem()))
+      launch_mma<BITS, L, G, kBatch>(x, T, W, y);
+    else
+      launch_mma<BITS, L, G, 1>(x, T, W, y);  // rows too wide for its staging are refused (resident_blocks)
+  });
 }
-
-bool misaligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; }
 
 }  // namespace
 
 void check_matmul_args(const float* x, const Mat& W, const float* y) {
   if (W.cols <= 0 || W.cols % kChunk != 0)
     arg_fail("cuda::matmul: cols " + std::to_string(W.cols) + " is not a positive multiple of 32");
-  if (misaligned(x) || misaligned(y) || misaligned(W.data))
+  if (!aligned(x, 16) || !aligned(y, 16) || !aligned(W.data, 16))
     arg_fail("cuda::matmul: x, y and the weights must be 16-byte aligned");
   if (W.type == WeightType::F32) arg_fail("cuda::matmul: f32 weights are not supported on the GPU (store them as bf16)");
   if (W.type != WeightType::Affine) return;

@@ -20,7 +20,9 @@
 // decoding produces them (code_of), and x is staged in that order (stage_split).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/weight_dot.cuh"
 
@@ -81,15 +83,42 @@ __device__ __forceinline__ void mma_u8s8(int (&d)[4], uint2 a_row_g, uint2 a_row
       : "r"(a_row_g.x), "r"(a_row_g8.x), "r"(a_row_g.y), "r"(a_row_g8.y), "r"(b.x), "r"(b.y));
 }
 
-// Chunks a lane reads of a row at once, L: 2 for 2-, 3- and 4-bit codes when a group holds both
-// (16, 24 and 32 bytes instead of 8, 12 and 16, and one scale and bias load for both: the L1 is
-// what limits the kernel, and the scale loads, 2 bytes from each of 16 rows, were a third of its
-// global-load work), else 1. On the H200 the 2-bit lm_head went from 47 to 53 % of the copy rate,
-// the 4-bit one from 78 to 84 %; at 8 bits the lm_head gained 1 point and the dense 4096 lost 3.
+// Chunks a lane reads of a row at once, L: 32 to 48 bytes of codes (the L1 is what limits the
+// kernel, and its work grows with the number of loads more than with their bytes). A unit, the
+// G = min(L, chunks of a group) consecutive chunks of a lane that share a scale, a bias and a power
+// of two of x, is summed exactly in int32 and then scaled once; where a lane's L chunks span L / G
+// groups, it loads their (consecutive) scales in one load. On the H200 (% of the copy rate): one
+// scale and bias load for both chunks of a 4-bit lane block took the lm_head from 78 to 84 %, and
+// the 2-bit one from 47 to 53 %; 3-bit L = 4 instead of 2 lane blocks of L = 2 took it from 67 to
+// 76 % and the dense 8192² from 39 to 43 %; 2-bit L = 4 gained the dense 8192² 1.5 points and
+// left the lm_head at 69 %; 4-bit g32 L = 2 (two units) instead of 1 took the lm_head from 76 to
+// 79 %; at 8 bits, L = 2 gained the lm_head 1 point and lost the dense 4096 3.
 // Quad q is lane t's chunk (q / L)·4L + t·L + q % L: the L quads of a lane block are read together.
 template <int BITS>
-__host__ __device__ constexpr int lane_chunks(int chunks_per_group_log2) {
-  return BITS <= 4 && chunks_per_group_log2 > 0 ? 2 : 1;
+inline constexpr int kLaneChunks = BITS == 8 ? 1 : BITS == 4 ? 2 : 4;
+
+// Calls f(L, G) (std::integral_constant) with the lane layout of rows of `cols` columns whose
+// groups hold 2^chunks_per_group_log2 chunks. A lane loads the scales of L / G > 1 units (groups)
+// at once only where `groups_fit` (every matrix loaded together has these groups, and its scales
+// and biases are 8-byte aligned) and rows hold a multiple of L chunks, so that the units' scales
+// are aligned to that many; other rows read one unit a lane block.
+template <int BITS, int LMAX = kLaneChunks<BITS>, class F>
+void with_lane_layout(int cols, int chunks_per_group_log2, bool groups_fit, F&& f) {
+  using std::integral_constant;
+  const int G = std::min(LMAX, 1 << chunks_per_group_log2);
+  const bool wide = G == LMAX || (groups_fit && (cols / kChunk) % LMAX == 0);
+  auto with_g = [&](auto L) {
+    if (G == 1) return f(L, integral_constant<int, 1>{});
+    if constexpr (decltype(L)::value >= 2) {
+      if (G == 2) return f(L, integral_constant<int, 2>{});
+    }
+    if constexpr (decltype(L)::value >= 4) return f(L, integral_constant<int, 4>{});
+  };
+  if (wide) return with_g(integral_constant<int, LMAX>{});
+  if (G == 1) return f(integral_constant<int, 1>{}, integral_constant<int, 1>{});
+  if constexpr (LMAX >= 4) {
+    if (G == 2) return f(integral_constant<int, 2>{}, integral_constant<int, 2>{});
+  }
 }
 
 __host__ __device__ constexpr int chunk_of(int L, int q, int t) { return (q / L) * kQuadChunks * L + t * L + q % L; }
@@ -138,14 +167,14 @@ __device__ __forceinline__ float pow2f(int e) {
 }
 
 // Stages TT rows of x [TT, cols] (rows from `valid` on, and chunks past cols / 32, read as zero).
-// The values of a unit (the L chunks a lane reads at once) become X = x·2^-e, e = ilogb(max |x|)
+// The values of a unit (G consecutive chunks, which a lane reads together) become X = x·2^-e, e = ilogb(max |x|)
 // − 29 (no less than −149, so that 2^e is a float; 2^e is NaN for a unit holding a NaN or an
 // infinity). xb [nquads + 1][kMmaSteps][TT][kQuadChunks][kMmaParts] holds the B registers (byte p
 // of the X of the codes code_of names: A register 0's in .x, 1's in .y; the last quad all zeros,
-// what lanes that supply no byte read), pow2 [TT][nquads·4/L] holds 2^e and xsum [TT][nquads·4/L]
-// Σx (for the bias term b·Σx) by unit. A thread takes a chunk, and the L threads of a unit are
-// adjacent lanes. Every thread of the block must call it; it ends with a barrier.
-template <int BITS, int L, int THREADS>
+// what lanes that supply no byte read), pow2 [TT][nquads·4/G] holds 2^e and xsum [TT][nquads·4/G]
+// Σx (for the bias term b·Σx) by unit (rows nquads·4 apart). A thread takes a chunk, and the G
+// threads of a unit are adjacent lanes. Every thread of the block must call it; it ends with a barrier.
+template <int BITS, int L, int G, int THREADS>
 __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT, int valid, int cols, uint2* xb,
                                             float* pow2, float* xsum) {
   const int nchunks = cols / kChunk, nquads = quads_of(cols, L), padded = nquads * kQuadChunks;
@@ -171,16 +200,17 @@ __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT,
     int finite = isfinite(sum);
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) finite = finite && isfinite(v[k]);  // fmaxf drops NaNs
-    if constexpr (L == 2) {  // the unit's other chunk is the neighbouring lane's
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      finite &= __shfl_xor_sync(0xffffffffu, finite, 1);
+#pragma unroll
+    for (int o = 1; o < G; o *= 2) {  // the unit's other chunks are the neighbouring lanes'
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      finite &= __shfl_xor_sync(0xffffffffu, finite, o);
     }
     if (i >= n) continue;
     const int e = mx > 0.f ? max(ilogbf(mx) - 29, -149) : 0;
-    if (c % L == 0) {
-      pow2[t * padded + c / L] = finite ? pow2f(e) : __int_as_float(0x7fc00000);
-      xsum[t * padded + c / L] = sum;
+    if (c % G == 0) {
+      pow2[t * padded + c / G] = finite ? pow2f(e) : __int_as_float(0x7fc00000);
+      xsum[t * padded + c / G] = sum;
     }
     // Chunk c is lane (c % 4L) / L's of quad (c / 4L)·L + c % L (chunk_of's inverse).
     const int q = c / (kQuadChunks * L) * L + c % L, lane_t = c % (kQuadChunks * L) / L;
@@ -205,12 +235,21 @@ __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT,
 }
 
 // What a lane holds of a lane block of a tile's two rows g and g + 8: the codes of its L chunks,
-// and their (one) group's scale and bias as floats.
-template <int BITS, int L>
+// and the scale and bias of each of its L / G units, as the bf16 pairs they load as (unit u in
+// half u % 2 of word u / 2; registers are what the kernels have least of).
+template <int BITS, int L, int G>
 struct LaneBlock {
+  static constexpr int kWords = (L / G + 1) / 2;
   uint32_t w[2][L][BITS];
-  float scale[2], bias[2];
+  uint32_t scale[2][kWords], bias[2][kWords];
 };
+
+// Unit u's value of a LaneBlock's scale or bias words.
+template <int N>
+__device__ __forceinline__ float unit_value(const uint32_t (&words)[N], int u) {
+  const uint32_t w = words[u / 2];
+  return __uint_as_float(u % 2 ? w & 0xffff0000u : w << 16);
+}
 
 // Where a lane reads the tile's two rows (clamped to the last row): its first chunk of quad 0,
 // and the rows' first scale (and bias) index.
@@ -253,11 +292,27 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w) {
   }
 }
 
-// Lane t's chunks of lane block lb (quads lb·L ..) of the tile's rows, and their group's scale and
-// bias; zeros past the end of the row when FULL is false (only the last block may reach past it).
-template <int BITS, int L, bool FULL>
+// N consecutive bf16 values from p (aligned to N of them), in one load, as words of two.
+template <int N>
+__device__ __forceinline__ void load_bf16s(const uint16_t* p, uint32_t (&w)[(N + 1) / 2]) {
+  if constexpr (N == 1) {
+    w[0] = __ldg(p);
+  } else if constexpr (N == 2) {
+    w[0] = __ldg(reinterpret_cast<const uint32_t*>(p));
+  } else {
+    static_assert(N == 4, "1, 2 or 4 values");
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = v.x, w[1] = v.y;
+  }
+}
+
+// Lane t's chunks of lane block lb (quads lb·L ..) of the tile's rows, and its units' scales and
+// biases; zeros past the end of the row when FULL is false (only the last block may reach past it).
+// With L / G > 1 the units are groups, consecutive ones (with_lane_layout).
+template <int BITS, int L, int G, bool FULL>
 __device__ __forceinline__ void load_lane_block(const WeightArgs& W, const TileRows& tr, int lb, int t,
-                                                LaneBlock<BITS, L>& blk) {
+                                                LaneBlock<BITS, L, G>& blk) {
+  constexpr int UNITS = L / G;
   const int nchunks = W.cols / kChunk;
   const int c = chunk_of(L, lb * L, t);  // its first chunk
   const size_t off = size_t(lb) * (kQuadChunks * L * kChunk * BITS / 8);
@@ -276,10 +331,21 @@ __device__ __forceinline__ void load_lane_block(const WeightArgs& W, const TileR
         }
       }
     }
-    const bool valid = FULL || c < nchunks;
     const uint32_t gi = tr.s[h] + (uint32_t(c) >> W.chunks_per_group_log2);
-    blk.scale[h] = valid ? bf16_to_float(__ldg(W.scales + gi)) : 0.f;
-    blk.bias[h] = valid ? bf16_to_float(__ldg(W.biases + gi)) : 0.f;
+    if (FULL) {
+      load_bf16s<UNITS>(W.scales + gi, blk.scale[h]);
+      load_bf16s<UNITS>(W.biases + gi, blk.bias[h]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < blk.kWords; ++i) blk.scale[h][i] = blk.bias[h][i] = 0;
+#pragma unroll
+      for (int u = 0; u < UNITS; ++u) {
+        if (c + u * G < nchunks) {
+          blk.scale[h][u / 2] |= uint32_t(__ldg(W.scales + gi + u)) << (16 * (u % 2));
+          blk.bias[h][u / 2] |= uint32_t(__ldg(W.biases + gi + u)) << (16 * (u % 2));
+        }
+      }
+    }
   }
 }
 
@@ -290,14 +356,14 @@ __device__ __forceinline__ void mma_accumulate(const StagedX& X, int q, const ui
                                                const uint32_t (&w_g8)[BITS], int (&c)[2][TT][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // The B column this lane supplies in each MMA: bytes g / 4 and g / 4 + 2 of segment g % 4; a
-  // lane whose segment is not its own reads the quad of zeros past the last. With L = 2 it reads
+  // lane whose segment is not its own reads the quad of zeros past the last. With L >= 2 it reads
   // it 2 entries in, where its words fall in banks the others leave free (theirs are 8t + 0..3
   // for b[0], 8t + 4..7 for b[1]), so that each load takes one shared-memory wavefront instead of
   // two: 2-, 3- and 4-bit g64 lm_heads gained 1 to 4 points of the copy rate on the H200. With
   // L = 1 the offset made the 4-bit kernel spill in this loop (60 instead of 72 %).
   const int entries = quad_entries(X.tokens);
   const uint2* b0p = (g & 3) == t ? X.xb + size_t(q) * entries + t * kMmaParts + (g >> 2)
-                                  : X.xb + size_t(X.nquads) * entries + (L == 2 ? 2 : 0);
+                                  : X.xb + size_t(X.nquads) * entries + (L >= 2 ? 2 : 0);
 #pragma unroll
   for (int j = 0; j < kMmaSteps; ++j) {
     uint2 b[2][TT];
@@ -314,50 +380,56 @@ __device__ __forceinline__ void mma_accumulate(const StagedX& X, int q, const ui
   }
 }
 
-// acc[h][tt] += lane (g, t)'s share of lane block lb of rows g + 8h of W · x_tt, from its MMA sums
-// c over the block's quads (x_tt: token tt of X).
-template <int BITS, int L, int TT>
-__device__ __forceinline__ void mma_flush(const StagedX& X, int lb, const LaneBlock<BITS, L>& blk,
+// acc[h][tt] += lane (g, t)'s share of unit u of lane block lb of rows g + 8h of W · x_tt, from
+// its MMA sums c over the unit's quads (x_tt: token tt of X).
+template <int BITS, int L, int G, int TT>
+__device__ __forceinline__ void mma_flush(const StagedX& X, int lb, int u, const LaneBlock<BITS, L, G>& blk,
                                           const int (&c)[2][TT][4], float (&acc)[2][TT]) {
+  constexpr int UNITS = L / G;
   const int lane = threadIdx.x & 31, t = lane & 3;
   // C[g + 8h][2t + i] is byte t / 2 of segment 2(t % 2) + i in the first MMA, byte t / 2 + 2 in
-  // the second: together 256^(t/2)·(C0 + 65536·C1) of that segment's Σ code·X. A segment's unit
-  // is lb·4 + its lane, and its scale that lane's (the lanes of a row are adjacent).
+  // the second: together 256^(t/2)·(C0 + 65536·C1) of that segment's Σ code·X. A segment is a
+  // lane's chunk; its unit is (lb·4 + that lane)·UNITS + u, and its scale that lane's (the lanes
+  // of a row are adjacent).
   const float k0 = t >= 2 ? 256.f : 1.f, k1 = k0 * 65536.f;
   float seg_scale[2][2];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      seg_scale[h][i] = __shfl_sync(0xffffffffu, blk.scale[h], (lane & ~3) | (2 * (t & 1) + i));
-  const int unit0 = lb * kQuadChunks;
+      seg_scale[h][i] = __shfl_sync(0xffffffffu, unit_value(blk.scale[h], u), (lane & ~3) | (2 * (t & 1) + i));
+  const int unit0 = lb * kQuadChunks * UNITS + u;
 #pragma unroll
   for (int tt = 0; tt < TT; ++tt) {
     const int unit = (X.tt0 + tt) * X.nquads * kQuadChunks + unit0;
-    const float* p2 = X.pow2 + unit;
-    const float xs = X.xsum[unit + t];
+    const float* p2 = X.pow2 + unit + 2 * (t & 1) * UNITS;
+    const float xs = X.xsum[unit + t * UNITS];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float a = acc[h][tt];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const float v = fmaf(float(c[1][tt][2 * h + i]), k1, float(c[0][tt][2 * h + i]) * k0);
-        a = fmaf(v * p2[2 * (t & 1) + i], seg_scale[h][i], a);
+        a = fmaf(v * p2[i * UNITS], seg_scale[h][i], a);
       }
-      acc[h][tt] = fmaf(blk.bias[h], xs, a);
+      acc[h][tt] = fmaf(unit_value(blk.bias[h], u), xs, a);
     }
   }
 }
 
-// acc[h][tt] += lane (g, t)'s share of lane block lb of rows g + 8h of W · x_tt: its L quads
-// summed exactly in int32 (the unit's X share one power of two), then scaled once.
-template <int BITS, int L, int TT>
-__device__ __forceinline__ void mma_dot_block(const StagedX& X, int lb, const LaneBlock<BITS, L>& blk,
+// acc[h][tt] += lane (g, t)'s share of lane block lb of rows g + 8h of W · x_tt: the G quads of
+// each unit summed exactly in int32 (they share a scale and X a power of two), then scaled once.
+template <int BITS, int L, int G, int TT>
+__device__ __forceinline__ void mma_dot_block(const StagedX& X, int lb, const LaneBlock<BITS, L, G>& blk,
                                               float (&acc)[2][TT]) {
-  int c[2][TT][4] = {};
 #pragma unroll
-  for (int s = 0; s < L; ++s) mma_accumulate<BITS, L, TT>(X, lb * L + s, blk.w[0][s], blk.w[1][s], c);
-  mma_flush<BITS, L, TT>(X, lb, blk, c, acc);
+  for (int u = 0; u < L / G; ++u) {
+    int c[2][TT][4] = {};
+#pragma unroll
+    for (int s = 0; s < G; ++s)
+      mma_accumulate<BITS, L, TT>(X, lb * L + u * G + s, blk.w[0][u * G + s], blk.w[1][u * G + s], c);
+    mma_flush<BITS, L, G, TT>(X, lb, u, blk, c, acc);
+  }
 }
 
 // Lane blocks loaded together before any computes: about 32 bytes a lane and row in flight (two
@@ -368,7 +440,7 @@ inline constexpr int kBlocksAtOnce = BITS * L >= 8 ? 1 : 2;
 // acc[m][h][tt] += lane (g, t)'s share of rows r0 + g + 8h of W[m] · x_tt over lane blocks [b0, b1),
 // the M matrices (of the same columns) loaded together. The four lanes of a g hold shares of the
 // same rows whose sum is the dot product.
-template <int BITS, int L, int TT, int M>
+template <int BITS, int L, int G, int TT, int M>
 __device__ __forceinline__ void mma_dot_rows(const StagedX& X, const WeightArgs (&W)[M], int r0, int b0, int b1,
                                              float (&acc)[M][2][TT]) {
   constexpr int U = kBlocksAtOnce<BITS, L>;
@@ -379,22 +451,22 @@ __device__ __forceinline__ void mma_dot_rows(const StagedX& X, const WeightArgs 
   for (int m = 0; m < M; ++m) rows[m] = tile_rows<BITS, L>(W[m], r0, g, t);
   int b = b0;
   for (; b + U <= full_end; b += U) {
-    LaneBlock<BITS, L> blk[M][U];
+    LaneBlock<BITS, L, G> blk[M][U];
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
-      for (int u = 0; u < U; ++u) load_lane_block<BITS, L, true>(W[m], rows[m], b + u, t, blk[m][u]);
+      for (int u = 0; u < U; ++u) load_lane_block<BITS, L, G, true>(W[m], rows[m], b + u, t, blk[m][u]);
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
-      for (int u = 0; u < U; ++u) mma_dot_block<BITS, L, TT>(X, b + u, blk[m][u], acc[m]);
+      for (int u = 0; u < U; ++u) mma_dot_block<BITS, L, G, TT>(X, b + u, blk[m][u], acc[m]);
   }
   for (; b < b1; ++b) {
-    LaneBlock<BITS, L> blk[M];
+    LaneBlock<BITS, L, G> blk[M];
 #pragma unroll
-    for (int m = 0; m < M; ++m) load_lane_block<BITS, L, false>(W[m], rows[m], b, t, blk[m]);
+    for (int m = 0; m < M; ++m) load_lane_block<BITS, L, G, false>(W[m], rows[m], b, t, blk[m]);
 #pragma unroll
-    for (int m = 0; m < M; ++m) mma_dot_block<BITS, L, TT>(X, b, blk[m], acc[m]);
+    for (int m = 0; m < M; ++m) mma_dot_block<BITS, L, G, TT>(X, b, blk[m], acc[m]);
   }
 }
 
@@ -416,7 +488,7 @@ __host__ __device__ inline int mma_sets(int rows, int warps, int ks_log2) {
 // and the ks partial sums meet in `partial` ([WARPS][M][16][TT] floats of shared memory), added in
 // warp order. store(row, tt, v) gets v[m] = W[m] row · x_tt once for each row. Every thread of
 // the block calls it; with ks = 1 there are no barriers.
-template <int BITS, int L, int TT, int M, int WARPS, class Store>
+template <int BITS, int L, int G, int TT, int M, int WARPS, class Store>
 __device__ __forceinline__ void mma_row_sets(const StagedX& X, const WeightArgs (&W)[M], int ks_log2, float* partial,
                                              Store&& store) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
@@ -426,7 +498,7 @@ __device__ __forceinline__ void mma_row_sets(const StagedX& X, const WeightArgs 
   for (int set = blockIdx.x; set < nsets; set += gridDim.x) {  // uniform over the block
     const int r0 = set * rows_per_set + (warp >> ks_log2) * 16;
     float acc[M][2][TT] = {};
-    mma_dot_rows<BITS, L, TT, M>(X, W, r0, blocks.x, blocks.y, acc);
+    mma_dot_rows<BITS, L, G, TT, M>(X, W, r0, blocks.x, blocks.y, acc);
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kDownThreads) down_sum_bf16_kernel(const float
 
 // gate and up of record j = blockIdx.y on x[j / K] on the tensor cores, both loaded together
 // (mma_row_sets over the row sets blockIdx.x, ...), and h[j] = silu(gate·x) · (up·x) for them.
-template <int BITS, int L>
+template <int BITS, int L, int G>
 __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(const float* __restrict__ x, int K,
                                                                          const uint8_t* const* records, ProjArgs gate,
                                                                          ProjArgs up, float* __restrict__ h,
@@ -156,17 +156,17 @@ __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(co
   const int r0 = blockIdx.x * ((kGateUpMmaWarps >> ks_log2) * 16) + (warp >> ks_log2) * 16;
 #pragma unroll
   for (int m = 0; m < 2; ++m) prefetch_rows<BITS, L>(W[m], r0, blocks.x, blocks.y);
-  stage_split<BITS, L, kGateUpMmaWarps * 32>(x + size_t(j / K) * H, 1, 1, H, xb, pow2, xsum);
-  mma_row_sets<BITS, L, 1, 2, kGateUpMmaWarps>(StagedX{xb, pow2, xsum, nquads, 1, 0}, W, ks_log2, partial,
-                                               [&](int row, int, const float (&v)[2]) {
-                                                 h[size_t(j) * I + row] = v[0] / (1.0f + expf(-v[0])) * v[1];
-                                               });
+  stage_split<BITS, L, G, kGateUpMmaWarps * 32>(x + size_t(j / K) * H, 1, 1, H, xb, pow2, xsum);
+  mma_row_sets<BITS, L, G, 1, 2, kGateUpMmaWarps>(StagedX{xb, pow2, xsum, nquads, 1, 0}, W, ks_log2, partial,
+                                                  [&](int row, int, const float (&v)[2]) {
+                                                    h[size_t(j) * I + row] = v[0] / (1.0f + expf(-v[0])) * v[1];
+                                                  });
 }
 
 // Block (b, t): rows [16b, 16b + 16) of out[t] on the tensor cores. The K rows h[t·K + k] are
 // staged together as K tokens; the warps take the (slot, lane block) items, and once all are done
 // each row is summed over the slots in k order: out = Σ_k fl(w_k · y_k), as down_sum_bf16_kernel.
-template <int BITS, int L>
+template <int BITS, int L, int G>
 __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const float* __restrict__ h, int K,
                                                                     const uint8_t* const* records,
                                                                     const float* __restrict__ weights, ProjArgs down,
@@ -180,13 +180,13 @@ __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const floa
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   auto weights_k = [&](int k) { return weights_of(records[size_t(t) * K + k], down); };
   if (warp < items) prefetch_rows<BITS, L>(weights_k(warp / nblocks), r0, warp % nblocks, warp % nblocks + 1);
-  stage_split<BITS, L, kDownMmaWarps * 32>(h + size_t(t) * K * I, K, K, I, xb, pow2, xsum);
+  stage_split<BITS, L, G, kDownMmaWarps * 32>(h + size_t(t) * K * I, K, K, I, xb, pow2, xsum);
 
   for (int item = warp; item < items; item += kDownMmaWarps) {  // uniform over the warp
     const int k = item / nblocks, lb = item % nblocks;
     const WeightArgs W[1] = {weights_k(k)};
     float acc[1][2][1] = {};
-    mma_dot_rows<BITS, L, 1, 1>(StagedX{xb, pow2, xsum, nquads, K, k}, W, r0, lb, lb + 1, acc);
+    mma_dot_rows<BITS, L, G, 1, 1>(StagedX{xb, pow2, xsum, nquads, K, k}, W, r0, lb, lb + 1, acc);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const float v = sum_lanes(acc[0][hh][0], 4);
@@ -250,10 +250,10 @@ size_t down_mma_smem(int K, int I, int L) {
   return split_bytes(K, I, L) + size_t(K) * (quads_of(I, L) / L) * 16 * sizeof(float);
 }
 
-template <int BITS, int L>
+template <int BITS, int L, int G>
 void launch_gate_up_mma(const float* x, int n, int K, const uint8_t* const* records, const ProjArgs& gate,
                         const ProjArgs& up, float* h) {
-  auto kernel = gate_up_mma_kernel<BITS, L>;
+  auto kernel = gate_up_mma_kernel<BITS, L, G>;
   static KernelLimits lim;
   const size_t smem = gate_up_mma_smem(gate.cols, L);
   const int resident = resident_blocks(kernel, kGateUpMmaWarps * 32, smem, lim, "cuda::moe_experts: gate/up", gate.cols);
@@ -263,10 +263,10 @@ void launch_gate_up_mma(const float* x, int n, int K, const uint8_t* const* reco
   CUDA_CHECK_LAUNCH();
 }
 
-template <int BITS, int L>
+template <int BITS, int L, int G>
 void launch_down_mma(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
                      const ProjArgs& down, float* out) {
-  auto kernel = down_mma_kernel<BITS, L>;
+  auto kernel = down_mma_kernel<BITS, L, G>;
   static KernelLimits lim;
   const size_t smem = down_mma_smem(K, down.cols, L);
   resident_blocks(kernel, kDownMmaWarps * 32, smem, lim, "cuda::moe_experts: down", down.cols);
@@ -275,25 +275,25 @@ void launch_down_mma(const float* h, int T, int K, const uint8_t* const* records
   CUDA_CHECK_LAUNCH();
 }
 
-// gate and up (affine, BITS bits) on the tensor cores, two chunks a lane where a group holds both.
+// Whether a lane may load several of a projection's scales (and biases) at once: records are
+// 16-byte aligned, so their offsets decide.
+bool scales_fit(const ProjArgs& p) { return p.scales % 8 == 0 && p.biases % 8 == 0; }
+
+// gate and up (affine, BITS bits) on the tensor cores, in the lane layout both allow.
 template <int BITS>
 void gate_up(const float* x, int n, int K, const uint8_t* const* records, const ProjArgs& gate, const ProjArgs& up,
              float* h) {
-  const int L = std::min(lane_chunks<BITS>(gate.chunks_per_group_log2), lane_chunks<BITS>(up.chunks_per_group_log2));
-  if constexpr (lane_chunks<BITS>(1) == 2) {
-    if (L == 2) return launch_gate_up_mma<BITS, 2>(x, n, K, records, gate, up, h);
-  }
-  launch_gate_up_mma<BITS, 1>(x, n, K, records, gate, up, h);
+  const int group_log2 = std::min(gate.chunks_per_group_log2, up.chunks_per_group_log2);
+  const bool groups_fit = gate.chunks_per_group_log2 == up.chunks_per_group_log2 && scales_fit(gate) && scales_fit(up);
+  with_lane_layout<BITS>(gate.cols, group_log2, groups_fit,
+                         [&](auto L, auto G) { launch_gate_up_mma<BITS, L, G>(x, n, K, records, gate, up, h); });
 }
 
 template <int BITS>
 void down_sum(const float* h, int T, int K, const uint8_t* const* records, const float* weights, const ProjArgs& down,
               float* out) {
-  const int L = lane_chunks<BITS>(down.chunks_per_group_log2);
-  if constexpr (lane_chunks<BITS>(1) == 2) {
-    if (L == 2) return launch_down_mma<BITS, 2>(h, T, K, records, weights, down, out);
-  }
-  launch_down_mma<BITS, 1>(h, T, K, records, weights, down, out);
+  with_lane_layout<BITS>(down.cols, down.chunks_per_group_log2, scales_fit(down),
+                         [&](auto L, auto G) { launch_down_mma<BITS, L, G>(h, T, K, records, weights, down, out); });
 }
 
 ProjArgs proj_args(const RecordMat& m, const char* name) {
@@ -314,8 +314,6 @@ ProjArgs proj_args(const RecordMat& m, const char* name) {
   }
   return {m.q_offset, m.scales_offset, m.biases_offset, m.rows, m.cols, group_log2};
 }
-
-bool misaligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; }
 
 }  // namespace
 
@@ -348,7 +346,7 @@ void moe_experts(const float* x, int T, int K, const uint8_t* const* records, co
   if (proj[0].bits != proj[1].bits)
     arg_fail("cuda::moe_experts: gate has " + std::to_string(proj[0].bits) + " bits, up " +
              std::to_string(proj[1].bits) + "; they run fused and must match");
-  if (misaligned(x) || misaligned(out) || misaligned(scratch))
+  if (!aligned(x, 16) || !aligned(out, 16) || !aligned(scratch, 16))
     arg_fail("cuda::moe_experts: x, out and scratch must be 16-byte aligned");
   const int n = T * K;
   switch (proj[0].bits) {
