@@ -61,10 +61,21 @@ constexpr int kMmaWarps = kThreads / 32;
 // from 17.7 to 16.0 us and the 4-bit lm_head from 85 to 88 % of the copy rate. A block lets the
 // next kernel start only once it is done: letting it start after staging x cost the dense 8192²
 // 2 us instead (its 256 blocks leave slots free, which the next call's blocks took early).
+// Lane blocks a warp loads at once: 64 bytes a lane and row for 8-bit and 4-bit g32 rows at T = 1,
+// where the registers for them leave room for two blocks a multiprocessor instead of three. On the
+// H200 (% of the copy rate) that took the 8-bit lm_head from 85 to 93 %, the dense 8192² from 65 to
+// 71 % and an expert from 4.3 to 3.7 us, and the 4-bit g32 lm_head from 78 to 81 %; at 2 to 4 bits
+// g64 it gained nothing or lost (the 3-bit lm_head 75 -> 71 %, the 4-bit dense 4096 30 -> 27 %).
 template <int BITS, int L, int G, int TT>
-__global__ void __launch_bounds__(kThreads, TT == 1 ? 3 : 2) matvec_mma_kernel(const float* __restrict__ x, int T,
-                                                                               WeightArgs W, float* __restrict__ y,
-                                                                               int ks_log2) {
+inline constexpr int kMatvecAtOnce = TT == 1 && (BITS == 8 || (BITS == 4 && G == 1)) ? 2 : kBlocksAtOnce<BITS, L>;
+
+template <int BITS, int L, int G, int TT>
+inline constexpr int kMatvecBlocksPerSm = TT == 1 && kMatvecAtOnce<BITS, L, G, TT> * BITS * L < 16 ? 3 : 2;
+
+template <int BITS, int L, int G, int TT>
+__global__ void __launch_bounds__(kThreads, kMatvecBlocksPerSm<BITS, L, G, TT>)
+    matvec_mma_kernel(const float* __restrict__ x, int T, WeightArgs W, float* __restrict__ y, int ks_log2) {
+  constexpr int U = kMatvecAtOnce<BITS, L, G, TT>;
   extern __shared__ uint2 xb[];
   const int nquads = quads_of(W.cols, L), padded = nquads * kQuadChunks;
   float* pow2 = reinterpret_cast<float*>(xb + (size_t(nquads) + 1) * quad_entries(TT));
@@ -72,14 +83,14 @@ __global__ void __launch_bounds__(kThreads, TT == 1 ? 3 : 2) matvec_mma_kernel(c
   float* partial = xsum + size_t(TT) * padded;  // [kMmaWarps][16][TT]
   const int t0 = blockIdx.y * TT, warp = threadIdx.x >> 5;
   const int2 blocks = warp_blocks(nquads / L, ks_log2, warp);
-  prefetch_rows<BITS, L>(W, blockIdx.x * ((kMmaWarps >> ks_log2) * 16) + (warp >> ks_log2) * 16, blocks.x, blocks.y);
+  prefetch_rows<BITS, L, U>(W, blockIdx.x * ((kMmaWarps >> ks_log2) * 16) + (warp >> ks_log2) * 16, blocks.x, blocks.y);
   grid_dependency_wait();  // x is the kernel before's output, y may be its input
   stage_split<BITS, L, G, kThreads>(x + size_t(t0) * W.cols, TT, T - t0, W.cols, xb, pow2, xsum);
   const WeightArgs Ws[1] = {W};
-  mma_row_sets<BITS, L, G, TT, 1, kMmaWarps>(StagedX{xb, pow2, xsum, nquads, TT, 0}, Ws, ks_log2, partial,
-                                             [&](int row, int tt, const float (&v)[1]) {
-                                               if (t0 + tt < T) y[size_t(t0 + tt) * W.rows + row] = v[0];
-                                             });
+  mma_row_sets<BITS, L, G, U, TT, 1, kMmaWarps>(StagedX{xb, pow2, xsum, nquads, TT, 0}, Ws, ks_log2, partial,
+                                                [&](int row, int tt, const float (&v)[1]) {
+                                                  if (t0 + tt < T) y[size_t(t0 + tt) * W.rows + row] = v[0];
+                                                });
   grid_dependents_may_start();
 }
 

@@ -432,18 +432,17 @@ __device__ __forceinline__ void mma_dot_block(const StagedX& X, int lb, const La
   }
 }
 
-// Lane blocks loaded together before any computes: about 32 bytes a lane and row in flight (two
-// 4-bit blocks of 32 bytes at once took the lm_head from 84 to 77 % of the copy rate).
+// Lane blocks loaded together before any computes, by default: about 32 bytes a lane and row in
+// flight (two 4-bit blocks of 32 bytes at once took the lm_head from 84 to 77 % of the copy rate).
 template <int BITS, int L>
 inline constexpr int kBlocksAtOnce = BITS * L >= 8 ? 1 : 2;
 
 // acc[m][h][tt] += lane (g, t)'s share of rows r0 + g + 8h of W[m] · x_tt over lane blocks [b0, b1),
-// the M matrices (of the same columns) loaded together. The four lanes of a g hold shares of the
-// same rows whose sum is the dot product.
-template <int BITS, int L, int G, int TT, int M>
+// the M matrices (of the same columns) loaded together, U lane blocks at once. The four lanes of
+// a g hold shares of the same rows whose sum is the dot product.
+template <int BITS, int L, int G, int U, int TT, int M>
 __device__ __forceinline__ void mma_dot_rows(const StagedX& X, const WeightArgs (&W)[M], int r0, int b0, int b1,
                                              float (&acc)[M][2][TT]) {
-  constexpr int U = kBlocksAtOnce<BITS, L>;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int full_end = min(b1, W[0].cols / (kChunk * kQuadChunks * L));
   TileRows rows[M];
@@ -485,10 +484,10 @@ __host__ __device__ inline int mma_sets(int rows, int warps, int ks_log2) {
 // The dot products of the rows of M matrices (of the same shape) with the TT tokens of X, over
 // this block's row sets (blockIdx.x, + gridDim.x, ...; (WARPS / ks)·16 rows each): a warp takes a
 // 16-row tile of each set and its share of the tile's lane blocks (warp_blocks; ks = 2^ks_log2),
-// and the ks partial sums meet in `partial` ([WARPS][M][16][TT] floats of shared memory), added in
+// U at once, and the ks partial sums meet in `partial` ([WARPS][M][16][TT] floats of shared memory), added in
 // warp order. store(row, tt, v) gets v[m] = W[m] row · x_tt once for each row. Every thread of
 // the block calls it; with ks = 1 there are no barriers.
-template <int BITS, int L, int G, int TT, int M, int WARPS, class Store>
+template <int BITS, int L, int G, int U, int TT, int M, int WARPS, class Store>
 __device__ __forceinline__ void mma_row_sets(const StagedX& X, const WeightArgs (&W)[M], int ks_log2, float* partial,
                                              Store&& store) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
@@ -498,7 +497,7 @@ __device__ __forceinline__ void mma_row_sets(const StagedX& X, const WeightArgs 
   for (int set = blockIdx.x; set < nsets; set += gridDim.x) {  // uniform over the block
     const int r0 = set * rows_per_set + (warp >> ks_log2) * 16;
     float acc[M][2][TT] = {};
-    mma_dot_rows<BITS, L, G, TT, M>(X, W, r0, blocks.x, blocks.y, acc);
+    mma_dot_rows<BITS, L, G, U, TT, M>(X, W, r0, blocks.x, blocks.y, acc);
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -549,13 +548,13 @@ inline int mma_split_log2(int rows, int nblocks, long token_blocks, int resident
   return best;
 }
 
-// Asks the L2 for the first lane blocks mma_dot_rows will read (rows r0.., blocks b0..), before
+// Asks the L2 for the first U lane blocks mma_dot_rows will read (rows r0.., blocks b0..), before
 // the block stages x.
-template <int BITS, int L>
+template <int BITS, int L, int U>
 __device__ __forceinline__ void prefetch_rows(const WeightArgs& W, int r0, int b0, int b1) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const TileRows tr = tile_rows<BITS, L>(W, r0, g, t);
-  for (int b = b0; b < min(b1, b0 + kBlocksAtOnce<BITS, L>); ++b)
+  for (int b = b0; b < min(b1, b0 + U); ++b)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (chunk_of(L, b * L, t) < W.cols / kChunk)
