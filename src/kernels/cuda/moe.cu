@@ -31,7 +31,7 @@ constexpr int kDownMmaWarps = 24;
 // but a few values in ten thousand with glibc) and near-ties break as on the CPU.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, int K, bool norm_topk,
                                                               float* probs, int* ids, float* weights) {
-  extern __shared__ float p[];  // [E], then taken flags [E]
+  extern __shared__ __align__(16) float p[];  // [E], then taken flags [E]
   unsigned char* taken = reinterpret_cast<unsigned char*>(p + E);
   __shared__ float total;
   const float* x = logits + size_t(blockIdx.x) * E;
@@ -40,9 +40,15 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   mx = block_reduce<kRouteThreads, true>(mx);
   for (int i = threadIdx.x; i < E; i += kRouteThreads) p[i] = float(exp(double(x[i] - mx)));
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {  // in index order; four values a load, loads ahead of the adds
     float s = 0.f;
-    for (int i = 0; i < E; ++i) s += p[i];
+    int i = 0;
+#pragma unroll 8
+    for (; i + 4 <= E; i += 4) {
+      const float4 q = *reinterpret_cast<const float4*>(p + i);
+      s += q.x, s += q.y, s += q.z, s += q.w;
+    }
+    for (; i < E; ++i) s += p[i];
     total = s;
   }
   __syncthreads();

@@ -49,28 +49,28 @@ __device__ __forceinline__ Best better(Best a, Best b) { return (a.v > b.v || (a
 
 // idx[0..k) = the indices of the k largest of v[0..n), largest first, ties to the lower index
 // (cpu::top_k): k rounds of a block argmax, each excluding the indices already taken. taken:
-// shared memory of n bytes. Called by every thread of the block; ends with a barrier.
+// shared memory of n bytes. Thread j reads and marks only the indices j, j + THREADS, ... and every
+// thread finds each round's winner from the warps' bests (two buffers, by round parity), so that a
+// round takes one barrier. Called by every thread of the block; ends with a barrier.
 template <int THREADS>
 __device__ void block_top_k(const float* v, int n, int k, unsigned char* taken, int* idx) {
-  __shared__ Best warp_best[THREADS / 32];
+  __shared__ Best warp_best[2][THREADS / 32];
   for (int i = threadIdx.x; i < n; i += THREADS) taken[i] = 0;
-  __syncthreads();
   for (int round = 0; round < k; ++round) {
     Best b{-INFINITY, INT_MAX};
     for (int i = threadIdx.x; i < n; i += THREADS)
       if (!taken[i]) b = better(b, Best{v[i], i});
     for (int o = 16; o > 0; o >>= 1)
       b = better(b, Best{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)});
-    if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = b;
+    Best* bests = warp_best[round & 1];
+    if ((threadIdx.x & 31) == 0) bests[threadIdx.x >> 5] = b;
     __syncthreads();
-    if (threadIdx.x == 0) {
-      Best all = warp_best[0];
-      for (int w = 1; w < THREADS / 32; ++w) all = better(all, warp_best[w]);
-      idx[round] = all.i;
-      taken[all.i] = 1;
-    }
-    __syncthreads();
+    Best all = bests[0];
+    for (int w = 1; w < THREADS / 32; ++w) all = better(all, bests[w]);
+    if (all.i % THREADS == int(threadIdx.x)) taken[all.i] = 1;
+    if (threadIdx.x == 0) idx[round] = all.i;
   }
+  __syncthreads();
 }
 
 __device__ __forceinline__ float bf16_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
