@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kThreads) bf16_matmul_kernel(const float* __re
 constexpr int kMmaWarps = kThreads / 32;
 
 // The tensor-core kernel (mma_row_sets): kMmaWarps / ks row sets a block, each warp a 16-row tile
-// and a share of its lane blocks. Three blocks fit on a multiprocessor at T = 1 (80 registers).
+// and a share of its lane blocks. Two or three blocks fit on a multiprocessor at T = 1 (kMatvecBlocksPerSm).
 // Launched overlapped (launch.cuh): its launch and first weight prefetches overlap the kernel
 // before. On the H200 that took an expert-sized 4-bit matvec from 4.9 to 3.7 us, the dense 8192²
 // from 17.7 to 16.0 us and the 4-bit lm_head from 85 to 88 % of the copy rate. A block lets the

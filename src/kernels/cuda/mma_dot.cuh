@@ -167,13 +167,14 @@ __device__ __forceinline__ float pow2f(int e) {
 }
 
 // Stages TT rows of x [TT, cols] (rows from `valid` on, and chunks past cols / 32, read as zero).
-// The values of a unit (G consecutive chunks, which a lane reads together) become X = x·2^-e, e = ilogb(max |x|)
-// − 29 (no less than −149, so that 2^e is a float; 2^e is NaN for a unit holding a NaN or an
-// infinity). xb [nquads + 1][kMmaSteps][TT][kQuadChunks][kMmaParts] holds the B registers (byte p
-// of the X of the codes code_of names: A register 0's in .x, 1's in .y; the last quad all zeros,
-// what lanes that supply no byte read), pow2 [TT][nquads·4/G] holds 2^e and xsum [TT][nquads·4/G]
-// Σx (for the bias term b·Σx) by unit (rows nquads·4 apart). A thread takes a chunk, and the G
-// threads of a unit are adjacent lanes. Every thread of the block must call it; it ends with a barrier.
+// The values of a unit (G consecutive chunks, which one lane reads) become X = x·2^-e,
+// e = ilogb(max |x|) − 29 (no less than −149, so that 2^e is a float; 2^e is NaN for a unit
+// holding a NaN or an infinity). xb [nquads + 1][kMmaSteps][TT][kQuadChunks][kMmaParts] holds the
+// B registers (byte p of the X of the codes code_of names: A register 0's in .x, 1's in .y; the
+// last quad all zeros, what lanes that supply no byte read), pow2 [TT][nquads·4/G] holds 2^e and
+// xsum [TT][nquads·4/G] Σx (for the bias term b·Σx) by unit (rows nquads·4 apart). A thread takes
+// a chunk, and the G threads of a unit are adjacent lanes. Every thread of the block must call
+// it; it ends with a barrier.
 template <int BITS, int L, int G, int THREADS>
 __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT, int valid, int cols, uint2* xb,
                                             float* pow2, float* xsum) {
@@ -484,9 +485,9 @@ __host__ __device__ inline int mma_sets(int rows, int warps, int ks_log2) {
 // The dot products of the rows of M matrices (of the same shape) with the TT tokens of X, over
 // this block's row sets (blockIdx.x, + gridDim.x, ...; (WARPS / ks)·16 rows each): a warp takes a
 // 16-row tile of each set and its share of the tile's lane blocks (warp_blocks; ks = 2^ks_log2),
-// U at once, and the ks partial sums meet in `partial` ([WARPS][M][16][TT] floats of shared memory), added in
-// warp order. store(row, tt, v) gets v[m] = W[m] row · x_tt once for each row. Every thread of
-// the block calls it; with ks = 1 there are no barriers.
+// U at once, and the ks partial sums meet in `partial` ([WARPS][M][16][TT] floats of shared
+// memory), added in warp order. store(row, tt, v) gets v[m] = W[m] row · x_tt once for each row.
+// Every thread of the block calls it; with ks = 1 there are no barriers.
 template <int BITS, int L, int G, int U, int TT, int M, int WARPS, class Store>
 __device__ __forceinline__ void mma_row_sets(const StagedX& X, const WeightArgs (&W)[M], int ks_log2, float* partial,
                                              Store&& store) {
