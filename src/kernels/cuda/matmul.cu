@@ -76,18 +76,15 @@ template <int BITS, int L, int G, int TT>
 __global__ void __launch_bounds__(kThreads, kMatvecBlocksPerSm<BITS, L, G, TT>)
     matvec_mma_kernel(const float* __restrict__ x, int T, WeightArgs W, float* __restrict__ y, int ks_log2) {
   constexpr int U = kMatvecAtOnce<BITS, L, G, TT>;
-  extern __shared__ uint2 xb[];
-  const int nquads = quads_of(W.cols, L), padded = nquads * kQuadChunks;
-  float* pow2 = reinterpret_cast<float*>(xb + (size_t(nquads) + 1) * quad_entries(TT));
-  float* xsum = pow2 + size_t(TT) * padded;
-  float* partial = xsum + size_t(TT) * padded;  // [kMmaWarps][16][TT]
+  extern __shared__ uint2 smem[];
+  const SplitSmem s = split_smem<L>(smem, TT, W.cols);  // rest: partial sums [kMmaWarps][16][TT]
   const int t0 = blockIdx.y * TT, warp = threadIdx.x >> 5;
-  const int2 blocks = warp_blocks(nquads / L, ks_log2, warp);
+  const int2 blocks = warp_blocks(s.nquads / L, ks_log2, warp);
   prefetch_rows<BITS, L, U>(W, blockIdx.x * ((kMmaWarps >> ks_log2) * 16) + (warp >> ks_log2) * 16, blocks.x, blocks.y);
   grid_dependency_wait();  // x is the kernel before's output, y may be its input
-  stage_split<BITS, L, G, kThreads>(x + size_t(t0) * W.cols, TT, T - t0, W.cols, xb, pow2, xsum);
+  stage_split<BITS, L, G, kThreads>(x + size_t(t0) * W.cols, TT, T - t0, W.cols, s.xb, s.pow2, s.xsum);
   const WeightArgs Ws[1] = {W};
-  mma_row_sets<BITS, L, G, U, TT, 1, kMmaWarps>(StagedX{xb, pow2, xsum, nquads, TT, 0}, Ws, ks_log2, partial,
+  mma_row_sets<BITS, L, G, U, TT, 1, kMmaWarps>(StagedX{s.xb, s.pow2, s.xsum, s.nquads, TT, 0}, Ws, ks_log2, s.rest,
                                                 [&](int row, int tt, const float (&v)[1]) {
                                                   if (t0 + tt < T) y[size_t(t0 + tt) * W.rows + row] = v[0];
                                                 });

@@ -148,6 +148,22 @@ struct StagedX {
   int nquads, tokens, tt0;
 };
 
+// A kernel's dynamic shared memory carved as split_bytes counts it for `tokens` tokens of `cols`
+// columns: where stage_split writes, and `rest`, the kernel's own space after it.
+struct SplitSmem {
+  uint2* xb;
+  float *pow2, *xsum, *rest;
+  int nquads;
+};
+
+template <int L>
+__device__ __forceinline__ SplitSmem split_smem(uint2* smem, int tokens, int cols) {
+  const int nquads = quads_of(cols, L);
+  const size_t units = size_t(tokens) * nquads * kQuadChunks;  // room for one a chunk
+  float* pow2 = reinterpret_cast<float*>(smem + (size_t(nquads) + 1) * quad_entries(tokens));
+  return {smem, pow2, pow2 + units, pow2 + 2 * units, nquads};
+}
+
 // X (|X| < 2^30) as its balanced base-256 digits, X = Σ_p d_p·256^p with each d_p in [-128, 127],
 // byte p of the result: with Y = X + 0x808080, d_p = byte p of Y − 128 (that byte xor 0x80 as a
 // signed byte) for p < 3 and d_3 = byte 3 of Y.

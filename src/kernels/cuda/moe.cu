@@ -150,21 +150,18 @@ __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(co
                                                                          const uint8_t* const* records, ProjArgs gate,
                                                                          ProjArgs up, float* __restrict__ h,
                                                                          int ks_log2) {
-  extern __shared__ uint2 xb[];
+  extern __shared__ uint2 smem[];
   constexpr int U = kBlocksAtOnce<BITS, L>;
   const int H = gate.cols, I = gate.rows, j = blockIdx.y, warp = threadIdx.x >> 5;
-  const int nquads = quads_of(H, L), padded = nquads * kQuadChunks;
-  float* pow2 = reinterpret_cast<float*>(xb + (size_t(nquads) + 1) * quad_entries(1));
-  float* xsum = pow2 + padded;
-  float* partial = xsum + padded;  // [kGateUpMmaWarps][2][16]
+  const SplitSmem s = split_smem<L>(smem, 1, H);  // rest: partial sums [kGateUpMmaWarps][2][16]
   const uint8_t* record = records[j];
   const WeightArgs W[2] = {weights_of(record, gate), weights_of(record, up)};
-  const int2 blocks = warp_blocks(nquads / L, ks_log2, warp);
+  const int2 blocks = warp_blocks(s.nquads / L, ks_log2, warp);
   const int r0 = blockIdx.x * ((kGateUpMmaWarps >> ks_log2) * 16) + (warp >> ks_log2) * 16;
 #pragma unroll
   for (int m = 0; m < 2; ++m) prefetch_rows<BITS, L, U>(W[m], r0, blocks.x, blocks.y);
-  stage_split<BITS, L, G, kGateUpMmaWarps * 32>(x + size_t(j / K) * H, 1, 1, H, xb, pow2, xsum);
-  mma_row_sets<BITS, L, G, U, 1, 2, kGateUpMmaWarps>(StagedX{xb, pow2, xsum, nquads, 1, 0}, W, ks_log2, partial,
+  stage_split<BITS, L, G, kGateUpMmaWarps * 32>(x + size_t(j / K) * H, 1, 1, H, s.xb, s.pow2, s.xsum);
+  mma_row_sets<BITS, L, G, U, 1, 2, kGateUpMmaWarps>(StagedX{s.xb, s.pow2, s.xsum, s.nquads, 1, 0}, W, ks_log2, s.rest,
                                                      [&](int row, int, const float (&v)[2]) {
                                                        h[size_t(j) * I + row] = v[0] / (1.0f + expf(-v[0])) * v[1];
                                                      });
@@ -178,22 +175,21 @@ __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const floa
                                                                     const uint8_t* const* records,
                                                                     const float* __restrict__ weights, ProjArgs down,
                                                                     float* __restrict__ out) {
-  extern __shared__ uint2 xb[];
+  extern __shared__ uint2 smem[];
   const int I = down.cols, H = down.rows, t = blockIdx.y, r0 = blockIdx.x * 16;
-  const int nquads = quads_of(I, L), padded = nquads * kQuadChunks, nblocks = nquads / L, items = K * nblocks;
-  float* pow2 = reinterpret_cast<float*>(xb + (size_t(nquads) + 1) * quad_entries(K));
-  float* xsum = pow2 + size_t(K) * padded;
-  float* partial = xsum + size_t(K) * padded;  // [K][nblocks][16]
+  const SplitSmem s = split_smem<L>(smem, K, I);
+  const int nblocks = s.nquads / L, items = K * nblocks;
+  float* partial = s.rest;  // [K][nblocks][16]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   auto weights_k = [&](int k) { return weights_of(records[size_t(t) * K + k], down); };
   if (warp < items) prefetch_rows<BITS, L, 1>(weights_k(warp / nblocks), r0, warp % nblocks, warp % nblocks + 1);
-  stage_split<BITS, L, G, kDownMmaWarps * 32>(h + size_t(t) * K * I, K, K, I, xb, pow2, xsum);
+  stage_split<BITS, L, G, kDownMmaWarps * 32>(h + size_t(t) * K * I, K, K, I, s.xb, s.pow2, s.xsum);
 
   for (int item = warp; item < items; item += kDownMmaWarps) {  // uniform over the warp
     const int k = item / nblocks, lb = item % nblocks;
     const WeightArgs W[1] = {weights_k(k)};
     float acc[1][2][1] = {};
-    mma_dot_rows<BITS, L, G, 1, 1, 1>(StagedX{xb, pow2, xsum, nquads, K, k}, W, r0, lb, lb + 1, acc);
+    mma_dot_rows<BITS, L, G, 1, 1, 1>(StagedX{s.xb, s.pow2, s.xsum, s.nquads, K, k}, W, r0, lb, lb + 1, acc);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const float v = sum_lanes(acc[0][hh][0], 4);
