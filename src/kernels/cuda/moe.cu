@@ -145,6 +145,8 @@ __global__ void __launch_bounds__(kDownThreads) down_sum_bf16_kernel(const float
 
 // gate and up of record j = blockIdx.y on x[j / K] on the tensor cores, both loaded together
 // (mma_row_sets over the row sets blockIdx.x, ...), and h[j] = silu(gate·x) · (up·x) for them.
+// Launched overlapped, as down_mma_kernel: only the launch overlaps the kernel before, because the
+// records may be what it wrote (lookup_records), so the kernel waits before it reads anything.
 template <int BITS, int L, int G>
 __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(const float* __restrict__ x, int K,
                                                                          const uint8_t* const* records, ProjArgs gate,
@@ -154,6 +156,7 @@ __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(co
   constexpr int U = kBlocksAtOnce<BITS, L>;
   const int H = gate.cols, I = gate.rows, j = blockIdx.y, warp = threadIdx.x >> 5;
   const SplitSmem s = split_smem<L>(smem, 1, H);  // rest: partial sums [kGateUpMmaWarps][2][16]
+  grid_dependency_wait();
   const uint8_t* record = records[j];
   const WeightArgs W[2] = {weights_of(record, gate), weights_of(record, up)};
   const int2 blocks = warp_blocks(s.nquads / L, ks_log2, warp);
@@ -165,6 +168,7 @@ __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(co
                                                      [&](int row, int, const float (&v)[2]) {
                                                        h[size_t(j) * I + row] = v[0] / (1.0f + expf(-v[0])) * v[1];
                                                      });
+  grid_dependents_may_start();
 }
 
 // Block (b, t): rows [16b, 16b + 16) of out[t] on the tensor cores. The K rows h[t·K + k] are
@@ -182,6 +186,7 @@ __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const floa
   float* partial = s.rest;  // [K][nblocks][16]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   auto weights_k = [&](int k) { return weights_of(records[size_t(t) * K + k], down); };
+  grid_dependency_wait();
   if (warp < items) prefetch_rows<BITS, L, 1>(weights_k(warp / nblocks), r0, warp % nblocks, warp % nblocks + 1);
   stage_split<BITS, L, G, kDownMmaWarps * 32>(h + size_t(t) * K * I, K, K, I, s.xb, s.pow2, s.xsum);
 
@@ -207,6 +212,7 @@ __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const floa
     }
     out[size_t(t) * H + size_t(r0 + i)] = o;
   }
+  grid_dependents_may_start();
 }
 
 void check_smem(size_t need, int max, const char* what) {
@@ -262,8 +268,7 @@ void launch_gate_up_mma(const float* x, int n, int K, const uint8_t* const* reco
   const int resident = resident_blocks(kernel, kGateUpMmaWarps * 32, smem, lim, "cuda::moe_experts: gate/up", gate.cols);
   const int ks_log2 = mma_split_log2(gate.rows, quads_of(gate.cols, L) / L, n, resident, kGateUpMmaWarps);
   const dim3 grid(unsigned(mma_sets(gate.rows, kGateUpMmaWarps, ks_log2)), unsigned(n));
-  kernel<<<grid, kGateUpMmaWarps * 32, smem>>>(x, K, records, gate, up, h, ks_log2);
-  CUDA_CHECK_LAUNCH();
+  launch_overlapped(kernel, lim.overlap, grid, kGateUpMmaWarps * 32, smem, x, K, records, gate, up, h, ks_log2);
 }
 
 template <int BITS, int L, int G>
@@ -274,8 +279,7 @@ void launch_down_mma(const float* h, int T, int K, const uint8_t* const* records
   const size_t smem = down_mma_smem(K, down.cols, L);
   resident_blocks(kernel, kDownMmaWarps * 32, smem, lim, "cuda::moe_experts: down", down.cols);
   const dim3 grid(unsigned((down.rows + 15) / 16), unsigned(T));
-  kernel<<<grid, kDownMmaWarps * 32, smem>>>(h, K, records, weights, down, out);
-  CUDA_CHECK_LAUNCH();
+  launch_overlapped(kernel, lim.overlap, grid, kDownMmaWarps * 32, smem, h, K, records, weights, down, out);
 }
 
 // Whether a lane may load several of a projection's scales (and biases) at once: records are
