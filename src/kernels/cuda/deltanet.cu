@@ -428,8 +428,6 @@ void check_heads(int n_k_heads, int n_v_heads) {
              " is not a positive multiple of n_k_heads " + std::to_string(n_k_heads));
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* state, float* out) {
@@ -455,7 +453,7 @@ void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, 
 
 bool chunked_delta_rule_fits(const float* k, int dk, int dv, const float* state, const float* out) {
   return dk > 0 && dv > 0 && dk % 4 == 0 && dv % 4 == 0 && state_smem_bytes(dk) <= size_t(optin_smem()) &&
-         aligned16(k) && aligned16(state) && aligned16(out);
+         aligned(k, 16) && aligned(state, 16) && aligned(out, 16);
 }
 
 void gated_delta_rule_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
