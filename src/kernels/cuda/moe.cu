@@ -56,15 +56,19 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   float* pr = probs + size_t(blockIdx.x) * E;
   for (int i = threadIdx.x; i < E; i += kRouteThreads) pr[i] = p[i] = p[i] / sum;
   __syncthreads();
+  // Every thread sums the picked probabilities in round order (the same sum in each), and the
+  // thread of a round writes its id and weight: no thread reads back what another wrote.
   int* id = ids + size_t(blockIdx.x) * K;
-  block_top_k<kRouteThreads>(p, E, K, taken, id);
-  if (threadIdx.x == 0) {  // the ids it wrote itself
-    float* w = weights + size_t(blockIdx.x) * K;
-    float s = 0.f;
-    for (int k = 0; k < K; ++k) s += (w[k] = p[id[k]]);
-    if (norm_topk)
-      for (int k = 0; k < K; ++k) w[k] /= s;
-  }
+  float* w = weights + size_t(blockIdx.x) * K;
+  float picked = 0.f, s = 0.f;
+  block_top_k<kRouteThreads>(p, E, K, taken, [&](int round, int i, float v) {
+    s += v;
+    if (round % kRouteThreads == int(threadIdx.x)) id[round] = i, w[round] = v;
+    if (round == int(threadIdx.x)) picked = v;
+  });
+  if (!norm_topk) return;
+  if (int(threadIdx.x) < K) w[threadIdx.x] = picked / s;
+  for (int k = int(threadIdx.x) + kRouteThreads; k < K; k += kRouteThreads) w[k] /= s;  // past a round each thread
 }
 
 // A projection's place in a record, as the kernels take it.

@@ -87,7 +87,10 @@ __global__ void softmax_kernel(float* x, int n) {
 // One block per row.
 __global__ void top_k_kernel(const float* x, int n, int k, int* idx) {
   extern __shared__ unsigned char taken[];  // [n]
-  block_top_k<kThreads>(x + size_t(blockIdx.x) * n, n, k, taken, idx + size_t(blockIdx.x) * k);
+  int* out = idx + size_t(blockIdx.x) * k;
+  block_top_k<kThreads>(x + size_t(blockIdx.x) * n, n, k, taken, [&](int round, int i, float) {
+    if (round % kThreads == int(threadIdx.x)) out[round] = i;
+  });
 }
 
 }  // namespace

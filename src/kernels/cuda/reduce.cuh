@@ -47,13 +47,14 @@ struct Best {
 // a ranks before b: larger value, then lower index.
 __device__ __forceinline__ Best better(Best a, Best b) { return (a.v > b.v || (a.v == b.v && a.i < b.i)) ? a : b; }
 
-// idx[0..k) = the indices of the k largest of v[0..n), largest first, ties to the lower index
-// (cpu::top_k): k rounds of a block argmax, each excluding the indices already taken. taken:
-// shared memory of n bytes. Thread j reads and marks only the indices j, j + THREADS, ... and every
-// thread finds each round's winner from the warps' bests (two buffers, by round parity), so that a
-// round takes one barrier. Called by every thread of the block; ends with a barrier.
-template <int THREADS>
-__device__ void block_top_k(const float* v, int n, int k, unsigned char* taken, int* idx) {
+// The k largest of v[0..n), largest first, ties to the lower index (cpu::top_k): k rounds of a
+// block argmax, each excluding the indices already taken; every thread calls pick(round, index,
+// value) with each round's winner, in order. taken: shared memory of n bytes. Thread j reads and
+// marks only the indices j, j + THREADS, ... and every thread finds each round's winner from the
+// warps' bests (two buffers, by round parity), so that a round takes one barrier. Called by every
+// thread of the block; ends with a barrier.
+template <int THREADS, class Pick>
+__device__ void block_top_k(const float* v, int n, int k, unsigned char* taken, Pick&& pick) {
   __shared__ Best warp_best[2][THREADS / 32];
   for (int i = threadIdx.x; i < n; i += THREADS) taken[i] = 0;
   for (int round = 0; round < k; ++round) {
@@ -68,7 +69,7 @@ __device__ void block_top_k(const float* v, int n, int k, unsigned char* taken, 
     Best all = bests[0];
     for (int w = 1; w < THREADS / 32; ++w) all = better(all, bests[w]);
     if (all.i % THREADS == int(threadIdx.x)) taken[all.i] = 1;
-    if (threadIdx.x == 0) idx[round] = all.i;
+    pick(round, all.i, all.v);
   }
   __syncthreads();
 }

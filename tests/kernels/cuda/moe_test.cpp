@@ -85,7 +85,8 @@ TEST(CudaRoute, IdsMatchCpuExactly) {
                              {16, 512, 10, true, RouteCase::NearTies}, {3, 128, 8, true, RouteCase::NearTies},
                              {2, 64, 4, false, RouteCase::NearTies},   {2, 64, 64, true, RouteCase::Random},
                              {2, 512, 10, true, RouteCase::AllEqual},  {3, 512, 10, false, RouteCase::Underflow},
-                             {2, 8192, 1, true, RouteCase::NearTies},  {1, 7, 3, true, RouteCase::Random}};
+                             {2, 8192, 1, true, RouteCase::NearTies},  {1, 7, 3, true, RouteCase::Random},
+                             {2, 1024, 600, true, RouteCase::NearTies}, {1, 700, 300, false, RouteCase::Random}};  // past a round a thread
   for (const RouteCase& c : cases) {
     Vec logits;
     for (int t = 0; t < c.T; ++t) {
