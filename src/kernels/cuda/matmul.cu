@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, kMatvecBlocksPerSm<BITS, L, G, TT>)
   const SplitSmem s = split_smem<L>(smem, TT, W.cols);  // rest: partial sums [kMmaWarps][16][TT]
   const int t0 = blockIdx.y * TT, warp = threadIdx.x >> 5;
   const int2 blocks = warp_blocks(s.nquads / L, ks_log2, warp);
-  prefetch_rows<BITS, L, U>(W, blockIdx.x * ((kMmaWarps >> ks_log2) * 16) + (warp >> ks_log2) * 16, blocks.x, blocks.y);
+  prefetch_rows<BITS, L, U>(W, tile_row0<kMmaWarps>(blockIdx.x, ks_log2), blocks.x, blocks.y);
   grid_dependency_wait();  // x is the kernel before's output, y may be its input
   stage_split<BITS, L, G, kThreads>(x + size_t(t0) * W.cols, TT, T - t0, W.cols, s.xb, s.pow2, s.xsum);
   const WeightArgs Ws[1] = {W};

@@ -492,6 +492,13 @@ __device__ __forceinline__ int2 warp_blocks(int nblocks, int ks_log2, int warp) 
   return make_int2(b0, min(b0 + per_warp, nblocks));
 }
 
+// The first row of the 16-row tile of row set `set` that this warp (of WARPS) takes when ks =
+// 2^ks_log2 warps split each tile's lane blocks.
+template <int WARPS>
+__device__ __forceinline__ int tile_row0(int set, int ks_log2) {
+  return (set * (WARPS >> ks_log2) + (int(threadIdx.x >> 5) >> ks_log2)) * 16;
+}
+
 // Row sets of `rows` rows when ks = 2^ks_log2 of `warps` warps split each tile's lane blocks.
 __host__ __device__ inline int mma_sets(int rows, int warps, int ks_log2) {
   const int rows_per_set = (warps >> ks_log2) * 16;
@@ -512,7 +519,7 @@ __device__ __forceinline__ void mma_row_sets(const StagedX& X, const WeightArgs 
   const int2 blocks = warp_blocks(X.nquads / L, ks_log2, warp);
   const int nsets = mma_sets(rows, WARPS, ks_log2);
   for (int set = blockIdx.x; set < nsets; set += gridDim.x) {  // uniform over the block
-    const int r0 = set * rows_per_set + (warp >> ks_log2) * 16;
+    const int r0 = tile_row0<WARPS>(set, ks_log2);
     float acc[M][2][TT] = {};
     mma_dot_rows<BITS, L, G, U, TT, M>(X, W, r0, blocks.x, blocks.y, acc);
 #pragma unroll
