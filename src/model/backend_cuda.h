@@ -17,10 +17,10 @@
 
 namespace ms {
 
-// Stream-ordered device memory on the default stream (cudaMallocAsync): cheap enough to take
-// per activation.
+// Stream-ordered device memory on the default stream (cudaMallocAsync, small sizes reused):
+// cheap enough to take per activation. device_free takes the size device_alloc was given.
 void* device_alloc(size_t bytes);
-void device_free(void* p);
+void device_free(void* p, size_t bytes);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_on_device(void* dst, const void* src, size_t bytes);
@@ -31,7 +31,7 @@ class DeviceArray {
  public:
   DeviceArray() = default;
   explicit DeviceArray(size_t n) : p_(static_cast<T*>(device_alloc(n * sizeof(T)))), n_(n) {}
-  ~DeviceArray() { device_free(p_); }
+  ~DeviceArray() { device_free(p_, n_ * sizeof(T)); }
   DeviceArray(DeviceArray&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
   DeviceArray& operator=(DeviceArray&& o) noexcept {
     std::swap(p_, o.p_);
