@@ -54,7 +54,6 @@ struct CpuBackend {
                         int nv, int dk, int dv, float* st, float* out) const {
     cpu::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);
   }
-  void l2norm_heads(float* x, int rows, int dim, float eps) const { cpu::l2norm_heads(x, rows, dim, eps); }
   void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) const {
     cpu::rmsnorm_gated(x, z, w, rows, dim, eps, out);
   }
@@ -69,14 +68,13 @@ struct CpuBackend {
   void sigmoid_mul(float* x, const float* gate, size_t n) const {
     for (size_t i = 0; i < n; ++i) x[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
   }
-  void scale(float* x, float s, size_t n) const {
-    for (size_t i = 0; i < n; ++i) x[i] *= s;
-  }
   void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t width, size_t rows) const {
     for (size_t r = 0; r < rows; ++r) std::copy_n(src + r * src_stride, width, dst + r * dst_stride);
   }
   void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv, float* z,
                       float* b, float* a) const;
+  void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale, float* q,
+                    float* k, float* v) const;
   void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
                       float* beta) const;
   void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H) const {

@@ -142,19 +142,21 @@ struct CudaBackend {
                         int nv, int dk, int dv, float* st, float* out) const {
     cuda::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);
   }
-  void l2norm_heads(float* x, int rows, int dim, float eps) const { cuda::l2norm_heads(x, rows, dim, eps); }
   void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) const {
     cuda::rmsnorm_gated(x, z, w, rows, dim, eps, out);
   }
   void add(float* x, const float* y, size_t n) const { cuda::add(x, y, int64_t(n)); }
   void sigmoid_mul(float* x, const float* gate, size_t n) const { cuda::sigmoid_mul(x, gate, int64_t(n)); }
-  void scale(float* x, float s, size_t n) const { cuda::scale(x, s, int64_t(n)); }
   void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t width, size_t rows) const {
     cuda::copy_rows(dst, int(dst_stride), src, int(src_stride), int(width), int(rows));
   }
   void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv, float* z,
                       float* b, float* a) const {
     cuda::deltanet_split(qkvz, ba, T, nk, nv, dk, dv, qkv, z, b, a);
+  }
+  void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale, float* q,
+                    float* k, float* v) const {
+    cuda::deltanet_qkv(mixed, T, nk, nv, dk, dv, eps, q_scale, q, k, v);
   }
   void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
                       float* beta) const {

@@ -34,6 +34,21 @@ void CpuBackend::deltanet_split(const float* qkvz, const float* ba, int T, int n
   }
 }
 
+// The conv's output [T][q, k, v] split, q and k L2-normalised per head, q then scaled.
+void CpuBackend::deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale,
+                              float* q, float* k, float* v) const {
+  const size_t key_dim = size_t(nk) * size_t(dk), value_dim = size_t(nv) * size_t(dv);
+  const size_t conv_dim = 2 * key_dim + value_dim;
+  for (size_t t = 0; t < size_t(T); ++t) {
+    std::copy_n(mixed + t * conv_dim, key_dim, q + t * key_dim);
+    std::copy_n(mixed + t * conv_dim + key_dim, key_dim, k + t * key_dim);
+    std::copy_n(mixed + t * conv_dim + 2 * key_dim, value_dim, v + t * value_dim);
+  }
+  cpu::l2norm_heads(q, T * nk, dk, eps);
+  cpu::l2norm_heads(k, T * nk, dk, eps);
+  for (size_t i = 0; i < size_t(T) * key_dim; ++i) q[i] *= q_scale;
+}
+
 void CpuBackend::deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv,
                                 float* g, float* beta) const {
   for (size_t i = 0; i < size_t(T) * size_t(nv); ++i) {
@@ -62,12 +77,7 @@ void deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& 
   be.causal_conv1d_silu(qkv.data(), T, conv_dim, be.vec(w.conv1d), cfg.conv_kernel, state.conv.data(), mixed.data());
 
   typename B::Buf q = be.alloc(tokens * key_dim), k = be.alloc(tokens * key_dim), v = be.alloc(tokens * value_dim);
-  be.copy_rows(q.data(), key_dim, mixed.data(), size_t(conv_dim), key_dim, tokens);
-  be.copy_rows(k.data(), key_dim, mixed.data() + key_dim, size_t(conv_dim), key_dim, tokens);
-  be.copy_rows(v.data(), value_dim, mixed.data() + 2 * key_dim, size_t(conv_dim), value_dim, tokens);
-  be.l2norm_heads(q.data(), T * nk, dk, 1e-6f);
-  be.l2norm_heads(k.data(), T * nk, dk, 1e-6f);
-  be.scale(q.data(), 1.0f / std::sqrt(float(dk)), q.size());
+  be.deltanet_qkv(mixed.data(), T, nk, nv, dk, dv, 1e-6f, 1.0f / std::sqrt(float(dk)), q.data(), k.data(), v.data());
 
   typename B::Buf g = be.alloc(tokens * size_t(nv)), beta = be.alloc(tokens * size_t(nv));
   be.deltanet_gates(b.data(), a.data(), be.vec(w.A_log), be.vec(w.dt_bias), T, nv, g.data(), beta.data());

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
 
 namespace ms::cuda {
 namespace {
@@ -26,9 +27,29 @@ __global__ void sigmoid_mul_kernel(float* x, const float* gate, int64_t n) {
   if (i < n) x[i] *= sigmoid(gate[i]);
 }
 
-__global__ void scale_kernel(float* x, float s, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (i < n) x[i] *= s;
+// Block (head, t): head < 2·nk a head of q or k, L2-normalised (the sum of squares in double, as
+// cpu::l2norm_heads), q's then scaled; past them a head of v, copied.
+__global__ void deltanet_qkv_kernel(const float* mixed, int nk, int nv, int dk, int dv, float eps, float q_scale,
+                                    float* q, float* k, float* v) {
+  const int head = blockIdx.x, t = blockIdx.y;
+  const size_t key_dim = size_t(nk) * dk, value_dim = size_t(nv) * dv;
+  const float* row = mixed + size_t(t) * (2 * key_dim + value_dim);
+  if (head >= 2 * nk) {  // uniform over the block
+    const int j = head - 2 * nk;
+    for (int i = threadIdx.x; i < dv; i += kThreads) v[size_t(t) * value_dim + size_t(j) * dv + i] = row[2 * key_dim + size_t(j) * dv + i];
+    return;
+  }
+  const bool is_q = head < nk;
+  const float* src = row + size_t(head) * dk;  // k's heads follow q's in the row
+  float* dst = (is_q ? q : k) + size_t(t) * key_dim + size_t(is_q ? head : head - nk) * dk;
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < dk; i += kThreads) ss += double(src[i]) * src[i];
+  ss = block_reduce<kThreads, false>(ss);
+  const float inv = float(1.0 / sqrt(ss + double(eps)));
+  for (int i = threadIdx.x; i < dk; i += kThreads) {
+    const float y = src[i] * inv;
+    dst[i] = is_q ? y * q_scale : y;
+  }
 }
 
 // One block per (token, key head): the group [q(dk), k(dk), v(r·dv), z(r·dv)] and [b(r), a(r)].
@@ -108,9 +129,11 @@ void sigmoid_mul(float* x, const float* gate, int64_t n) {
   CUDA_CHECK_LAUNCH();
 }
 
-void scale(float* x, float s, int64_t n) {
-  if (n <= 0) return;
-  scale_kernel<<<blocks_for(n), kThreads>>>(x, s, n);
+void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale, float* q,
+                  float* k, float* v) {
+  if (T <= 0) return;
+  deltanet_qkv_kernel<<<dim3(unsigned(2 * nk + nv), unsigned(T)), kThreads>>>(mixed, nk, nv, dk, dv, eps, q_scale, q,
+                                                                              k, v);
   CUDA_CHECK_LAUNCH();
 }
 

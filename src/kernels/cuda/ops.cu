@@ -40,15 +40,6 @@ __global__ void rmsnorm_gated_kernel(const float* x, const float* z, const float
   for (int i = threadIdx.x; i < dim; i += kThreads) o[i] = silu(zr[i]) * (w[i] * (xr[i] * inv));
 }
 
-__global__ void l2norm_kernel(float* x, int dim, float eps) {
-  float* xr = x + size_t(blockIdx.x) * dim;
-  double ss = 0.0;
-  for (int i = threadIdx.x; i < dim; i += kThreads) ss += double(xr[i]) * xr[i];
-  ss = block_reduce<kThreads, false>(ss);
-  const float inv = float(1.0 / sqrt(ss + double(eps)));
-  for (int i = threadIdx.x; i < dim; i += kThreads) xr[i] *= inv;
-}
-
 // One thread per (token, head, rotated pair); the frequency as the CPU computes it (double pow,
 // rounded to float), the angle in float.
 __global__ void rope_kernel(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta) {
@@ -104,12 +95,6 @@ void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, fl
 void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) {
   if (rows <= 0) return;
   rmsnorm_gated_kernel<<<rows, kThreads>>>(x, z, w, dim, eps, out);
-  CUDA_CHECK_LAUNCH();
-}
-
-void l2norm_heads(float* x, int rows, int dim, float eps) {
-  if (rows <= 0) return;
-  l2norm_kernel<<<rows, kThreads>>>(x, dim, eps);
   CUDA_CHECK_LAUNCH();
 }
 

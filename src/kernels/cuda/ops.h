@@ -60,19 +60,21 @@ size_t moe_scratch_floats(int T, int K, const RecordMat (&proj)[3]);
 void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* state, float* out);
 void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
                       int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out);
-void l2norm_heads(float* x, int rows, int dim, float eps);
 void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out);
 
 // The model's glue (model_ops.cu), each the loop of src/model/ it stands for.
 void add(float* x, const float* y, int64_t n);                 // x += y
 void sigmoid_mul(float* x, const float* gate, int64_t n);      // x *= sigmoid(gate)
-void scale(float* x, float s, int64_t n);                      // x *= s
 // rows rows of width floats from src (row stride src_stride) to dst (row stride dst_stride).
 void copy_rows(float* dst, int dst_stride, const float* src, int src_stride, int width, int rows);
 // Qwen3-Next's in_proj_qkvz / in_proj_ba outputs regrouped into the conv's channel order
 // (all q, all k, all v) and z, b, a (src/model/deltanet_block.cpp).
 void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv, float* z,
                     float* b, float* a);
+// The conv's output [T][q (nk·dk), k (nk·dk), v (nv·dv)] split into q, k and v, each head of q
+// and k L2-normalised (x / sqrt(Σx² + eps)) and q's then scaled by q_scale.
+void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale, float* q,
+                  float* k, float* v);
 // beta = sigmoid(b); g = -exp(A_log[h]) * softplus(a + dt_bias[h]), per [T, nv].
 void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
                     float* beta);
