@@ -39,6 +39,11 @@ struct CpuBackend {
   void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) const {
     cpu::rmsnorm(x, rows, dim, w, offset, eps, out);
   }
+  void add_rmsnorm(float* x, const float* y, int rows, int dim, const float* w, float offset, float eps,
+                   float* out) const {
+    add(x, y, size_t(rows) * size_t(dim));
+    rmsnorm(x, rows, dim, w, offset, eps, out);
+  }
   void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta) const {
     cpu::rope(x, T, heads, head_dim, rot_dim, pos0, theta);
   }

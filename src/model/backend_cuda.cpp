@@ -226,16 +226,12 @@ bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, con
   Buf logits = alloc(size_t(E)), probs = alloc(size_t(E)), weights = alloc(size_t(K));
   DeviceArray<int> ids{size_t(K)};
   matmul(x, 1, mat(w.router), logits.data());
-  cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs.data(), ids.data(), weights.data());
-
   const uint8_t* const* table = experts->resident_table(layer);
-  std::vector<int> host_ids;
-  if (!table) host_ids = ids.to_vector();
   DeviceArray<const uint8_t*> records{size_t(K)};
-  if (table) {
-    cuda::lookup_records(table, ids.data(), K, records.data());
-  } else {
-    const std::vector<const uint8_t*> acquired = experts->acquire(layer, host_ids);
+  cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs.data(), ids.data(), weights.data(), table,
+                   records.data());
+  if (!table) {
+    const std::vector<const uint8_t*> acquired = experts->acquire(layer, ids.to_vector());
     copy_to_device(records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
   }
   const std::array<ProjLayout, 3>& p = w.record_layout->proj;

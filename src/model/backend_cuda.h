@@ -127,6 +127,10 @@ struct CudaBackend {
   void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) const {
     cuda::rmsnorm(x, rows, dim, w, offset, eps, out);
   }
+  void add_rmsnorm(float* x, const float* y, int rows, int dim, const float* w, float offset, float eps,
+                   float* out) const {
+    cuda::add_rmsnorm(x, y, rows, dim, w, offset, eps, out);
+  }
   void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta) const {
     cuda::rope(x, T, heads, head_dim, rot_dim, pos0, theta);
   }

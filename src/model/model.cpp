@@ -190,8 +190,7 @@ void Model::decoder_layer(const B& be, const LayerWeights& lw, int T, typename B
   be.rmsnorm(x, T, cfg_.hidden, be.vec(lw.input_norm), offset, cfg_.rms_eps, h.data());
   if (lw.type == LayerType::FullAttention) attention_block(be, cfg_, lw.attn, h.data(), T, kv, pos0, y.data());
   else deltanet_block(be, cfg_, lw.linear, h.data(), T, *lin, y.data());
-  be.add(x, y.data(), n);
-  be.rmsnorm(x, T, cfg_.hidden, be.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h.data());
+  be.add_rmsnorm(x, y.data(), T, cfg_.hidden, be.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h.data());
   ffn_block(be, cfg_, lw.ffn, lw.moe, h.data(), T, y.data(), routes, router_probs);
   be.add(x, y.data(), n);
 }

@@ -102,11 +102,6 @@ __global__ void scatter_scaled_kernel(const float* y, const int* rows, const flo
   for (int h = threadIdx.x; h < H; h += kThreads) d[h] = w * y[size_t(blockIdx.x) * H + h];
 }
 
-__global__ void lookup_records_kernel(const uint8_t* const* table, const int* ids, int n, const uint8_t** out) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j < n) out[j] = table[ids[j]];
-}
-
 __global__ void sum_slots_kernel(const float* partial, int K, int H, float* out) {
   for (int h = threadIdx.x; h < H; h += kThreads) {
     float o = 0.f;
@@ -173,12 +168,6 @@ void gather_rows(const float* src, const int* rows, int n, int H, float* dst) {
 void scatter_scaled(const float* y, const int* rows, const float* wt, int n, int H, float* dst) {
   if (n <= 0) return;
   scatter_scaled_kernel<<<unsigned(n), kThreads>>>(y, rows, wt, H, dst);
-  CUDA_CHECK_LAUNCH();
-}
-
-void lookup_records(const uint8_t* const* table, const int* ids, int n, const uint8_t** out) {
-  if (n <= 0) return;
-  lookup_records_kernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads>>>(table, ids, n, out);
   CUDA_CHECK_LAUNCH();
 }
 

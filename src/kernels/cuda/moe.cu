@@ -30,7 +30,8 @@ constexpr int kDownMmaWarps = 24;
 // probabilities are cpu::softmax's bit for bit wherever the host's expf rounds correctly (all
 // but a few values in ten thousand with glibc) and near-ties break as on the CPU.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, int K, bool norm_topk,
-                                                              float* probs, int* ids, float* weights) {
+                                                              float* probs, int* ids, float* weights,
+                                                              const uint8_t* const* table, const uint8_t** records) {
   extern __shared__ __align__(16) float p[];  // [E], then taken flags [E]
   unsigned char* taken = reinterpret_cast<unsigned char*>(p + E);
   __shared__ float total;
@@ -57,13 +58,16 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   for (int i = threadIdx.x; i < E; i += kRouteThreads) pr[i] = p[i] = p[i] / sum;
   __syncthreads();
   // Every thread sums the picked probabilities in round order (the same sum in each), and the
-  // thread of a round writes its id and weight: no thread reads back what another wrote.
+  // thread of a round writes its id, weight and record: no thread reads back what another wrote.
   int* id = ids + size_t(blockIdx.x) * K;
   float* w = weights + size_t(blockIdx.x) * K;
   float picked = 0.f, s = 0.f;
   block_top_k<kRouteThreads>(p, E, K, taken, [&](int round, int i, float v) {
     s += v;
-    if (round % kRouteThreads == int(threadIdx.x)) id[round] = i, w[round] = v;
+    if (round % kRouteThreads == int(threadIdx.x)) {
+      id[round] = i, w[round] = v;
+      if (table) records[size_t(blockIdx.x) * K + round] = table[i];
+    }
     if (round == int(threadIdx.x)) picked = v;
   });
   if (!norm_topk) return;
@@ -150,7 +154,7 @@ __global__ void __launch_bounds__(kDownThreads) down_sum_bf16_kernel(const float
 // gate and up of record j = blockIdx.y on x[j / K] on the tensor cores, both loaded together
 // (mma_row_sets over the row sets blockIdx.x, ...), and h[j] = silu(gate·x) · (up·x) for them.
 // Launched overlapped, as down_mma_kernel: only the launch overlaps the kernel before, because the
-// records may be what it wrote (lookup_records), so the kernel waits before it reads anything.
+// records may be what it wrote (route_topk), so the kernel waits before it reads anything.
 template <int BITS, int L, int G>
 __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(const float* __restrict__ x, int K,
                                                                          const uint8_t* const* records, ProjArgs gate,
@@ -327,13 +331,15 @@ ProjArgs proj_args(const RecordMat& m, const char* name) {
 
 }  // namespace
 
-void route_topk(const float* logits, int T, int E, int K, bool norm_topk, float* probs, int* ids, float* weights) {
+void route_topk(const float* logits, int T, int E, int K, bool norm_topk, float* probs, int* ids, float* weights,
+                const uint8_t* const* table, const uint8_t** records) {
   if (E <= 0 || E > kMaxExperts)
     arg_fail("cuda::route_topk: " + std::to_string(E) + " experts; 1.." + std::to_string(kMaxExperts) + " supported");
   if (K < 1 || K > E) arg_fail("cuda::route_topk: top-k " + std::to_string(K) + " outside 1.." + std::to_string(E));
   if (T <= 0) return;
+  if (table && !records) arg_fail("cuda::route_topk: a table of records and nowhere to put the routed ones");
   route_kernel<<<unsigned(T), kRouteThreads, size_t(E) * (sizeof(float) + 1)>>>(logits, E, K, norm_topk, probs, ids,
-                                                                                 weights);
+                                                                                 weights, table, records);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -27,6 +27,23 @@ __global__ void rmsnorm_kernel(const float* x, int dim, const float* w, float of
   for (int i = threadIdx.x; i < dim; i += kThreads) o[i] = xr[i] * inv * (offset + w[i]);
 }
 
+// x += y, then rmsnorm_kernel's out of it: the residual add before a norm, in one launch.
+__global__ void add_rmsnorm_kernel(float* x, const float* y, int dim, const float* w, float offset, float eps,
+                                   float* out) {
+  float* xr = x + size_t(blockIdx.x) * dim;
+  const float* yr = y + size_t(blockIdx.x) * dim;
+  float* o = out + size_t(blockIdx.x) * dim;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += kThreads) {
+    const float v = xr[i] + yr[i];
+    xr[i] = v;
+    ss += v * v;
+  }
+  ss = block_reduce<kThreads, false>(ss);
+  const float inv = 1.0f / sqrtf(ss / float(dim) + eps);
+  for (int i = threadIdx.x; i < dim; i += kThreads) o[i] = xr[i] * inv * (offset + w[i]);
+}
+
 // x / sqrt(mean(x²) + eps) · w · silu(z); the sum of squares in double as on the CPU.
 __global__ void rmsnorm_gated_kernel(const float* x, const float* z, const float* w, int dim, float eps,
                                      float* out) {
@@ -89,6 +106,12 @@ __global__ void top_k_kernel(const float* x, int n, int k, int* idx) {
 void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) {
   if (rows <= 0) return;
   rmsnorm_kernel<<<rows, kThreads>>>(x, dim, w, offset, eps, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void add_rmsnorm(float* x, const float* y, int rows, int dim, const float* w, float offset, float eps, float* out) {
+  if (rows <= 0) return;
+  add_rmsnorm_kernel<<<rows, kThreads>>>(x, y, dim, w, offset, eps, out);
   CUDA_CHECK_LAUNCH();
 }
 

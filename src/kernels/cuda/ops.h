@@ -18,6 +18,8 @@ namespace ms::cuda {
 void matmul(const float* x, int T, const Mat& W, float* y);
 
 void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out);
+// x += y, then rmsnorm of x into out.
+void add_rmsnorm(float* x, const float* y, int rows, int dim, const float* w, float offset, float eps, float* out);
 void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta);
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
                float* out);
@@ -31,8 +33,11 @@ void top_k(const float* x, int rows, int n, int k, int* idx);
 // logits [T, E]; ids [T, K] its K largest, largest first, ties to the lower index; weights
 // [T, K] their probabilities, divided by their sum (taken in k order) when norm_topk. The same
 // arithmetic as cpu::softmax (exp correctly rounded, the sum in index order), cpu::top_k and
-// src/model/ffn_block.cpp's route(), so that the routed ids are the CPU path's. E ≤ 8192.
-void route_topk(const float* logits, int T, int E, int K, bool norm_topk, float* probs, int* ids, float* weights);
+// src/model/ffn_block.cpp's route(), so that the routed ids are the CPU path's. E ≤ 8192. With a
+// layer's table of expert records (device pointers by expert id), also records[t, k] =
+// table[ids[t, k]]: the routed experts' records, for moe_experts.
+void route_topk(const float* logits, int T, int E, int K, bool norm_topk, float* probs, int* ids, float* weights,
+                const uint8_t* const* table = nullptr, const uint8_t** records = nullptr);
 
 // One projection of an expert record (format/engine_dir.h's ProjLayout, whose fields these
 // are): [rows, cols] bf16 at q_offset when bits is 16, else affine (quant/affine.h) with the q
@@ -84,8 +89,6 @@ void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H)
 void gather_rows(const float* src, const int* rows, int n, int H, float* dst);
 // dst[rows[j]] = wt[j] * y[j], rows of H; rows, wt device arrays of n.
 void scatter_scaled(const float* y, const int* rows, const float* wt, int n, int H, float* dst);
-// out[j] = table[ids[j]] for n ids: the records of routed experts from a layer's table.
-void lookup_records(const uint8_t* const* table, const int* ids, int n, const uint8_t** out);
 // out[t] = sum over k in order of partial[t, k], rows of H.
 void sum_slots(const float* partial, int T, int K, int H, float* out);
 

@@ -109,10 +109,17 @@ TEST(CudaRoute, IdsMatchCpuExactly) {
         for (int k = 0; k < c.K; ++k) w[k] /= sum;
     }
 
-    DeviceBuffer dl = dev(logits), dp(probs.size() * 4), di(ids.size() * 4), dw(weights.size() * 4);
-    route_topk(dl.as<float>(), c.T, c.E, c.K, c.norm, dp.as<float>(), di.as<int>(), dw.as<float>());
+    // A layer's table of records: distinct made-up addresses, only copied.
+    std::vector<uintptr_t> table(size_t(c.E));
+    for (size_t e = 0; e < table.size(); ++e) table[e] = 0x10000 + 4096 * e;
+    DeviceBuffer dl = dev(logits), dp(probs.size() * 4), di(ids.size() * 4), dw(weights.size() * 4),
+                 dt = DeviceBuffer::from(table), dr(ids.size() * sizeof(uintptr_t));
+    route_topk(dl.as<float>(), c.T, c.E, c.K, c.norm, dp.as<float>(), di.as<int>(), dw.as<float>(),
+               dt.as<const uint8_t* const>(), dr.as<const uint8_t*>());
     const Vec gp = host(dp), gw = host(dw);
     const std::vector<int> gi = di.to_vector<int>();
+    const std::vector<uintptr_t> records = dr.to_vector<uintptr_t>();
+    for (size_t i = 0; i < gi.size(); ++i) EXPECT_EQ(records[i], table[size_t(gi[i])]) << name(c) << " record " << i;
 
     int mismatched = 0;
     for (size_t i = 0; i < ids.size(); ++i) mismatched += gi[i] != ids[i];

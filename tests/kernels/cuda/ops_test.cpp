@@ -39,6 +39,28 @@ TEST(CudaOps, RmsNormBothOffsets) {
     }
 }
 
+// add_rmsnorm: x += y, the same additions as the CPU's (exact), then rmsnorm of the sum.
+TEST(CudaOps, AddRmsNorm) {
+  MS_REQUIRE_CUDA();
+  constexpr double kTol = 1e-5;  // as RmsNormBothOffsets
+  Rng rng(31);
+  for (float offset : {0.0f, 1.0f})
+    for (auto [rows, dim] : {std::pair{1, 2048}, {5, 100}, {9, 5120}}) {
+      Vec x = rng.normals(size_t(rows) * dim), want(x.size());
+      const Vec y = rng.normals(x.size()), w = rng.normals(size_t(dim), 0.3f);
+      DeviceBuffer dx = dev(x), dy = dev(y), dw = dev(w), dout(x.size() * sizeof(float));
+      for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+      cpu::rmsnorm(x.data(), rows, dim, w.data(), offset, 1e-6f, want.data());
+      add_rmsnorm(dx.as<float>(), dy.as<float>(), rows, dim, dw.as<float>(), offset, 1e-6f, dout.as<float>());
+      const std::string what = "offset " + std::to_string(int(offset)) + " " + std::to_string(rows) + "x" +
+                               std::to_string(dim);
+      EXPECT_EQ(host(dx), x) << what;
+      const double err = rel_diff(host(dout), want, 1e-30);
+      record("add_rmsnorm", what, err, kTol);
+      EXPECT_LE(err, kTol) << what;
+    }
+}
+
 TEST(CudaOps, RopePartialAndFull) {
   MS_REQUIRE_CUDA();
   constexpr double kTol = 2e-6;  // absolute, relative to max|x|: cos/sin of the same float angle
