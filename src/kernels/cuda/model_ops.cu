@@ -36,7 +36,8 @@ __global__ void deltanet_qkv_kernel(const float* mixed, int nk, int nv, int dk, 
   const float* row = mixed + size_t(t) * (2 * key_dim + value_dim);
   if (head >= 2 * nk) {  // uniform over the block
     const int j = head - 2 * nk;
-    for (int i = threadIdx.x; i < dv; i += kThreads) v[size_t(t) * value_dim + size_t(j) * dv + i] = row[2 * key_dim + size_t(j) * dv + i];
+    const float* src = row + 2 * key_dim + size_t(j) * dv;
+    for (int i = threadIdx.x; i < dv; i += kThreads) v[size_t(t) * value_dim + size_t(j) * dv + i] = src[i];
     return;
   }
   const bool is_q = head < nk;

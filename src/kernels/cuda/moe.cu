@@ -168,8 +168,9 @@ __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(co
   const uint8_t* record = records[j];
   const WeightArgs W[2] = {weights_of(record, gate), weights_of(record, up)};
   const int2 blocks = warp_blocks(s.nquads / L, ks_log2, warp);
+  const int r0 = tile_row0<kGateUpMmaWarps>(blockIdx.x, ks_log2);
 #pragma unroll
-  for (int m = 0; m < 2; ++m) prefetch_rows<BITS, L, U>(W[m], tile_row0<kGateUpMmaWarps>(blockIdx.x, ks_log2), blocks.x, blocks.y);
+  for (int m = 0; m < 2; ++m) prefetch_rows<BITS, L, U>(W[m], r0, blocks.x, blocks.y);
   stage_split<BITS, L, G, kGateUpMmaWarps * 32>(x + size_t(j / K) * H, 1, 1, H, s.xb, s.pow2, s.xsum);
   mma_row_sets<BITS, L, G, U, 1, 2, kGateUpMmaWarps>(StagedX{s.xb, s.pow2, s.xsum, s.nquads, 1, 0}, W, ks_log2, s.rest,
                                                      [&](int row, int, const float (&v)[2]) {

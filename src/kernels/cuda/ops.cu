@@ -17,14 +17,19 @@ constexpr int kThreads = 256;
 
 unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
 
-__global__ void rmsnorm_kernel(const float* x, int dim, const float* w, float offset, float eps, float* out) {
-  const float* xr = x + size_t(blockIdx.x) * dim;
-  float* o = out + size_t(blockIdx.x) * dim;
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < dim; i += kThreads) ss += xr[i] * xr[i];
+// o = x / sqrt(mean(x²) + eps) · (offset + w) for a row of x whose Σx² this thread's share of is ss.
+__device__ __forceinline__ void rmsnorm_row(const float* xr, float ss, int dim, const float* w, float offset,
+                                            float eps, float* o) {
   ss = block_reduce<kThreads, false>(ss);
   const float inv = 1.0f / sqrtf(ss / float(dim) + eps);
   for (int i = threadIdx.x; i < dim; i += kThreads) o[i] = xr[i] * inv * (offset + w[i]);
+}
+
+__global__ void rmsnorm_kernel(const float* x, int dim, const float* w, float offset, float eps, float* out) {
+  const float* xr = x + size_t(blockIdx.x) * dim;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += kThreads) ss += xr[i] * xr[i];
+  rmsnorm_row(xr, ss, dim, w, offset, eps, out + size_t(blockIdx.x) * dim);
 }
 
 // x += y, then rmsnorm_kernel's out of it: the residual add before a norm, in one launch.
@@ -32,16 +37,13 @@ __global__ void add_rmsnorm_kernel(float* x, const float* y, int dim, const floa
                                    float* out) {
   float* xr = x + size_t(blockIdx.x) * dim;
   const float* yr = y + size_t(blockIdx.x) * dim;
-  float* o = out + size_t(blockIdx.x) * dim;
   float ss = 0.f;
   for (int i = threadIdx.x; i < dim; i += kThreads) {
     const float v = xr[i] + yr[i];
     xr[i] = v;
     ss += v * v;
   }
-  ss = block_reduce<kThreads, false>(ss);
-  const float inv = 1.0f / sqrtf(ss / float(dim) + eps);
-  for (int i = threadIdx.x; i < dim; i += kThreads) o[i] = xr[i] * inv * (offset + w[i]);
+  rmsnorm_row(xr, ss, dim, w, offset, eps, out + size_t(blockIdx.x) * dim);
 }
 
 // x / sqrt(mean(x²) + eps) · w · silu(z); the sum of squares in double as on the CPU.

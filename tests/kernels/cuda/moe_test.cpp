@@ -86,7 +86,8 @@ TEST(CudaRoute, IdsMatchCpuExactly) {
                              {2, 64, 4, false, RouteCase::NearTies},   {2, 64, 64, true, RouteCase::Random},
                              {2, 512, 10, true, RouteCase::AllEqual},  {3, 512, 10, false, RouteCase::Underflow},
                              {2, 8192, 1, true, RouteCase::NearTies},  {1, 7, 3, true, RouteCase::Random},
-                             {2, 1024, 600, true, RouteCase::NearTies}, {1, 700, 300, false, RouteCase::Random}};  // past a round a thread
+                             // past a round a thread:
+                             {2, 1024, 600, true, RouteCase::NearTies}, {1, 700, 300, false, RouteCase::Random}};
   for (const RouteCase& c : cases) {
     Vec logits;
     for (int t = 0; t < c.T; ++t) {
