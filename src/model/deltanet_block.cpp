@@ -39,11 +39,9 @@ void CpuBackend::deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk,
                               float* q, float* k, float* v) const {
   const size_t key_dim = size_t(nk) * size_t(dk), value_dim = size_t(nv) * size_t(dv);
   const size_t conv_dim = 2 * key_dim + value_dim;
-  for (size_t t = 0; t < size_t(T); ++t) {
-    std::copy_n(mixed + t * conv_dim, key_dim, q + t * key_dim);
-    std::copy_n(mixed + t * conv_dim + key_dim, key_dim, k + t * key_dim);
-    std::copy_n(mixed + t * conv_dim + 2 * key_dim, value_dim, v + t * value_dim);
-  }
+  copy_rows(q, key_dim, mixed, conv_dim, key_dim, size_t(T));
+  copy_rows(k, key_dim, mixed + key_dim, conv_dim, key_dim, size_t(T));
+  copy_rows(v, value_dim, mixed + 2 * key_dim, conv_dim, value_dim, size_t(T));
   cpu::l2norm_heads(q, T * nk, dk, eps);
   cpu::l2norm_heads(k, T * nk, dk, eps);
   for (size_t i = 0; i < size_t(T) * key_dim; ++i) q[i] *= q_scale;
