@@ -25,6 +25,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/stream.h"
 
 using namespace ms;
 
@@ -39,9 +40,9 @@ double time_ms(int rounds, F&& fn) {
   CUDA_CHECK(cudaEventCreate(&a));
   CUDA_CHECK(cudaEventCreate(&b));
   fn(0);
-  CUDA_CHECK(cudaEventRecord(a));
+  CUDA_CHECK(cudaEventRecord(a, cuda::compute_stream()));
   for (int i = 0; i < rounds; ++i) fn(i);
-  CUDA_CHECK(cudaEventRecord(b));
+  CUDA_CHECK(cudaEventRecord(b, cuda::compute_stream()));
   CUDA_CHECK(cudaEventSynchronize(b));
   float ms = 0;
   CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/stream.h"
 #include "util/error.h"
 
 namespace ms {
@@ -20,7 +21,7 @@ namespace {
 // decode step takes and frees the same few dozen activation sizes in every layer, and
 // cudaMallocAsync with cudaFreeAsync costs about 1.2 us of host time a pair (H200 host), where a
 // decode step is bound by the host's launches. Reuse is stream-ordered as cudaFreeAsync's is:
-// every user of these buffers works on the default stream. Larger buffers (prefill's) go back
+// every user of these buffers works on the compute stream. Larger buffers (prefill's) go back
 // to the pool, which can serve other sizes from them, and so do buffers past kReusedTotalBytes
 // held (prompts of many lengths leave many sizes; a decode step's all fit in a few MB).
 constexpr size_t kReusedMaxBytes = size_t(1) << 20, kReusedTotalBytes = size_t(64) << 20;
@@ -61,7 +62,7 @@ void* device_alloc(size_t bytes) {
   }();
   (void)pool_kept;
   void* p = nullptr;
-  CUDA_CHECK(cudaMallocAsync(&p, bytes, 0));
+  CUDA_CHECK(cudaMallocAsync(&p, bytes, cuda::compute_stream()));
   return p;
 }
 
@@ -76,7 +77,7 @@ void device_free(void* p, size_t bytes) {
       return;
     }
   }
-  cudaFreeAsync(p, 0);  // no throwing from destructors; a fault shows at the next check
+  cudaFreeAsync(p, cuda::compute_stream());  // no throwing from destructors; a fault shows at the next check
 }
 
 void copy_to_device(void* dst, const void* src, size_t bytes) {
@@ -88,11 +89,11 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 void copy_on_device(void* dst, const void* src, size_t bytes) {
-  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::compute_stream()));
 }
 
 void zero_on_device(void* dst, size_t bytes) {
-  if (bytes) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, 0));
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cuda::compute_stream()));
 }
 
 void DeviceKV::reserve(int n) {

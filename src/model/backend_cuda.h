@@ -17,7 +17,7 @@
 
 namespace ms {
 
-// Stream-ordered device memory on the default stream (cudaMallocAsync, small sizes reused):
+// Stream-ordered device memory on the compute stream (cudaMallocAsync, small sizes reused):
 // cheap enough to take per activation. device_free takes the size device_alloc was given.
 void* device_alloc(size_t bytes);
 void device_free(void* p, size_t bytes);

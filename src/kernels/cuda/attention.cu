@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/stream.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -77,7 +78,7 @@ void attention(const float* q, const float* k, const float* v, int T, int pos0, 
     arg_fail("cuda::attention: n_heads " + std::to_string(n_heads) + " is not a multiple of n_kv " +
              std::to_string(n_kv));
   if (T <= 0) return;
-  attention_kernel<<<unsigned(T * n_heads), kWarps * 32>>>(q, k, v, pos0, n_heads, n_kv, hd, out);
+  attention_kernel<<<unsigned(T * n_heads), kWarps * 32, 0, compute_stream()>>>(q, k, v, pos0, n_heads, n_kv, hd, out);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/stream.h"
 #include "kernels/cuda/deltanet.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/launch.cuh"
@@ -116,7 +117,7 @@ void launch_delta_rule(const float* q, const float* k, const float* v, const flo
   const int warps = (dk + R - 1) / R;
   const dim3 grid(unsigned(n_v_heads), unsigned((dv + kRecCols - 1) / kRecCols));
   const size_t smem = sizeof(float) * (2 * size_t(dk) + 2 * size_t(warps) * 32);
-  delta_rule_kernel<R><<<grid, 32 * warps, smem>>>(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
+  delta_rule_kernel<R><<<grid, 32 * warps, smem, compute_stream()>>>(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -433,7 +434,7 @@ void check_heads(int n_k_heads, int n_v_heads) {
 void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* state, float* out) {
   if (K < 1) arg_fail("cuda::causal_conv1d_silu: kernel size " + std::to_string(K) + " < 1");
   if (T <= 0 || C <= 0) return;
-  conv1d_silu_kernel<<<unsigned((C + 127) / 128), 128>>>(x, T, C, w, K, state, out);
+  conv1d_silu_kernel<<<unsigned((C + 127) / 128), 128, 0, compute_stream()>>>(x, T, C, w, K, state, out);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -486,11 +487,11 @@ void gated_delta_rule_chunked(const float* q, const float* k, const float* v, co
                          base + heads_chunks * (size_t(2 * kChunk) * dk + size_t(kChunk) * dv + kChunk)};
   for (int c0 = 0; c0 < n_chunks; c0 += slab) {
     const int nc = std::min(slab, n_chunks - c0);
-    chunk_prepare_kernel<<<dim3(unsigned(nc), unsigned(n_v_heads)), kPrepThreads>>>(
+    chunk_prepare_kernel<<<dim3(unsigned(nc), unsigned(n_v_heads)), kPrepThreads, 0, compute_stream()>>>(
         q, k, v, g, beta, T, c0 * kChunk, n_k_heads, n_v_heads, dk, dv, cp, out);
     CUDA_CHECK_LAUNCH();
     chunk_state_kernel<<<dim3(unsigned(n_v_heads), unsigned((dv + kStateCols - 1) / kStateCols)), kStateThreads,
-                         smem>>>(k, T, c0 * kChunk, nc, n_k_heads, n_v_heads, dk, dv, cp, state, out);
+                         smem, compute_stream()>>>(k, T, c0 * kChunk, nc, n_k_heads, n_v_heads, dk, dv, cp, state, out);
     CUDA_CHECK_LAUNCH();
   }
 }

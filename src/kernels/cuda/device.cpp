@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/stream.h"
 #include "util/error.h"
 
 namespace ms::cuda {
@@ -20,6 +21,15 @@ bool cuda_available() {
     return false;
   }
   return n > 0;
+}
+
+cudaStream_t compute_stream() {
+  static const cudaStream_t s = [] {
+    cudaStream_t created;
+    CUDA_CHECK(cudaStreamCreate(&created));  // never destroyed: work may be queued at exit
+    return created;
+  }();
+  return s;
 }
 
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
@@ -79,10 +89,10 @@ ComputeMark::~ComputeMark() {
   if (event_) cudaEventDestroy(as_event(event_));
 }
 
-void ComputeMark::record() { CUDA_CHECK(cudaEventRecord(as_event(event_), nullptr)); }
+void ComputeMark::record() { CUDA_CHECK(cudaEventRecord(as_event(event_), compute_stream())); }
 
 CopyStream::CopyStream() {
-  // Non-blocking: the legacy default stream, which the kernels use, would otherwise serialise with it.
+  // Non-blocking: the legacy default stream (synchronous copies) would otherwise serialise with it.
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   stream_ = s;
@@ -109,7 +119,7 @@ void CopyStream::copy(void* dst, const void* src, size_t bytes) {
 
 void CopyStream::end() {
   CUDA_CHECK(cudaEventRecord(as_event(stop_), as_stream(stream_)));
-  CUDA_CHECK(cudaStreamWaitEvent(nullptr, as_event(stop_), 0));
+  CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), as_event(stop_), 0));
 }
 
 double CopyStream::finish() {

@@ -1,7 +1,7 @@
 #pragma once
 // The CUDA backend's device plumbing, usable from plain C++ without CUDA headers: whether a GPU
 // is there, device memory as an owning buffer, waiting for queued work, and the copy stream that
-// fills the expert pool. Kernels run on the default stream (the compute stream).
+// fills the expert pool. Kernels run on the compute stream (kernels/cuda/stream.h).
 #include <cstddef>
 #include <vector>
 

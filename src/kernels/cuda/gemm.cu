@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/stream.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/reduce.cuh"
@@ -122,7 +123,7 @@ void dequantize(const Mat& W, int r0, int rows, float* out) {
   }
   constexpr int threads = 256;
   const unsigned blocks = unsigned(std::min<size_t>((units + threads - 1) / threads, 65535));
-  dequantize_kernel<BITS><<<blocks, threads>>>(q, scales, biases, units_per_group_log2, units, out);
+  dequantize_kernel<BITS><<<blocks, threads, 0, compute_stream()>>>(q, scales, biases, units_per_group_log2, units, out);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -139,7 +140,7 @@ void dequantize_tile(const Mat& W, int r0, int rows, float* out) {
 // The same checks as matmul_direct, so that matmul throws alike whichever form T picks.
 
 // The current device's handle, made on first use, in the default math mode (FP32 SGEMMs stay
-// FP32: TF32 only where asked for) on the legacy default stream the kernels use. Never destroyed:
+// FP32: TF32 only where asked for) on the compute stream. Never destroyed:
 // at exit the CUDA context may already be gone.
 cublasHandle_t handle_locked() {
   static std::map<int, cublasHandle_t> handles;
@@ -149,7 +150,7 @@ cublasHandle_t handle_locked() {
   if (!h) {
     CUBLAS_CHECK(cublas().create(&h));
     CUBLAS_CHECK(cublas().set_math_mode(h, CUBLAS_DEFAULT_MATH));
-    CUBLAS_CHECK(cublas().set_stream(h, cudaStreamLegacy));
+    CUBLAS_CHECK(cublas().set_stream(h, compute_stream()));
   }
   return h;
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/stream.h"
 
 namespace ms::cuda {
 
@@ -71,6 +72,7 @@ void launch_overlapped(void (*kernel)(Params...), bool overlap, dim3 grid, int t
   config.gridDim = grid;
   config.blockDim = dim3(unsigned(threads));
   config.dynamicSmemBytes = smem;
+  config.stream = compute_stream();
   config.attrs = &attr;
   config.numAttrs = overlap ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, Params(args)...));

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/stream.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/mma_dot.cuh"
@@ -111,7 +112,7 @@ void launch_bf16(const float* x, int T, const WeightArgs& W, float* y) {
   const int nsets = (W.rows + rows_per_set - 1) / rows_per_set;
   check_token_blocks(T, TT);
   const dim3 grid(unsigned(std::min(nsets, resident)), unsigned((T + TT - 1) / TT));
-  kernel<<<grid, kThreads, smem>>>(x, T, W, y, split_log2);
+  kernel<<<grid, kThreads, smem, compute_stream()>>>(x, T, W, y, split_log2);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/stream.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -115,20 +116,20 @@ __global__ void sum_slots_kernel(const float* partial, int K, int H, float* out)
 
 void add(float* x, const float* y, int64_t n) {
   if (n <= 0) return;
-  add_kernel<<<blocks_for(n), kThreads>>>(x, y, n);
+  add_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(x, y, n);
   CUDA_CHECK_LAUNCH();
 }
 
 void sigmoid_mul(float* x, const float* gate, int64_t n) {
   if (n <= 0) return;
-  sigmoid_mul_kernel<<<blocks_for(n), kThreads>>>(x, gate, n);
+  sigmoid_mul_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(x, gate, n);
   CUDA_CHECK_LAUNCH();
 }
 
 void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale, float* q,
                   float* k, float* v) {
   if (T <= 0) return;
-  deltanet_qkv_kernel<<<dim3(unsigned(2 * nk + nv), unsigned(T)), kThreads>>>(mixed, nk, nv, dk, dv, eps, q_scale, q,
+  deltanet_qkv_kernel<<<dim3(unsigned(2 * nk + nv), unsigned(T)), kThreads, 0, compute_stream()>>>(mixed, nk, nv, dk, dv, eps, q_scale, q,
                                                                               k, v);
   CUDA_CHECK_LAUNCH();
 }
@@ -136,13 +137,14 @@ void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, flo
 void copy_rows(float* dst, int dst_stride, const float* src, int src_stride, int width, int rows) {
   if (rows <= 0 || width <= 0) return;
   CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_stride) * sizeof(float), src, size_t(src_stride) * sizeof(float),
-                               size_t(width) * sizeof(float), size_t(rows), cudaMemcpyDeviceToDevice));
+                               size_t(width) * sizeof(float), size_t(rows), cudaMemcpyDeviceToDevice,
+                               compute_stream()));
 }
 
 void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv, float* z,
                     float* b, float* a) {
   if (T <= 0) return;
-  deltanet_split_kernel<<<unsigned(T * nk), 128>>>(qkvz, ba, nk, nv, dk, dv, qkv, z, b, a);
+  deltanet_split_kernel<<<unsigned(T * nk), 128, 0, compute_stream()>>>(qkvz, ba, nk, nv, dk, dv, qkv, z, b, a);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -150,31 +152,31 @@ void deltanet_gates(const float* b, const float* a, const float* A_log, const fl
                     float* beta) {
   const int64_t n = int64_t(T) * nv;
   if (n <= 0) return;
-  deltanet_gates_kernel<<<blocks_for(n), kThreads>>>(b, a, A_log, dt_bias, n, nv, g, beta);
+  deltanet_gates_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(b, a, A_log, dt_bias, n, nv, g, beta);
   CUDA_CHECK_LAUNCH();
 }
 
 void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H) {
   if (T <= 0) return;
-  gated_add_kernel<<<unsigned(T), kThreads>>>(out, s, g, H);
+  gated_add_kernel<<<unsigned(T), kThreads, 0, compute_stream()>>>(out, s, g, H);
   CUDA_CHECK_LAUNCH();
 }
 
 void gather_rows(const float* src, const int* rows, int n, int H, float* dst) {
   if (n <= 0) return;
-  gather_rows_kernel<<<unsigned(n), kThreads>>>(src, rows, H, dst);
+  gather_rows_kernel<<<unsigned(n), kThreads, 0, compute_stream()>>>(src, rows, H, dst);
   CUDA_CHECK_LAUNCH();
 }
 
 void scatter_scaled(const float* y, const int* rows, const float* wt, int n, int H, float* dst) {
   if (n <= 0) return;
-  scatter_scaled_kernel<<<unsigned(n), kThreads>>>(y, rows, wt, H, dst);
+  scatter_scaled_kernel<<<unsigned(n), kThreads, 0, compute_stream()>>>(y, rows, wt, H, dst);
   CUDA_CHECK_LAUNCH();
 }
 
 void sum_slots(const float* partial, int T, int K, int H, float* out) {
   if (T <= 0) return;
-  sum_slots_kernel<<<unsigned(T), kThreads>>>(partial, K, H, out);
+  sum_slots_kernel<<<unsigned(T), kThreads, 0, compute_stream()>>>(partial, K, H, out);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/stream.h"
 #include "kernels/cuda/mma_dot.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/weight_dot.cuh"
@@ -238,7 +239,7 @@ void launch_gate_up_bf16(const float* x, int n, int K, const uint8_t* const* rec
   const int split_log2 = std::min(5, floor_log2(gate.cols / kChunk));
   const int rows_per_set = (kGateUpThreads >> split_log2) * R;
   const dim3 grid(unsigned((gate.rows + rows_per_set - 1) / rows_per_set), unsigned(n));
-  gate_up_bf16_kernel<<<grid, kGateUpThreads, smem>>>(x, K, records, gate, up, h, split_log2);
+  gate_up_bf16_kernel<<<grid, kGateUpThreads, smem, compute_stream()>>>(x, K, records, gate, up, h, split_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -257,7 +258,7 @@ void launch_down_bf16(const float* h, int T, int K, const uint8_t* const* record
   const size_t smem = staged_bytes(K, down.cols) + size_t(K) * quads * R * sizeof(float);
   check_smem(smem, max_smem, "down");
   const dim3 grid(unsigned((down.rows + quads * R - 1) / (quads * R)), unsigned(T));
-  down_sum_bf16_kernel<<<grid, kDownThreads, smem>>>(h, K, records, weights, down, quads, out, split_log2);
+  down_sum_bf16_kernel<<<grid, kDownThreads, smem, compute_stream()>>>(h, K, records, weights, down, quads, out, split_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -339,7 +340,7 @@ void route_topk(const float* logits, int T, int E, int K, bool norm_topk, float*
   if (K < 1 || K > E) arg_fail("cuda::route_topk: top-k " + std::to_string(K) + " outside 1.." + std::to_string(E));
   if (T <= 0) return;
   if (table && !records) arg_fail("cuda::route_topk: a table of records and nowhere to put the routed ones");
-  route_kernel<<<unsigned(T), kRouteThreads, size_t(E) * (sizeof(float) + 1)>>>(logits, E, K, norm_topk, probs, ids,
+  route_kernel<<<unsigned(T), kRouteThreads, size_t(E) * (sizeof(float) + 1), compute_stream()>>>(logits, E, K, norm_topk, probs, ids,
                                                                                  weights, table, records);
   CUDA_CHECK_LAUNCH();
 }

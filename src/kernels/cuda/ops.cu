@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/stream.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -107,19 +108,19 @@ __global__ void top_k_kernel(const float* x, int n, int k, int* idx) {
 
 void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) {
   if (rows <= 0) return;
-  rmsnorm_kernel<<<rows, kThreads>>>(x, dim, w, offset, eps, out);
+  rmsnorm_kernel<<<rows, kThreads, 0, compute_stream()>>>(x, dim, w, offset, eps, out);
   CUDA_CHECK_LAUNCH();
 }
 
 void add_rmsnorm(float* x, const float* y, int rows, int dim, const float* w, float offset, float eps, float* out) {
   if (rows <= 0) return;
-  add_rmsnorm_kernel<<<rows, kThreads>>>(x, y, dim, w, offset, eps, out);
+  add_rmsnorm_kernel<<<rows, kThreads, 0, compute_stream()>>>(x, y, dim, w, offset, eps, out);
   CUDA_CHECK_LAUNCH();
 }
 
 void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) {
   if (rows <= 0) return;
-  rmsnorm_gated_kernel<<<rows, kThreads>>>(x, z, w, dim, eps, out);
+  rmsnorm_gated_kernel<<<rows, kThreads, 0, compute_stream()>>>(x, z, w, dim, eps, out);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -129,19 +130,19 @@ void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, doubl
              std::to_string(head_dim));
   const int64_t n = int64_t(T) * heads * (rot_dim / 2);
   if (n <= 0) return;
-  rope_kernel<<<blocks_for(n), kThreads>>>(x, T, heads, head_dim, rot_dim, pos0, theta);
+  rope_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(x, T, heads, head_dim, rot_dim, pos0, theta);
   CUDA_CHECK_LAUNCH();
 }
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   if (n <= 0) return;
-  silu_mul_kernel<<<blocks_for(n), kThreads>>>(gate, up, out, n);
+  silu_mul_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(gate, up, out, n);
   CUDA_CHECK_LAUNCH();
 }
 
 void softmax(float* x, int rows, int n) {
   if (rows <= 0 || n <= 0) return;
-  softmax_kernel<<<rows, kThreads>>>(x, n);
+  softmax_kernel<<<rows, kThreads, 0, compute_stream()>>>(x, n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -149,7 +150,7 @@ void top_k(const float* x, int rows, int n, int k, int* idx) {
   if (k < 0 || k > n) arg_fail("cuda::top_k: k " + std::to_string(k) + " outside 0.." + std::to_string(n));
   if (n > 48 * 1024) arg_fail("cuda::top_k: rows of " + std::to_string(n) + " values; at most 49152");
   if (rows <= 0 || k == 0) return;
-  top_k_kernel<<<rows, kThreads, size_t(n)>>>(x, n, k, idx);
+  top_k_kernel<<<rows, kThreads, size_t(n), compute_stream()>>>(x, n, k, idx);
   CUDA_CHECK_LAUNCH();
 }
 

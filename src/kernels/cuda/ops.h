@@ -1,7 +1,7 @@
 #pragma once
 // CUDA kernels with the CPU kernels' interface (kernels/cpu/ops.h, kernels/cpu/deltanet.h): the
 // same arguments and results, every pointer a device pointer (a Mat's data, scales and biases
-// too). Calls queue work on the default stream and return; argument errors throw ms::Error.
+// too). Calls queue work on the compute stream (kernels/cuda/stream.h) and return; argument errors throw ms::Error.
 // Plain C++: no CUDA headers needed to include this.
 #include <cstddef>
 #include <cstdint>

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/stream.h"
 #include "kernels/cuda/ops.h"
 
 namespace ms::cuda {
@@ -190,7 +191,7 @@ void fit(SamplerWorkspace& ws, int vocab) {
   CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(nullptr, bytes, ws.penalized.as<float>(), ws.sorted.as<float>(),
                                                        ws.ids.as<int>(), ws.order.as<int>(), vocab));
   ws.cub_temp = DeviceBuffer(bytes);
-  iota_kernel<<<blocks_for(vocab), kThreads>>>(ws.ids.as<int>(), vocab);
+  iota_kernel<<<blocks_for(vocab), kThreads, 0, compute_stream()>>>(ws.ids.as<int>(), vocab);
   CUDA_CHECK_LAUNCH();
   ws.vocab = vocab;
 }
@@ -203,23 +204,24 @@ int sample(const float* logits, int vocab, const int* penalty_tokens, const int*
   if (a.top_k < 0) arg_fail("cuda::sample: top_k " + std::to_string(a.top_k) + "; must be >= 0");
   fit(ws, vocab);
   float* x = ws.penalized.as<float>();
-  CUDA_CHECK(cudaMemcpyAsync(x, logits, size_t(vocab) * sizeof(float), cudaMemcpyDeviceToDevice));
+  CUDA_CHECK(cudaMemcpyAsync(x, logits, size_t(vocab) * sizeof(float), cudaMemcpyDeviceToDevice, compute_stream()));
   if (n_penalty > 0) {
-    penalize_kernel<<<blocks_for(n_penalty), kThreads>>>(x, penalty_tokens, penalty_counts, n_penalty, vocab, a);
+    penalize_kernel<<<blocks_for(n_penalty), kThreads, 0, compute_stream()>>>(x, penalty_tokens, penalty_counts, n_penalty, vocab, a);
     CUDA_CHECK_LAUNCH();
   }
   int* token = ws.token.as<int>();
   if (a.temperature == 0.f) {
-    argmax_kernel<<<1, kBlock>>>(x, vocab, token);
+    argmax_kernel<<<1, kBlock, 0, compute_stream()>>>(x, vocab, token);
     CUDA_CHECK_LAUNCH();
   } else {
     size_t bytes = ws.cub_temp.size();
     CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(ws.cub_temp.data(), bytes, x, ws.sorted.as<float>(),
-                                                         ws.ids.as<int>(), ws.order.as<int>(), vocab));
+                                                         ws.ids.as<int>(), ws.order.as<int>(), vocab, 0, sizeof(float) * 8,
+                                                         compute_stream()));
     const int k = a.top_k > 0 ? std::min(a.top_k, vocab) : vocab;  // top-k cuts before the softmax
-    softmax_terms_kernel<<<blocks_for(k), kThreads>>>(ws.sorted.as<float>(), k, a.temperature, ws.probs.as<double>());
+    softmax_terms_kernel<<<blocks_for(k), kThreads, 0, compute_stream()>>>(ws.sorted.as<float>(), k, a.temperature, ws.probs.as<double>());
     CUDA_CHECK_LAUNCH();
-    finish_kernel<<<1, kBlock>>>(ws.probs.as<double>(), ws.order.as<int>(), k, a, r, token);
+    finish_kernel<<<1, kBlock, 0, compute_stream()>>>(ws.probs.as<double>(), ws.order.as<int>(), k, a, r, token);
     CUDA_CHECK_LAUNCH();
   }
   int result = 0;
