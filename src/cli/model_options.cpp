@@ -96,6 +96,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   cmd->add_option("--vram", a.vram, "cuda: VRAM budget (e.g. 16G): the expert pools get what dense, KV and activations leave");
   cmd->add_option("--host-cache", a.host_cache, "cuda: host RAM caching experts between SSD and VRAM (e.g. 8G; default: none)");
   cmd->add_option("--host-policy", a.host_policy, "cuda: eviction policy of the host cache")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
+  cmd->add_flag("--no-cuda-graphs", a.no_cuda_graphs,
+                "cuda: launch each kernel of a decode step from the host instead of replaying the step as a CUDA graph");
 }
 
 ModelOptions model_options(const ModelArgs& a) {
@@ -110,6 +112,7 @@ ModelOptions model_options(const ModelArgs& a) {
   o.device = a.device == "cuda" ? Device::Cuda : a.device == "cpu" ? Device::Cpu : default_device();
   if (o.device == Device::Cpu && (!a.vram.empty() || !a.host_cache.empty()))
     fail("--vram and --host-cache size the GPU's expert tiers: they need --device cuda (and a GPU)");
+  o.cuda_graphs = !a.no_cuda_graphs;
   if (!a.vram.empty()) o.vram_budget = parse_bytes(a.vram);
   if (!a.host_cache.empty()) o.host_cache = parse_bytes(a.host_cache);
   o.host_policy = parse_policy(a.host_policy);

@@ -15,6 +15,7 @@ struct ModelArgs {
   std::string pool_profile, memory, policy = "lru", io = "auto";
   bool no_direct_io = false, verify = false;
   std::string device = "auto", vram, host_cache, host_policy = "lru";
+  bool no_cuda_graphs = false;
 };
 
 // --model defaults to the embedded pycoder-moe-q4 when `default_model` is set.

@@ -23,15 +23,17 @@ void attention_block(const B& be, const ModelConfig& cfg, const AttentionWeights
     be.copy_rows(gate.data(), size_t(hd), q_raw.data() + hd, 2 * size_t(hd), size_t(hd), rows);
   }
 
-  cache.reserve(pos0 + T);
-  float* k = cache.k_at(pos0);
-  float* v = cache.v_at(pos0);
-  be.matmul(x, T, be.mat(w.k_proj), k);
-  be.matmul(x, T, be.mat(w.v_proj), v);
+  const size_t kv_width = size_t(nkv) * size_t(hd);
+  typename B::Buf k = be.alloc(size_t(T) * kv_width), v = be.alloc(size_t(T) * kv_width);
+  be.matmul(x, T, be.mat(w.k_proj), k.data());
+  be.matmul(x, T, be.mat(w.v_proj), v.data());
   be.rmsnorm(q.data(), T * nh, hd, be.vec(w.q_norm), norm_offset, cfg.rms_eps, q.data());
-  be.rmsnorm(k, T * nkv, hd, be.vec(w.k_norm), norm_offset, cfg.rms_eps, k);
+  be.rmsnorm(k.data(), T * nkv, hd, be.vec(w.k_norm), norm_offset, cfg.rms_eps, k.data());
   be.rope(q.data(), T, nh, hd, cfg.rotary_dim(), pos0, cfg.rope_theta);
-  be.rope(k, T, nkv, hd, cfg.rotary_dim(), pos0, cfg.rope_theta);
+  be.rope(k.data(), T, nkv, hd, cfg.rotary_dim(), pos0, cfg.rope_theta);
+  // Through store_kv, not written in place: on the GPU the position may be known only there.
+  cache.reserve(pos0 + T);
+  be.store_kv(cache, pos0, T, k.data(), v.data());
   cache.length = pos0 + T;
 
   typename B::Buf attn = be.alloc(q.size());

@@ -50,6 +50,12 @@ struct CpuBackend {
   void attention(const float* q, const float* k, const float* v, int T, int pos0, int nh, int nkv, int hd, float* out) const {
     cpu::attention(q, k, v, T, pos0, nh, nkv, hd, out);
   }
+  // k and v [T, n_kv * head_dim] into the cache at positions pos0..
+  void store_kv(KV& cache, int pos0, int T, const float* k, const float* v) const {
+    const size_t n = size_t(T) * size_t(cache.n_kv) * size_t(cache.head_dim);
+    std::copy_n(k, n, cache.k_at(pos0));
+    std::copy_n(v, n, cache.v_at(pos0));
+  }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) const { cpu::silu_mul(gate, up, out, n); }
   void softmax(float* x, int rows, int n) const { cpu::softmax(x, rows, n); }
   void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* st, float* out) const {

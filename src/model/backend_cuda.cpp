@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/check.h"
@@ -36,10 +37,41 @@ FreeBuffers& free_buffers() {
   static FreeBuffers* f = new FreeBuffers;  // never destroyed: buffers may be freed at exit
   return *f;
 }
+
+thread_local DeviceArena* t_arena = nullptr;  // the open ArenaScope's
 }  // namespace
+
+DeviceArena::~DeviceArena() {
+  for (void* p : mine_) cudaFree(p);  // no throwing from a destructor
+}
+
+void* DeviceArena::take(size_t bytes) {
+  std::vector<void*>& v = free_[bytes];
+  ++lent_;
+  if (!v.empty()) {
+    void* p = v.back();
+    v.pop_back();
+    return p;
+  }
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  mine_.insert(p);
+  return p;
+}
+
+bool DeviceArena::give(void* p, size_t bytes) {
+  if (!mine_.count(p)) return false;
+  free_[bytes].push_back(p);
+  --lent_;
+  return true;
+}
+
+ArenaScope::ArenaScope(DeviceArena& arena) : outer_(std::exchange(t_arena, &arena)) {}
+ArenaScope::~ArenaScope() { t_arena = outer_; }
 
 void* device_alloc(size_t bytes) {
   if (bytes == 0) return nullptr;
+  if (t_arena) return t_arena->take(bytes);
   if (bytes <= kReusedMaxBytes) {
     FreeBuffers& f = free_buffers();
     std::lock_guard<std::mutex> lock(f.mu);
@@ -67,7 +99,7 @@ void* device_alloc(size_t bytes) {
 }
 
 void device_free(void* p, size_t bytes) {
-  if (!p) return;
+  if (!p || (t_arena && t_arena->give(p, bytes))) return;
   if (bytes <= kReusedMaxBytes) {
     FreeBuffers& f = free_buffers();
     std::lock_guard<std::mutex> lock(f.mu);
@@ -86,6 +118,10 @@ void copy_to_device(void* dst, const void* src, size_t bytes) {
 
 void copy_to_host(void* dst, const void* src, size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+void copy_to_device_async(void* dst, const void* src, size_t bytes) {
+  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda::compute_stream()));
 }
 
 void copy_on_device(void* dst, const void* src, size_t bytes) {

@@ -6,7 +6,9 @@
 // out (the routed ids group tokens by expert) and the grouping back in, the results out.
 #if MOESTREAM_CUDA
 #include <cstddef>
+#include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -23,6 +25,8 @@ void* device_alloc(size_t bytes);
 void device_free(void* p, size_t bytes);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
+// Queued on the compute stream; src (host memory) may be reused once it returns.
+void copy_to_device_async(void* dst, const void* src, size_t bytes);
 void copy_on_device(void* dst, const void* src, size_t bytes);
 void zero_on_device(void* dst, size_t bytes);
 
@@ -59,6 +63,39 @@ class DeviceArray {
   size_t n_ = 0;
 };
 
+// The device memory of a captured decode step (DecodeGraph). While an ArenaScope is open on a
+// thread, device_alloc there takes from its arena and device_free gives the arena's buffers back
+// to it. A graph replays the addresses it was captured with, so its activations stay its own for
+// its life; within the capture a freed buffer may serve a later allocation, since the step is
+// one chain of work on one stream, done with the first before the second.
+class DeviceArena {
+ public:
+  DeviceArena() = default;
+  ~DeviceArena();
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+
+  void* take(size_t bytes);
+  bool give(void* p, size_t bytes);  // false, doing nothing: not the arena's
+  size_t lent() const { return lent_; }  // buffers taken and not given back
+
+ private:
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  std::unordered_set<void*> mine_;
+  size_t lent_ = 0;
+};
+
+class ArenaScope {
+ public:
+  explicit ArenaScope(DeviceArena& arena);
+  ~ArenaScope();
+  ArenaScope(const ArenaScope&) = delete;
+  ArenaScope& operator=(const ArenaScope&) = delete;
+
+ private:
+  DeviceArena* outer_;
+};
+
 // KVCache (model/state.h) in device memory.
 struct DeviceKV {
   int n_kv = 0, head_dim = 0, length = 0;
@@ -73,12 +110,28 @@ struct DeviceLinear {  // LinearState in device memory
   DeviceArray<float> conv, recurrent;
 };
 
+// A sequence's decode step (one token, every routed expert resident) captured as a CUDA graph
+// (Model::forward): its input and outputs at fixed addresses, the position read on the GPU. The
+// graph holds the addresses of the sequence's KV caches too: it is captured again when one
+// grows (kv_at_capture).
+struct DecodeGraph {
+  DeviceArena arena;  // first: outlives the graph that uses it
+  cuda::Graph graph;
+  DeviceArray<float> input;   // [hidden + 1]: the token's embedding (the layers' x), then its position, an int
+  DeviceArray<float> normed;  // [hidden]: x after the final norm
+  DeviceArray<float> logits;  // [vocab]
+  std::vector<const float*> kv_at_capture;
+
+  const int* position() const { return reinterpret_cast<const int*>(input.data() + input.size() - 1); }
+};
+
 // A State's caches on the GPU; State holds one once the sequence has run there.
 struct DeviceState {
   explicit DeviceState(const ModelConfig& cfg);
   std::vector<DeviceKV> kv;
   std::vector<DeviceLinear> linear;
   DeviceKV mtp_kv;
+  std::unique_ptr<DecodeGraph> decode_graph;  // made at the first decode step that can use one
 };
 // The linear-attention states between host (checkpoints) and device; layers without one skip.
 void download_linear(const DeviceState& d, std::vector<LinearState>& host);
@@ -112,6 +165,9 @@ struct CudaBackend {
   const DeviceWeights& weights;
   DeviceState& state;
   DeviceExpertStore* experts = nullptr;  // an engine directory's streamed experts
+  // The position of the tokens, read on the GPU where given (a captured decode step's), instead
+  // of the pos0 the calls pass.
+  const int* step_pos = nullptr;
 
   Buf alloc(size_t n) const { return Buf(n); }
   Buf upload(const std::vector<float>& host) const { return Buf::from(host.data(), host.size()); }
@@ -132,10 +188,13 @@ struct CudaBackend {
     cuda::add_rmsnorm(x, y, rows, dim, w, offset, eps, out);
   }
   void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta) const {
-    cuda::rope(x, T, heads, head_dim, rot_dim, pos0, theta);
+    cuda::rope(x, T, heads, head_dim, rot_dim, pos0, theta, step_pos);
   }
   void attention(const float* q, const float* k, const float* v, int T, int pos0, int nh, int nkv, int hd, float* out) const {
-    cuda::attention(q, k, v, T, pos0, nh, nkv, hd, out);
+    cuda::attention(q, k, v, T, pos0, nh, nkv, hd, out, step_pos);
+  }
+  void store_kv(KV& cache, int pos0, int T, const float* k, const float* v) const {
+    cuda::store_kv(k, v, T, cache.n_kv * cache.head_dim, pos0, step_pos, cache.k.data(), cache.v.data());
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) const { cuda::silu_mul(gate, up, out, n); }
   void softmax(float* x, int rows, int n) const { cuda::softmax(x, rows, n); }

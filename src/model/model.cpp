@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 
 #include "model/backend_cpu.h"
@@ -122,6 +123,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     check_floor(dir, vram, index, m->cfg_.top_k, "VRAM ");
     m->device_experts_ = std::make_shared<DeviceExpertStore>(*m->experts_, vram);
   }
+  m->decode_graphs_ = opt.cuda_graphs && m->every_expert_resident();
   return m;
 #else
   fail("--device cuda: this build has no CUDA backend (nvcc was not found when it was configured)");
@@ -148,6 +150,17 @@ std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOp
   auto experts = std::make_unique<ExpertStore>(dir, index, store_opt);
   return std::unique_ptr<Model>(new Model(std::move(dense), std::move(cfg), std::move(experts), plan));
 }
+
+#if MOESTREAM_CUDA
+// Whether a decode step's MoE layers all route on the GPU to resident experts (moe_on_device with
+// a table), so that the step reads nothing back before its logits.
+bool Model::every_expert_resident() const {
+  for (const LayerWeights& lw : w_.layers)
+    if (lw.moe && (!device_experts_ || lw.ffn.store_layer < 0 || !device_experts_->resident_table(lw.ffn.store_layer)))
+      return false;
+  return true;
+}
+#endif
 
 std::vector<LayerStats> Model::pool_stats() const {
 #if MOESTREAM_CUDA
@@ -201,7 +214,12 @@ ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardO
 #if MOESTREAM_CUDA
   if (device_) {
     if (!state.device) state.device = std::make_shared<DeviceState>(cfg_);
-    r = forward_on(CudaBackend{*device_, *state.device, device_experts_.get()}, ids, T, state.position(), opt);
+    const CudaBackend be{*device_, *state.device, device_experts_.get()};
+    // Routes stay on the eager path: a captured step writes nothing the host asks for per layer.
+    if (T == 1 && decode_graphs_ && !opt.routes)
+      r = forward_captured(be, ids[0], state.position(), opt);
+    else
+      r = forward_on(be, ids, T, state.position(), opt);
   } else {
     r = forward_on(CpuBackend{state, experts_.get()}, ids, T, state.position(), opt);
   }
@@ -213,13 +231,7 @@ ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardO
 }
 
 template <class B>
-ForwardResult Model::forward_on(const B& be, const int* ids, int T, int pos0, const ForwardOptions& opt) const {
-  const int H = cfg_.hidden;
-  const float offset = cfg_.zero_centred_norms() ? 1.f : 0.f;
-  ForwardResult r;
-  std::vector<float> embedded(size_t(T) * size_t(H));
-  embed(ids, T, embedded.data());
-  typename B::Buf x = be.upload(std::move(embedded));
+void Model::run_layers(const B& be, float* x, int T, int pos0, const ForwardOptions& opt, ForwardResult& r) const {
   if (opt.routes) {
     r.routes.resize(size_t(cfg_.n_layers));
     r.router_probs.resize(size_t(cfg_.n_layers));
@@ -235,14 +247,28 @@ ForwardResult Model::forward_on(const B& be, const int* ids, int T, int pos0, co
       probs = r.router_probs[size_t(l)].data();
     }
     typename B::Linear* lin = lw.type == LayerType::LinearAttention ? &be.linear(l) : nullptr;
-    decoder_layer(be, lw, T, be.kv(l), lin, pos0, x.data(), routes, probs);
+    decoder_layer(be, lw, T, be.kv(l), lin, pos0, x, routes, probs);
   }
+}
 
+template <class B>
+void Model::final_logits(const B& be, const float* x, int T, int rows, float* xn, float* logits) const {
+  const int H = cfg_.hidden;
+  be.rmsnorm(x, T, H, be.vec(w_.final_norm), cfg_.zero_centred_norms() ? 1.f : 0.f, cfg_.rms_eps, xn);
+  be.matmul(xn + size_t(T - rows) * size_t(H), rows, be.mat(w_.lm_head), logits);
+}
+
+template <class B>
+ForwardResult Model::forward_on(const B& be, const int* ids, int T, int pos0, const ForwardOptions& opt) const {
+  ForwardResult r;
+  std::vector<float> embedded(size_t(T) * size_t(cfg_.hidden));
+  embed(ids, T, embedded.data());
+  typename B::Buf x = be.upload(std::move(embedded));
+  run_layers(be, x.data(), T, pos0, opt, r);
   typename B::Buf xn = be.alloc(x.size());
-  be.rmsnorm(x.data(), T, H, be.vec(w_.final_norm), offset, cfg_.rms_eps, xn.data());
   const int rows = opt.all_logits ? T : 1;
   typename B::Buf logits = be.alloc(size_t(rows) * size_t(cfg_.vocab));
-  be.matmul(xn.data() + size_t(T - rows) * size_t(H), rows, be.mat(w_.lm_head), logits.data());
+  final_logits(be, x.data(), T, rows, xn.data(), logits.data());
   if (opt.sample) r.token = opt.sample(logits.data() + size_t(rows - 1) * size_t(cfg_.vocab), B::kOnDevice);
   be.finish();
   if (!opt.sample || opt.all_logits) r.logits = be.to_host(std::move(logits));
@@ -252,6 +278,72 @@ ForwardResult Model::forward_on(const B& be, const int* ids, int T, int pos0, co
   }
   return r;
 }
+
+#if MOESTREAM_CUDA
+namespace {
+// Positions a captured step's KV caches are made to hold past the current one: each growth moves
+// the caches and so costs a capture.
+constexpr int kDecodeKvRoom = 512;
+}  // namespace
+
+ForwardResult Model::forward_captured(const CudaBackend& be, int id, int pos0, const ForwardOptions& opt) const {
+  const int H = cfg_.hidden;
+  DeviceState& ds = be.state;
+  std::vector<const float*> kv;
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    if (cfg_.layer_types[size_t(l)] == LayerType::FullAttention) {
+      DeviceKV& c = ds.kv[size_t(l)];
+      c.reserve(pos0 + kDecodeKvRoom);
+      c.length = pos0 + 1;
+      kv.push_back(c.k.data());
+      kv.push_back(c.v.data());
+    }
+  if (!ds.decode_graph || ds.decode_graph->kv_at_capture != kv) ds.decode_graph = capture_decode_step(be, pos0, std::move(kv));
+  const DecodeGraph& g = *ds.decode_graph;
+
+  std::vector<float> input(size_t(H) + 1);
+  embed(&id, 1, input.data());
+  std::memcpy(input.data() + H, &pos0, sizeof(int));
+  copy_to_device_async(g.input.data(), input.data(), input.size() * sizeof(float));
+  g.graph.launch();
+
+  ForwardResult r;
+  if (opt.sample) r.token = opt.sample(g.logits.data(), true);
+  else r.logits = g.logits.to_vector();
+  if (opt.hidden) {
+    r.hidden_pre_norm.resize(size_t(H));
+    copy_to_host(r.hidden_pre_norm.data(), g.input.data(), size_t(H) * sizeof(float));
+    r.hidden_post_norm = g.normed.to_vector();
+  }
+  return r;
+}
+
+std::unique_ptr<DecodeGraph> Model::capture_decode_step(const CudaBackend& be, int pos0,
+                                                        std::vector<const float*> kv_at_capture) const {
+  auto g = std::make_unique<DecodeGraph>();
+  g->input = DeviceArray<float>(size_t(cfg_.hidden) + 1);
+  g->normed = DeviceArray<float>(size_t(cfg_.hidden));
+  g->logits = DeviceArray<float>(size_t(cfg_.vocab));
+  g->kv_at_capture = std::move(kv_at_capture);
+  const CudaBackend step{be.weights, be.state, be.experts, g->position()};
+  {
+    ArenaScope scope(g->arena);
+    g->graph.begin_capture();
+    try {
+      ForwardResult unused;
+      run_layers(step, g->input.data(), 1, pos0, ForwardOptions{}, unused);
+      final_logits(step, g->input.data(), 1, 1, g->normed.data(), g->logits.data());
+    } catch (...) {
+      g->graph.abort_capture();
+      throw;
+    }
+    g->graph.end_capture();
+  }
+  if (g->arena.lent() != 0)
+    fail("a captured decode step kept {} of its activation buffers past its end; the graph would share them", g->arena.lent());
+  return g;
+}
+#endif
 
 std::vector<float> Model::mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state) const {
   if (!w_.mtp) fail("this model has no MTP head (no mtp.* tensors)");

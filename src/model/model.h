@@ -13,6 +13,8 @@
 namespace ms {
 
 class DeviceWeights;      // model/backend_cuda.h
+struct CudaBackend;       // model/backend_cuda.h
+struct DecodeGraph;       // model/backend_cuda.h
 class DeviceExpertStore;  // experts/device_store.h
 
 enum class Device { Cpu, Cuda };
@@ -51,6 +53,9 @@ struct ModelOptions {
   uint64_t vram_budget = 0;  // Cuda: VRAM for dense + KV + activations + pool; 0 = unset
   uint64_t host_cache = 0;   // Cuda: host RAM caching experts between SSD and VRAM; 0 = staging only
   PolicyKind host_policy = PolicyKind::LRU;
+  // Cuda: run each decode step as a CUDA graph, captured once per sequence, where every routed
+  // expert is resident in VRAM (a step then has no host round trip until the sampled token).
+  bool cuda_graphs = true;
 };
 
 // Where a memory budget goes (DESIGN.md invariant 5): host memory on Cpu, VRAM on Cuda.
@@ -88,6 +93,9 @@ class Model {
   size_t pool_bytes() const;
   const MemoryPlan& memory_plan() const { return plan_; }
   Device device() const { return device_ ? Device::Cuda : Device::Cpu; }
+  // Whether decode steps run as CUDA graphs (ModelOptions::cuda_graphs, and every routed expert
+  // resident in VRAM).
+  bool decode_graphs() const { return decode_graphs_; }
 
  private:
   Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan);
@@ -96,6 +104,17 @@ class Model {
   // The forward written once over a backend B (model/blocks.h): CpuBackend or CudaBackend.
   template <class B>
   ForwardResult forward_on(const B& be, const int* ids, int T, int pos0, const ForwardOptions& opt) const;
+  // The decoder layers over x [T, hidden] in place; each MoE layer's routes into r with opt.routes.
+  template <class B>
+  void run_layers(const B& be, float* x, int T, int pos0, const ForwardOptions& opt, ForwardResult& r) const;
+  // xn = final_norm(x) [T, hidden], then the logits of its last `rows` rows.
+  template <class B>
+  void final_logits(const B& be, const float* x, int T, int rows, float* xn, float* logits) const;
+  // A decode step (one token) as the sequence's CUDA graph, captured first where there is none
+  // yet or the KV caches it holds have moved (Cuda builds; decode_graphs_).
+  ForwardResult forward_captured(const CudaBackend& be, int id, int pos0, const ForwardOptions& opt) const;
+  std::unique_ptr<DecodeGraph> capture_decode_step(const CudaBackend& be, int pos0,
+                                                   std::vector<const float*> kv_at_capture) const;
   template <class B>
   std::vector<float> mtp_forward_on(const B& be, const float* hidden, const int* next_ids, int T, int pos0) const;
   template <class B>
@@ -109,6 +128,8 @@ class Model {
   ModelWeights w_;
   std::shared_ptr<const DeviceWeights> device_;  // the weights in VRAM on --device cuda, else null
   std::shared_ptr<DeviceExpertStore> device_experts_;  // after experts_: it borrows that store
+  bool every_expert_resident() const;  // Cuda builds
+  bool decode_graphs_ = false;  // Cuda: decode steps through forward_captured (ModelOptions::cuda_graphs)
 };
 
 }  // namespace ms

@@ -62,6 +62,32 @@ TEST_F(CudaBackendGlue, ElementwiseGatesAndRowCopies) {
   EXPECT_EQ(d.to_vector(), want);
 }
 
+// K and V rows land at their positions in the cache, the rest untouched, whether the position is
+// passed or read on the GPU (a captured step's step_pos).
+TEST_F(CudaBackendGlue, StoreKvAtHostOrDevicePosition) {
+  const int n_kv = 2, hd = 32, T = 3, pos0 = 4, capacity = 9;
+  const size_t width = size_t(n_kv) * hd;
+  const auto k = random_vec(T * width, 5), v = random_vec(T * width, 6);
+  KVCache want{n_kv, hd};
+  want.reserve(capacity);
+  std::fill(want.k.begin(), want.k.end(), 7.f);
+  std::fill(want.v.begin(), want.v.end(), 7.f);
+  const std::vector<float> untouched = want.k;
+  cpu.store_kv(want, pos0, T, k.data(), v.data());
+  const std::vector<int> pos{pos0};
+  const DeviceArray<int> dpos = DeviceArray<int>::from(pos.data(), 1);
+  for (const int* step_pos : {static_cast<const int*>(nullptr), static_cast<const int*>(dpos.data())}) {
+    DeviceKV got{n_kv, hd};
+    got.k = up(untouched), got.v = up(untouched);
+    const auto dk = up(k), dv = up(v);
+    CudaBackend be = gpu();
+    be.step_pos = step_pos;
+    be.store_kv(got, step_pos ? -1 : pos0, T, dk.data(), dv.data());
+    EXPECT_EQ(got.k.to_vector(), want.k) << (step_pos ? "position on the device" : "position passed");
+    EXPECT_EQ(got.v.to_vector(), want.v) << (step_pos ? "position on the device" : "position passed");
+  }
+}
+
 TEST_F(CudaBackendGlue, DeltaNetSplitAndGates) {
   const int T = 5, nk = 2, nv = 6, dk = 32, dv = 16, r = nv / nk;
   const size_t conv_dim = size_t(2 * nk * dk + nv * dv), group = size_t(2 * dk + 2 * r * dv);

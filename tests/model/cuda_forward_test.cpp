@@ -12,6 +12,7 @@
 
 #include "kernels/cuda/device.h"
 #include "model/model.h"
+#include "runtime/convert.h"
 #include "runtime/generate.h"
 #include "test_support.h"
 
@@ -147,6 +148,51 @@ TEST(CudaForward, PycoderQ4DecodeRoutesMatchTheCpu) {
   }
   EXPECT_EQ(mismatched, 0) << "(layer, step) pairs whose routed expert set differs";
   EXPECT_LE(prob_err, 1e-4f);
+}
+
+// Decode steps replayed as the sequence's CUDA graph give the eager steps' logits and hidden
+// states bit for bit: over enough steps that the KV caches outgrow the first capture's room (a
+// second capture), and again after a checkpoint moves the position back.
+void check_captured_steps_match_eager(const std::string& dir, int steps) {
+  ModelOptions eager_opt = on_gpu();
+  eager_opt.cuda_graphs = false;
+  auto graphs = Model::load(dir, on_gpu()), eager = Model::load(dir, eager_opt);
+  ASSERT_TRUE(graphs->decode_graphs()) << dir << ": every expert is resident, so decode steps should be captured";
+  ASSERT_FALSE(eager->decode_graphs());
+  const int vocab = graphs->config().vocab;
+  State sg = graphs->new_state(), se = eager->new_state();
+  const std::vector<int> prompt = {1, 17, 42, 99, 5};
+  graphs->forward(prompt.data(), int(prompt.size()), sg);
+  eager->forward(prompt.data(), int(prompt.size()), se);
+  const State::Checkpoint cg = sg.checkpoint(), ce = se.checkpoint();
+  std::vector<std::vector<float>> first;
+  for (int t = 0; t < steps; ++t) {
+    const int id = (t * 7919 + 13) % vocab;
+    const ForwardOptions opt{.hidden = t % 50 == 0};
+    const ForwardResult rg = graphs->forward(&id, 1, sg, opt), re = eager->forward(&id, 1, se, opt);
+    ASSERT_EQ(rg.logits, re.logits) << dir << ": decode step " << t;
+    ASSERT_EQ(rg.hidden_pre_norm, re.hidden_pre_norm) << dir << ": decode step " << t;
+    ASSERT_EQ(rg.hidden_post_norm, re.hidden_post_norm) << dir << ": decode step " << t;
+    if (t < 3) first.push_back(rg.logits);
+  }
+  sg.restore(cg);
+  se.restore(ce);
+  for (int t = 0; t < 3; ++t) {
+    const int id = (t * 7919 + 13) % vocab;
+    const ForwardResult rg = graphs->forward(&id, 1, sg), re = eager->forward(&id, 1, se);
+    ASSERT_EQ(rg.logits, re.logits) << dir << ": decode step " << t << " after the restore";
+    EXPECT_EQ(rg.logits, first[size_t(t)]) << dir << ": decode step " << t << " after the restore";
+  }
+}
+
+TEST(CudaForward, CapturedDecodeStepsMatchEagerOnes) {
+  if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", src);
+  const std::string dir = test::scratch_dir("cuda-graph") + "/next16";
+  convert_checkpoint({.from = src, .out = dir, .expert_bits = 16});
+  check_captured_steps_match_eager(dir, 600);
+  const std::string pycoder = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
+  if (std::filesystem::exists(pycoder)) check_captured_steps_match_eager(pycoder, 40);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaForward,

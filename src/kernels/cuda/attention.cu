@@ -18,14 +18,14 @@ constexpr int kWarps = 8;
 constexpr int kMaxPerLane = 8;  // head_dim up to 256
 
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const float* q, const float* k, const float* v,
-                                                                 int pos0, int n_heads, int n_kv, int hd,
-                                                                 float* out) {
+                                                                 int pos0, const int* pos_on_device, int n_heads,
+                                                                 int n_kv, int hd, float* out) {
   __shared__ float acc_s[kWarps][kMaxPerLane * 32];
   __shared__ float m_s[kWarps], l_s[kWarps];
   const int t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
   const int kvh = h / (n_heads / n_kv);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int per_lane = hd / 32, len = pos0 + t + 1;
+  const int per_lane = hd / 32, len = (pos_on_device ? *pos_on_device : pos0) + t + 1;
   const float scale = 1.0f / sqrtf(float(hd));
   const float* qv = q + (size_t(t) * n_heads + h) * hd;
 
@@ -71,14 +71,14 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const float* q, 
 }  // namespace
 
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
-               float* out) {
+               float* out, const int* pos_on_device) {
   if (hd <= 0 || hd % 32 != 0 || hd > kMaxPerLane * 32)
     arg_fail("cuda::attention: head_dim " + std::to_string(hd) + " is not a multiple of 32 up to 256");
   if (n_kv <= 0 || n_heads % n_kv != 0)
     arg_fail("cuda::attention: n_heads " + std::to_string(n_heads) + " is not a multiple of n_kv " +
              std::to_string(n_kv));
   if (T <= 0) return;
-  attention_kernel<<<unsigned(T * n_heads), kWarps * 32, 0, compute_stream()>>>(q, k, v, pos0, n_heads, n_kv, hd, out);
+  attention_kernel<<<unsigned(T * n_heads), kWarps * 32, 0, compute_stream()>>>(q, k, v, pos0, pos_on_device, n_heads, n_kv, hd, out);
   CUDA_CHECK_LAUNCH();
 }
 

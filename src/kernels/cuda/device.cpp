@@ -91,6 +91,35 @@ ComputeMark::~ComputeMark() {
 
 void ComputeMark::record() { CUDA_CHECK(cudaEventRecord(as_event(event_), compute_stream())); }
 
+Graph::~Graph() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+}
+
+void Graph::begin_capture() {
+  // Relaxed: what is captured takes its memory with cudaMalloc while the capture is open
+  // (model/backend_cuda.h's DeviceArena), which the stricter modes refuse.
+  CUDA_CHECK(cudaStreamBeginCapture(compute_stream(), cudaStreamCaptureModeRelaxed));
+}
+
+void Graph::end_capture() {
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(compute_stream(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_CHECK(err);
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  exec_ = exec;
+}
+
+void Graph::abort_capture() noexcept {
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(compute_stream(), &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();  // what cut the capture short is being reported already
+}
+
+void Graph::launch() const { CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), compute_stream())); }
+
 CopyStream::CopyStream() {
   // Non-blocking: the legacy default stream (synchronous copies) would otherwise serialise with it.
   cudaStream_t s;

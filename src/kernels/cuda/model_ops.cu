@@ -28,6 +28,16 @@ __global__ void sigmoid_mul_kernel(float* x, const float* gate, int64_t n) {
   if (i < n) x[i] *= sigmoid(gate[i]);
 }
 
+// Block (x, t) copies its share of row t of k and v to cache row pos0 + t.
+__global__ void store_kv_kernel(const float* k, const float* v, int width, int pos0, const int* pos_on_device,
+                                float* k_cache, float* v_cache) {
+  const int t = int(blockIdx.y), i = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  if (i >= width) return;
+  const size_t row = size_t((pos_on_device ? *pos_on_device : pos0) + t) * size_t(width);
+  k_cache[row + size_t(i)] = k[size_t(t) * size_t(width) + size_t(i)];
+  v_cache[row + size_t(i)] = v[size_t(t) * size_t(width) + size_t(i)];
+}
+
 // Block (head, t): head < 2·nk a head of q or k, L2-normalised (the sum of squares in double, as
 // cpu::l2norm_heads), q's then scaled; past them a head of v, copied.
 __global__ void deltanet_qkv_kernel(const float* mixed, int nk, int nv, int dk, int dv, float eps, float q_scale,
@@ -123,6 +133,14 @@ void add(float* x, const float* y, int64_t n) {
 void sigmoid_mul(float* x, const float* gate, int64_t n) {
   if (n <= 0) return;
   sigmoid_mul_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(x, gate, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void store_kv(const float* k, const float* v, int T, int width, int pos0, const int* pos_on_device, float* k_cache,
+              float* v_cache) {
+  if (T <= 0 || width <= 0) return;
+  store_kv_kernel<<<dim3(blocks_for(width), unsigned(T)), kThreads, 0, compute_stream()>>>(
+      k, v, width, pos0, pos_on_device, k_cache, v_cache);
   CUDA_CHECK_LAUNCH();
 }
 

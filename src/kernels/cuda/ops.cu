@@ -62,7 +62,8 @@ __global__ void rmsnorm_gated_kernel(const float* x, const float* z, const float
 
 // One thread per (token, head, rotated pair); the frequency as the CPU computes it (double pow,
 // rounded to float), the angle in float.
-__global__ void rope_kernel(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta) {
+__global__ void rope_kernel(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, const int* pos_on_device,
+                            double theta) {
   const int half = rot_dim / 2;
   const int64_t id = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (id >= int64_t(T) * heads * half) return;
@@ -70,7 +71,7 @@ __global__ void rope_kernel(float* x, int T, int heads, int head_dim, int rot_di
   const int64_t th = id / half;  // token * heads + head
   const int t = int(th / heads);
   const float inv_freq = float(1.0 / pow(theta, double(2 * i) / double(rot_dim)));
-  const float angle = float(pos0 + t) * inv_freq;
+  const float angle = float((pos_on_device ? *pos_on_device : pos0) + t) * inv_freq;
   float s, c;
   sincosf(angle, &s, &c);
   float* v = x + size_t(th) * head_dim;
@@ -124,13 +125,13 @@ void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int
   CUDA_CHECK_LAUNCH();
 }
 
-void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta) {
+void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta, const int* pos_on_device) {
   if (rot_dim % 2 != 0 || rot_dim > head_dim)
     arg_fail("cuda::rope: rot_dim " + std::to_string(rot_dim) + " is odd or exceeds head_dim " +
              std::to_string(head_dim));
   const int64_t n = int64_t(T) * heads * (rot_dim / 2);
   if (n <= 0) return;
-  rope_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(x, T, heads, head_dim, rot_dim, pos0, theta);
+  rope_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(x, T, heads, head_dim, rot_dim, pos0, pos_on_device, theta);
   CUDA_CHECK_LAUNCH();
 }
 

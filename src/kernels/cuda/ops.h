@@ -20,9 +20,12 @@ void matmul(const float* x, int T, const Mat& W, float* y);
 void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out);
 // x += y, then rmsnorm of x into out.
 void add_rmsnorm(float* x, const float* y, int rows, int dim, const float* w, float offset, float eps, float* out);
-void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta);
+// pos0, the position of token 0, is *pos_on_device instead where that is given: read on the
+// GPU, so that a captured decode step (a CUDA graph) serves every position.
+void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta,
+          const int* pos_on_device = nullptr);
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
-               float* out);
+               float* out, const int* pos_on_device = nullptr);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void softmax(float* x, int rows, int n);
 // Per row of x [rows, n]: the indices of the k largest values, largest first, ties to the lower
@@ -70,6 +73,10 @@ void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int
 // The model's glue (model_ops.cu), each the loop of src/model/ it stands for.
 void add(float* x, const float* y, int64_t n);                 // x += y
 void sigmoid_mul(float* x, const float* gate, int64_t n);      // x *= sigmoid(gate)
+// k and v [T, width] into rows pos0.. of the caches k_cache and v_cache (rows of width); pos0
+// is *pos_on_device instead where that is given, as for rope().
+void store_kv(const float* k, const float* v, int T, int width, int pos0, const int* pos_on_device, float* k_cache,
+              float* v_cache);
 // rows rows of width floats from src (row stride src_stride) to dst (row stride dst_stride).
 void copy_rows(float* dst, int dst_stride, const float* src, int src_stride, int width, int rows);
 // Qwen3-Next's in_proj_qkvz / in_proj_ba outputs regrouped into the conv's channel order

@@ -81,6 +81,10 @@ TEST(CudaOps, RopePartialAndFull) {
                              std::to_string(c.rot) + " pos0=" + std::to_string(c.pos0);
     record("rope", what, err, kTol);
     EXPECT_LE(err, kTol) << what;
+    // The position read on the GPU instead (a captured decode step's): the same results.
+    DeviceBuffer dpos = DeviceBuffer::from(std::vector<int>{c.pos0}), dx_at = dev(x);
+    rope(dx_at.as<float>(), c.T, c.heads, c.hd, c.rot, -1, c.theta, dpos.as<int>());
+    EXPECT_EQ(host(dx_at), host(dx)) << what << ", position on the device";
   }
 }
 
@@ -107,6 +111,10 @@ TEST(CudaOps, AttentionGqaDecodeAndPrefill) {
                              std::to_string(c.hd);
     record("attention", what, err, kTol);
     EXPECT_LE(err, kTol) << what;
+    DeviceBuffer dpos = DeviceBuffer::from(std::vector<int>{c.pos0}), dout_at(q.size() * sizeof(float));
+    attention(dq.as<float>(), dk.as<float>(), dv.as<float>(), c.T, -1, c.n_heads, c.n_kv, c.hd, dout_at.as<float>(),
+              dpos.as<int>());
+    EXPECT_EQ(host(dout_at), host(dout)) << what << ", position on the device";
   }
 }
 
