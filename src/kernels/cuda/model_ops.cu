@@ -65,8 +65,9 @@ __global__ void deltanet_qkv_kernel(const float* mixed, int nk, int nv, int dk, 
 }
 
 // One block per (token, key head): the group [q(dk), k(dk), v(r·dv), z(r·dv)] and [b(r), a(r)].
-__global__ void deltanet_split_kernel(const float* qkvz, const float* ba, int nk, int nv, int dk, int dv, float* qkv,
-                                      float* z, float* b, float* a) {
+__global__ void deltanet_split_kernel(const float* __restrict__ qkvz, const float* __restrict__ ba, int nk, int nv,
+                                      int dk, int dv, float* __restrict__ qkv, float* __restrict__ z,
+                                      float* __restrict__ b, float* __restrict__ a) {
   const int t = blockIdx.x / nk, h = blockIdx.x % nk, r = nv / nk;
   const size_t key_dim = size_t(nk) * dk, value_dim = size_t(nv) * dv, conv_dim = 2 * key_dim + value_dim;
   const size_t group = size_t(2 * dk + 2 * r * dv), vw = size_t(r) * dv;
@@ -76,6 +77,7 @@ __global__ void deltanet_split_kernel(const float* qkvz, const float* ba, int nk
     row[h * size_t(dk) + i] = src[i];
     row[key_dim + h * size_t(dk) + i] = src[dk + i];
   }
+#pragma unroll 4
   for (size_t i = threadIdx.x; i < vw; i += blockDim.x) {
     row[2 * key_dim + h * vw + i] = src[2 * dk + i];
     z[size_t(t) * value_dim + h * vw + i] = src[2 * dk + vw + i];
@@ -100,7 +102,10 @@ __global__ void deltanet_gates_kernel(const float* b, const float* a, const floa
 
 __global__ void gated_add_kernel(float* out, const float* s, const float* g, int H) {
   const float gate = sigmoid(g[blockIdx.x]);
-  for (int h = threadIdx.x; h < H; h += kThreads) out[size_t(blockIdx.x) * H + h] += gate * s[size_t(blockIdx.x) * H + h];
+  float* o = out + size_t(blockIdx.x) * H;
+  const float* sr = s + size_t(blockIdx.x) * H;
+  load_then_store<kThreads, 8>(
+      H, [&](int h) { return make_float2(o[h], sr[h]); }, [&](int h, float2 v) { o[h] = v.x + gate * v.y; });
 }
 
 __global__ void gather_rows_kernel(const float* src, const int* rows, int H, float* dst) {

@@ -74,6 +74,23 @@ __device__ void block_top_k(const float* v, int n, int k, unsigned char* taken, 
   __syncthreads();
 }
 
+// store(i, load(i)) for i = threadIdx.x, + THREADS, ... < n, U at a time: the U loads are issued
+// before any of their stores. A plain loop waits out each load's latency in turn where its store
+// may alias the next loads (an in-place norm): 8 of them made a 2048-wide rmsnorm take 5.6 us.
+template <int THREADS, int U, class Load, class Store>
+__device__ __forceinline__ void load_then_store(int n, Load&& load, Store&& store) {
+  using V = decltype(load(0));
+  for (int i0 = threadIdx.x; i0 < n; i0 += U * THREADS) {
+    V v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * THREADS < n) v[u] = load(i0 + u * THREADS);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * THREADS < n) store(i0 + u * THREADS, v[u]);
+  }
+}
+
 __device__ __forceinline__ float bf16_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 
 // silu(x) = x * sigmoid(x), from e = exp(-|x|) so that nothing overflows (as the CPU kernels).
