@@ -51,6 +51,18 @@ double time_ms(int rounds, F&& fn) {
   return double(ms) / rounds;
 }
 
+// Milliseconds of GPU time per call of fn(i) for kernels shorter than their launch: 100 calls
+// captured into a CUDA graph (cuda::Graph), replayed `rounds` times, as a decode step runs them.
+template <class F>
+double graph_ms(int rounds, F&& fn) {
+  constexpr int kCalls = 100;
+  cuda::Graph graph;
+  graph.begin_capture();
+  for (int i = 0; i < kCalls; ++i) fn(i);
+  graph.end_capture();
+  return time_ms(rounds, [&](int) { graph.launch(); }) / kCalls;
+}
+
 // Device-to-device copy bandwidth, counting bytes read and written.
 double copy_gbps() {
   const size_t bytes = size_t(2) << 30;
@@ -193,10 +205,12 @@ void run_moe(double hbm, const std::string& filter, int bits) {
     std::printf("%-40s T=1 K=%d %9.2f us %8.0f GB/s %5.1f%% of copy\n", what, K, ms * 1e3, gbps, 100.0 * gbps / hbm);
   };
   const int rounds = 2000;
-  report((name + " (2 launches)").c_str(), time_ms(rounds, [&](int i) {
-           cuda::moe_experts(x.as<float>(), 1, K, drecords.as<const uint8_t*>() + size_t(i % kRoutes) * K,
-                             dw.as<float>(), proj, out.as<float>(), h.as<float>());
-         }));
+  auto experts = [&](int i) {
+    cuda::moe_experts(x.as<float>(), 1, K, drecords.as<const uint8_t*>() + size_t(i % kRoutes) * K, dw.as<float>(),
+                      proj, out.as<float>(), h.as<float>());
+  };
+  report((name + " (2 launches)").c_str(), time_ms(rounds, experts));
+  report((name + " (in a graph)").c_str(), graph_ms(rounds / 100, experts));
   auto mat = [&](const uint8_t* rec, const ProjLayout& p) {
     return Mat{WeightType::Affine, rec + p.q_offset, p.rows, p.cols, p.bits, p.group,
                reinterpret_cast<const uint16_t*>(rec + p.scales_offset),
@@ -222,10 +236,11 @@ void run_route(const std::string& filter) {
 
   cuda::DeviceBuffer logits(E * 4), probs(E * 4), rid(K * 4), rw(K * 4);
   CUDA_CHECK(cudaMemset(logits.data(), 0x3c, logits.size()));
-  const double route_ms = time_ms(2000, [&](int) {
+  auto route = [&](int) {
     cuda::route_topk(logits.as<float>(), 1, E, K, true, probs.as<float>(), rid.as<int>(), rw.as<float>());
-  });
-  std::printf("%-40s T=1 E=%d K=%d %9.2f us\n", "route_topk", E, K, route_ms * 1e3);
+  };
+  std::printf("%-40s T=1 E=%d K=%d %9.2f us launched, %.2f us in a graph\n", "route_topk", E, K,
+              time_ms(2000, route) * 1e3, graph_ms(20, route) * 1e3);
 }
 
 // Microseconds per gated delta rule call of T tokens, 16 key and 32 value heads of 128 (80B),

@@ -57,6 +57,8 @@ struct CpuBackend {
     std::copy_n(v, n, cache.v_at(pos0));
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) const { cpu::silu_mul(gate, up, out, n); }
+  // mlp_forward's gate and up run as two matmuls and silu_mul on the CPU.
+  bool fused_gate_up(const float*, int, const Mat&, const Mat&, float*) const { return false; }
   void softmax(float* x, int rows, int n) const { cpu::softmax(x, rows, n); }
   void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* st, float* out) const {
     cpu::causal_conv1d_silu(x, T, C, w, K, st, out);
@@ -88,7 +90,10 @@ struct CpuBackend {
                     float* k, float* v) const;
   void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
                       float* beta) const;
-  void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H) const {
+  // out[t] += sigmoid(gate · x[t]) * s[t]: the shared expert's gated contribution.
+  void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate_w, int T, int H) const {
+    Buf g(static_cast<size_t>(T));
+    matmul(x, T, gate_w, g.data());
     for (int t = 0; t < T; ++t) {
       const float gate = 1.0f / (1.0f + std::exp(-g[size_t(t)]));
       for (int h = 0; h < H; ++h) out[size_t(t) * size_t(H) + size_t(h)] += gate * s[size_t(t) * size_t(H) + size_t(h)];

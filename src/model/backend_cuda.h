@@ -197,6 +197,13 @@ struct CudaBackend {
     cuda::store_kv(k, v, T, cache.n_kv * cache.head_dim, pos0, step_pos, cache.k.data(), cache.v.data());
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) const { cuda::silu_mul(gate, up, out, n); }
+  // h = silu(x · gateᵀ) * (x · upᵀ) in one launch for a decode token's affine gate and up; false,
+  // doing nothing, where that does not apply (mlp_forward then runs its three steps).
+  bool fused_gate_up(const float* x, int T, const Mat& gate, const Mat& up, float* h) const {
+    if (!cuda::gate_up_fuses(gate, up, T)) return false;
+    cuda::gate_up_silu(x, gate, up, h);
+    return true;
+  }
   void softmax(float* x, int rows, int n) const { cuda::softmax(x, rows, n); }
   void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* st, float* out) const {
     cuda::causal_conv1d_silu(x, T, C, w, K, st, out);
@@ -225,8 +232,8 @@ struct CudaBackend {
                       float* beta) const {
     cuda::deltanet_gates(b, a, A_log, dt_bias, T, nv, g, beta);
   }
-  void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H) const {
-    cuda::sigmoid_gated_add(out, s, g, T, H);
+  void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate_w, int T, int H) const {
+    cuda::shared_gate_add(out, s, x, gate_w, T, H);
   }
 
   // One token's MoE layer of an engine directory in a few launches: the router's top-k on the

@@ -12,11 +12,14 @@ namespace ms {
 template <class B>
 void mlp_forward(const B& be, const MlpWeights& w, const float* x, int T, float* out) {
   const size_t n = size_t(T) * size_t(w.gate.rows);
-  typename B::Buf g = be.alloc(n), u = be.alloc(n);
-  be.matmul(x, T, w.gate, g.data());
-  be.matmul(x, T, w.up, u.data());
-  be.silu_mul(g.data(), u.data(), g.data(), int64_t(n));
-  be.matmul(g.data(), T, w.down, out);
+  typename B::Buf h = be.alloc(n);
+  if (!be.fused_gate_up(x, T, w.gate, w.up, h.data())) {
+    typename B::Buf u = be.alloc(n);
+    be.matmul(x, T, w.gate, h.data());
+    be.matmul(x, T, w.up, u.data());
+    be.silu_mul(h.data(), u.data(), h.data(), int64_t(n));
+  }
+  be.matmul(h.data(), T, w.down, out);
 }
 
 namespace {
@@ -89,16 +92,6 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
   be.sum_slots(partial.data(), T, K, H, out);
 }
 
-// The shared expert's output and gate logits, [T, H] and [T]: computed before the routed experts,
-// so that on the GPU it runs while the host reads the layer's missing experts.
-template <class B>
-std::pair<typename B::Buf, typename B::Buf> shared_expert(const B& be, const ModelConfig& cfg, const FfnWeights& w,
-                                                          const float* x, int T) {
-  typename B::Buf s = be.alloc(size_t(T) * size_t(cfg.hidden)), g = be.alloc(size_t(T));
-  mlp_forward(be, be.mlp(w.shared_expert), x, T, s.data());
-  be.matmul(x, T, be.mat(w.shared_expert_gate), g.data());
-  return {std::move(s), std::move(g)};
-}
 
 }  // namespace
 
@@ -109,14 +102,19 @@ void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool mo
     mlp_forward(be, be.mlp(w.dense), x, T, out);
     return;
   }
-  std::pair<typename B::Buf, typename B::Buf> shared;
-  if (cfg.shared_inter > 0) shared = shared_expert(be, cfg, w, x, T);
+  // The shared expert before the routed ones: on the GPU it runs while the host reads the
+  // layer's missing experts.
+  typename B::Buf shared;
+  if (cfg.shared_inter > 0) {
+    shared = be.alloc(size_t(T) * size_t(cfg.hidden));
+    mlp_forward(be, be.mlp(w.shared_expert), x, T, shared.data());
+  }
   if (!be.moe_on_device(cfg, w, x, T, out, routes, router_probs)) {
     Routing r = route(be, cfg, w.router, x, T, router_probs);
     if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
     routed_experts(be, cfg, w, r, x, T, out);
   }
-  if (cfg.shared_inter > 0) be.sigmoid_gated_add(out, shared.first.data(), shared.second.data(), T, cfg.hidden);
+  if (cfg.shared_inter > 0) be.shared_gate_add(out, shared.data(), x, be.mat(w.shared_expert_gate), T, cfg.hidden);
 }
 
 template void ffn_block(const CpuBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*, int*,

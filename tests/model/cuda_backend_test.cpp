@@ -10,6 +10,7 @@
 #include "kernels/cuda/device.h"
 #include "model/backend_cpu.h"
 #include "model/backend_cuda.h"
+#include "util/half.h"
 
 namespace ms {
 namespace {
@@ -161,11 +162,16 @@ TEST_F(CudaBackendGlue, ExpertGatherScatterSumAndSharedGate) {
   gpu().sum_slots(dpartial.data(), T, K, H, dout.data());
   EXPECT_EQ(dout.to_vector(), out);
 
-  const auto s = random_vec(out.size(), 20), g = random_vec(size_t(T), 21);
-  auto ds = up(s), dg = up(g);
-  cpu.sigmoid_gated_add(out.data(), s.data(), g.data(), T, H);
-  gpu().sigmoid_gated_add(dout.data(), ds.data(), dg.data(), T, H);
-  expect_close(dout.to_vector(), out);
+  // The shared expert's gate: a bf16 row's dot with x, summed in another order than the CPU's.
+  const auto s = random_vec(out.size(), 20), gate = random_vec(size_t(H), 21, -0.3f, 0.3f);
+  std::vector<uint16_t> gate_bf16(gate.size());
+  for (size_t i = 0; i < gate.size(); ++i) gate_bf16[i] = f32_to_bf16(gate[i]);
+  DeviceArray<uint16_t> dgate = DeviceArray<uint16_t>::from(gate_bf16.data(), gate_bf16.size());
+  auto ds = up(s);
+  cpu.shared_gate_add(out.data(), s.data(), x.data(), Mat{WeightType::BF16, gate_bf16.data(), 1, H}, T, H);
+  gpu().shared_gate_add(dout.data(), ds.data(), dx.data(), Mat{WeightType::BF16, dgate.data(), 1, H}, T, H);
+  const auto got = dout.to_vector();
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], out[i], 1e-5f * (1.f + std::abs(out[i]))) << i;
 }
 
 }  // namespace

@@ -70,30 +70,43 @@ constexpr int kMmaWarps = kThreads / 32;
 template <int BITS, int L, int G, int TT>
 inline constexpr int kMatvecAtOnce = TT == 1 && (BITS == 8 || (BITS == 4 && G == 1)) ? 2 : kBlocksAtOnce<BITS, L>;
 
-template <int BITS, int L, int G, int TT>
-inline constexpr int kMatvecBlocksPerSm = TT == 1 && kMatvecAtOnce<BITS, L, G, TT> * BITS * L < 16 ? 3 : 2;
+// With M = 2 (gate and up, at T = 1) the registers of both matrices' lane blocks leave room for two
+// blocks a multiprocessor and the default lane blocks at once, as moe.cu's gate_up_mma_kernel.
+template <int BITS, int L, int G, int TT, int M>
+inline constexpr int kMatvecBlocksPerSm = M == 1 && TT == 1 && kMatvecAtOnce<BITS, L, G, TT> * BITS * L < 16 ? 3 : 2;
 
-template <int BITS, int L, int G, int TT>
-__global__ void __launch_bounds__(kThreads, kMatvecBlocksPerSm<BITS, L, G, TT>)
-    matvec_mma_kernel(const float* __restrict__ x, int T, WeightArgs W, float* __restrict__ y, int ks_log2) {
-  constexpr int U = kMatvecAtOnce<BITS, L, G, TT>;
+// The M matrices of one product, of one shape: W, or gate and up.
+template <int M>
+struct WeightSet {
+  WeightArgs w[M];
+};
+
+// y = x · W[0]ᵀ, or with M = 2 y = silu(x · W[0]ᵀ) · (x · W[1]ᵀ) (silu_mul's formula), the MLP's gate
+// and up in one launch.
+template <int BITS, int L, int G, int TT, int M>
+__global__ void __launch_bounds__(kThreads, kMatvecBlocksPerSm<BITS, L, G, TT, M>)
+    matvec_mma_kernel(const float* __restrict__ x, int T, WeightSet<M> W, float* __restrict__ y, int ks_log2) {
+  constexpr int U = M == 1 ? kMatvecAtOnce<BITS, L, G, TT> : kBlocksAtOnce<BITS, L>;
   extern __shared__ uint2 smem[];
-  const SplitSmem s = split_smem<L>(smem, TT, W.cols);  // rest: partial sums [kMmaWarps][16][TT]
+  const int rows = W.w[0].rows, cols = W.w[0].cols;
+  const SplitSmem s = split_smem<L>(smem, TT, cols);  // rest: partial sums [kMmaWarps][M][16][TT]
   const int t0 = blockIdx.y * TT, warp = threadIdx.x >> 5;
   const int2 blocks = warp_blocks(s.nquads / L, ks_log2, warp);
-  prefetch_rows<BITS, L, U>(W, tile_row0<kMmaWarps>(blockIdx.x, ks_log2), blocks.x, blocks.y);
+#pragma unroll
+  for (int m = 0; m < M; ++m) prefetch_rows<BITS, L, U>(W.w[m], tile_row0<kMmaWarps>(blockIdx.x, ks_log2), blocks.x, blocks.y);
   grid_dependency_wait();  // x is the kernel before's output, y may be its input
-  stage_split<BITS, L, G, kThreads>(x + size_t(t0) * W.cols, TT, T - t0, W.cols, s.xb, s.pow2, s.xsum);
-  const WeightArgs Ws[1] = {W};
-  mma_row_sets<BITS, L, G, U, TT, 1, kMmaWarps>(StagedX{s.xb, s.pow2, s.xsum, s.nquads, TT, 0}, Ws, ks_log2, s.rest,
-                                                [&](int row, int tt, const float (&v)[1]) {
-                                                  if (t0 + tt < T) y[size_t(t0 + tt) * W.rows + row] = v[0];
+  stage_split<BITS, L, G, kThreads>(x + size_t(t0) * cols, TT, T - t0, cols, s.xb, s.pow2, s.xsum);
+  mma_row_sets<BITS, L, G, U, TT, M, kMmaWarps>(StagedX{s.xb, s.pow2, s.xsum, s.nquads, TT, 0}, W.w, ks_log2, s.rest,
+                                                [&](int row, int tt, const float (&v)[M]) {
+                                                  if (t0 + tt >= T) return;
+                                                  y[size_t(t0 + tt) * rows + row] =
+                                                      M == 1 ? v[0] : v[0] / (1.0f + expf(-v[0])) * v[M - 1];
                                                 });
   grid_dependents_may_start();
 }
 
-size_t mma_smem_bytes(int TT, int cols, int L) {
-  return split_bytes(TT, cols, L) + size_t(kMmaWarps) * 16 * TT * sizeof(float);
+size_t mma_smem_bytes(int TT, int cols, int L, int M) {
+  return split_bytes(TT, cols, L) + size_t(kMmaWarps) * M * 16 * TT * sizeof(float);
 }
 
 void check_token_blocks(int T, int TT) {
@@ -123,29 +136,42 @@ void launch_bf16_tokens(const float* x, int T, const WeightArgs& W, float* y) {
     launch_bf16<1>(x, T, W, y);
 }
 
-template <int BITS, int L, int G, int TT>
-void launch_mma(const float* x, int T, const WeightArgs& W, float* y) {
-  auto kernel = matvec_mma_kernel<BITS, L, G, TT>;
+template <int BITS, int L, int G, int TT, int M>
+void launch_mma(const float* x, int T, const WeightSet<M>& W, float* y) {
+  auto kernel = matvec_mma_kernel<BITS, L, G, TT, M>;
   static KernelLimits lim;
-  const size_t smem = mma_smem_bytes(TT, W.cols, L);
-  const int resident = resident_blocks(kernel, kThreads, smem, lim, "cuda::matmul", W.cols);
+  const int rows = W.w[0].rows, cols = W.w[0].cols;
+  const size_t smem = mma_smem_bytes(TT, cols, L, M);
+  const int resident = resident_blocks(kernel, kThreads, smem, lim, "cuda::matmul", cols);
   const long token_blocks = (T + TT - 1) / TT;
-  const int ks_log2 = mma_split_log2(W.rows, quads_of(W.cols, L) / L, token_blocks, resident, kMmaWarps);
+  const int ks_log2 = mma_split_log2(rows, quads_of(cols, L) / L, token_blocks, resident, kMmaWarps);
   check_token_blocks(T, TT);
-  const dim3 grid(unsigned(std::min(mma_sets(W.rows, kMmaWarps, ks_log2), resident)), unsigned(token_blocks));
+  const dim3 grid(unsigned(std::min(mma_sets(rows, kMmaWarps, ks_log2), resident)), unsigned(token_blocks));
   launch_overlapped(kernel, lim.overlap, grid, kThreads, smem, x, T, W, y, ks_log2);
 }
+
+bool scales_fit(const WeightArgs& W) { return aligned(W.scales, 8) && aligned(W.biases, 8); }
 
 // Affine weights on the tensor cores, in the lane layout their rows allow.
 template <int BITS>
 void launch_affine(const float* x, int T, const WeightArgs& W, float* y) {
-  const bool scales_fit = aligned(W.scales, 8) && aligned(W.biases, 8);
-  with_lane_layout<BITS>(W.cols, W.chunks_per_group_log2, scales_fit, [&](auto L, auto G) {
-    if (T > 1 && mma_smem_bytes(kBatch, W.cols, L) <= size_t(optin_smem()))
-      launch_mma<BITS, L, G, kBatch>(x, T, W, y);
+  with_lane_layout<BITS>(W.cols, W.chunks_per_group_log2, scales_fit(W), [&](auto L, auto G) {
+    if (T > 1 && mma_smem_bytes(kBatch, W.cols, L, 1) <= size_t(optin_smem()))
+      launch_mma<BITS, L, G, kBatch, 1>(x, T, WeightSet<1>{{W}}, y);
     else
-      launch_mma<BITS, L, G, 1>(x, T, W, y);  // rows too wide for its staging are refused (resident_blocks)
+      launch_mma<BITS, L, G, 1, 1>(x, T, WeightSet<1>{{W}}, y);  // rows too wide to stage are refused (resident_blocks)
   });
+}
+
+template <int BITS>
+void launch_gate_up(const float* x, const WeightArgs& gate, const WeightArgs& up, float* h) {
+  with_lane_layout<BITS>(gate.cols, gate.chunks_per_group_log2, scales_fit(gate) && scales_fit(up),
+                         [&](auto L, auto G) { launch_mma<BITS, L, G, 1, 2>(x, 1, WeightSet<2>{{gate, up}}, h); });
+}
+
+WeightArgs weight_args(const Mat& W) {
+  const int group_log2 = W.type == WeightType::Affine ? floor_log2(W.group / kChunk) : 0;
+  return {static_cast<const uint8_t*>(W.data), W.scales, W.biases, W.rows, W.cols, group_log2};
 }
 
 }  // namespace
@@ -168,8 +194,7 @@ void check_matmul_args(const float* x, const Mat& W, const float* y) {
 void matmul_direct(const float* x, int T, const Mat& W, float* y) {
   if (T <= 0 || W.rows <= 0) return;
   check_matmul_args(x, W, y);
-  const int group_log2 = W.type == WeightType::Affine ? floor_log2(W.group / kChunk) : 0;
-  const WeightArgs args{static_cast<const uint8_t*>(W.data), W.scales, W.biases, W.rows, W.cols, group_log2};
+  const WeightArgs args = weight_args(W);
   if (W.type == WeightType::BF16) return launch_bf16_tokens(x, T, args, y);
   switch (W.bits) {
     case 2: return launch_affine<2>(x, T, args, y);
@@ -182,6 +207,26 @@ void matmul_direct(const float* x, int T, const Mat& W, float* y) {
 void matmul(const float* x, int T, const Mat& W, float* y) {
   if (T >= gemm_min_tokens(W)) return matmul_gemm(x, T, W, y);
   matmul_direct(x, T, W, y);
+}
+
+bool gate_up_fuses(const Mat& gate, const Mat& up, int T) {
+  return T == 1 && gate.type == WeightType::Affine && up.type == WeightType::Affine && gate.bits == up.bits &&
+         gate.group == up.group && gate.rows == up.rows && gate.cols == up.cols;
+}
+
+void gate_up_silu(const float* x, const Mat& gate, const Mat& up, float* h) {
+  if (!gate_up_fuses(gate, up, 1))
+    arg_fail("cuda::gate_up_silu: gate and up must be affine of one shape, bits and group (gate_up_fuses)");
+  check_matmul_args(x, gate, h);
+  check_matmul_args(x, up, h);
+  if (gate.rows <= 0) return;
+  const WeightArgs g = weight_args(gate), u = weight_args(up);
+  switch (gate.bits) {
+    case 2: return launch_gate_up<2>(x, g, u, h);
+    case 3: return launch_gate_up<3>(x, g, u, h);
+    case 4: return launch_gate_up<4>(x, g, u, h);
+    default: return launch_gate_up<8>(x, g, u, h);
+  }
 }
 
 }  // namespace ms::cuda

@@ -100,8 +100,13 @@ __global__ void deltanet_gates_kernel(const float* b, const float* a, const floa
   g[i] = -expf(A_log[h]) * softplus;
 }
 
-__global__ void gated_add_kernel(float* out, const float* s, const float* g, int H) {
-  const float gate = sigmoid(g[blockIdx.x]);
+// Block t: the gate's dot with x[t] (bf16 weights), then out[t] += sigmoid(dot) · s[t].
+__global__ void shared_gate_add_kernel(float* out, const float* s, const float* x, const uint16_t* w, int H) {
+  const float* xr = x + size_t(blockIdx.x) * H;
+  float dot = 0.f;
+#pragma unroll 8
+  for (int h = threadIdx.x; h < H; h += kThreads) dot = fmaf(xr[h], bf16_to_float(w[h]), dot);
+  const float gate = sigmoid(block_reduce<kThreads, false>(dot));
   float* o = out + size_t(blockIdx.x) * H;
   const float* sr = s + size_t(blockIdx.x) * H;
   load_then_store<kThreads, 8>(
@@ -179,9 +184,12 @@ void deltanet_gates(const float* b, const float* a, const float* A_log, const fl
   CUDA_CHECK_LAUNCH();
 }
 
-void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H) {
+void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate, int T, int H) {
+  if (gate.type != WeightType::BF16 || gate.rows != 1 || gate.cols != H)
+    arg_fail("cuda::shared_gate_add: the gate must be a bf16 [1, " + std::to_string(H) +
+             "] row (engine directories never quantize gates)");
   if (T <= 0) return;
-  gated_add_kernel<<<unsigned(T), kThreads, 0, compute_stream()>>>(out, s, g, H);
+  shared_gate_add_kernel<<<unsigned(T), kThreads, 0, compute_stream()>>>(out, s, x, static_cast<const uint16_t*>(gate.data), H);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -16,6 +16,11 @@ namespace ms::cuda {
 // matvec; larger T reuses each weight chunk for 4 tokens at a time, and from gemm_min_tokens(W) on
 // (kernels/cuda/gemm.h) W is dequantized to float32 for a cuBLAS FP32 SGEMM.
 void matmul(const float* x, int T, const Mat& W, float* y);
+// h[rows] = silu(gate · x) * (up · x) for one token: an MLP's gate and up read in one launch,
+// each row's sums those matmul computes (its split of a row among warps may differ, so the last
+// bits may too). Where gate_up_fuses(gate, up, 1): affine, of one shape, bits and group.
+void gate_up_silu(const float* x, const Mat& gate, const Mat& up, float* h);
+bool gate_up_fuses(const Mat& gate, const Mat& up, int T);
 
 void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out);
 // x += y, then rmsnorm of x into out.
@@ -90,8 +95,9 @@ void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, flo
 // beta = sigmoid(b); g = -exp(A_log[h]) * softplus(a + dt_bias[h]), per [T, nv].
 void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
                     float* beta);
-// out[t] += sigmoid(g[t]) * s[t], rows of H.
-void sigmoid_gated_add(float* out, const float* s, const float* g, int T, int H);
+// out[t] += sigmoid(gate · x[t]) * s[t], rows of H: the shared expert's gate (a bf16 [1, H] row)
+// and gated add in one launch.
+void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate, int T, int H);
 // dst[j] = src[rows[j]], rows of H; rows is a device array of n.
 void gather_rows(const float* src, const int* rows, int n, int H, float* dst);
 // dst[rows[j]] = wt[j] * y[j], rows of H; rows, wt device arrays of n.

@@ -68,7 +68,7 @@ __device__ void block_top_k(const float* v, int n, int k, unsigned char* taken, 
     __syncthreads();
     Best all = bests[0];
     for (int w = 1; w < THREADS / 32; ++w) all = better(all, bests[w]);
-    if (all.i % THREADS == int(threadIdx.x)) taken[all.i] = 1;
+    if (all.i < n && all.i % THREADS == int(threadIdx.x)) taken[all.i] = 1;  // all.i: INT_MAX past the NaNs
     pick(round, all.i, all.v);
   }
   __syncthreads();
