@@ -92,7 +92,6 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
   be.sum_slots(partial.data(), T, K, H, out);
 }
 
-
 }  // namespace
 
 template <class B>

@@ -309,7 +309,7 @@ ForwardResult Model::forward_captured(const CudaBackend& be, int id, int pos0, c
 
   ForwardResult r;
   if (opt.sample) r.token = opt.sample(g.logits.data(), true);
-  else r.logits = g.logits.to_vector();
+  if (!opt.sample || opt.all_logits) r.logits = g.logits.to_vector();
   if (opt.hidden) {
     r.hidden_pre_norm.resize(size_t(H));
     copy_to_host(r.hidden_pre_norm.data(), g.input.data(), size_t(H) * sizeof(float));

@@ -115,6 +115,7 @@ class Model {
   ForwardResult forward_captured(const CudaBackend& be, int id, int pos0, const ForwardOptions& opt) const;
   std::unique_ptr<DecodeGraph> capture_decode_step(const CudaBackend& be, int pos0,
                                                    std::vector<const float*> kv_at_capture) const;
+  bool every_expert_resident() const;  // Cuda builds
   template <class B>
   std::vector<float> mtp_forward_on(const B& be, const float* hidden, const int* next_ids, int T, int pos0) const;
   template <class B>
@@ -128,7 +129,6 @@ class Model {
   ModelWeights w_;
   std::shared_ptr<const DeviceWeights> device_;  // the weights in VRAM on --device cuda, else null
   std::shared_ptr<DeviceExpertStore> device_experts_;  // after experts_: it borrows that store
-  bool every_expert_resident() const;  // Cuda builds
   bool decode_graphs_ = false;  // Cuda: decode steps through forward_captured (ModelOptions::cuda_graphs)
 };
 

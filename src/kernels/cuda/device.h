@@ -90,8 +90,9 @@ class ComputeMark {
 // Work on the compute stream recorded once and queued again in one call: between begin_capture()
 // and end_capture() what this thread queues on the compute stream is recorded, not run (so it
 // may hold no host round trip), and launch() queues the recording with the arguments and
-// addresses it was made with. The launches of a decode step cost the host 3 to 4 us each; a
-// graph's, a few us for all of them.
+// addresses it was made with. A launch costs the host 3 to 4 us (bench_cuda_host_cost), more than
+// most of a decode step's kernels run for; on the H200 an 8-layer Qwen3-Next-80B-shaped step went
+// from 1.04 to 0.94 ms as a graph.
 class Graph {
  public:
   Graph() = default;
@@ -105,7 +106,6 @@ class Graph {
   // Ends a capture that an exception cut short, dropping what was recorded.
   void abort_capture() noexcept;
   void launch() const;
-  bool ready() const { return exec_ != nullptr; }
 
  private:
   void* exec_ = nullptr;  // cudaGraphExec_t

@@ -3,7 +3,8 @@
 // instructions per byte than HBM delivers them at, go to the integer tensor cores as bytes against
 // x in exact integer parts (mma_dot.cuh). Either stages the activations of TT tokens in shared
 // memory once per block, and blocks loop over row sets (a grid of what fits on the chip), so that
-// the weights, read once per TT tokens, are what streams from memory.
+// the weights, read once per TT tokens, are what streams from memory. gate_up_silu is the affine
+// kernel over an MLP's gate and up together, its silu·up written instead of either product.
 #include <cuda_runtime.h>
 
 #include <algorithm>
