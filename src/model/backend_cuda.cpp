@@ -39,6 +39,15 @@ FreeBuffers& free_buffers() {
 }
 
 thread_local DeviceArena* t_arena = nullptr;  // the open ArenaScope's
+
+// A freed buffer of `bytes` from free lists by size, or null when there is none.
+void* pop_free(std::unordered_map<size_t, std::vector<void*>>& by_size, size_t bytes) {
+  std::vector<void*>& v = by_size[bytes];
+  if (v.empty()) return nullptr;
+  void* p = v.back();
+  v.pop_back();
+  return p;
+}
 }  // namespace
 
 DeviceArena::~DeviceArena() {
@@ -46,16 +55,12 @@ DeviceArena::~DeviceArena() {
 }
 
 void* DeviceArena::take(size_t bytes) {
-  std::vector<void*>& v = free_[bytes];
-  ++lent_;
-  if (!v.empty()) {
-    void* p = v.back();
-    v.pop_back();
-    return p;
+  void* p = pop_free(free_, bytes);
+  if (!p) {
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    mine_.insert(p);
   }
-  void* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, bytes));
-  mine_.insert(p);
+  ++lent_;
   return p;
 }
 
@@ -75,10 +80,7 @@ void* device_alloc(size_t bytes) {
   if (bytes <= kReusedMaxBytes) {
     FreeBuffers& f = free_buffers();
     std::lock_guard<std::mutex> lock(f.mu);
-    std::vector<void*>& v = f.by_size[bytes];
-    if (!v.empty()) {
-      void* p = v.back();
-      v.pop_back();
+    if (void* p = pop_free(f.by_size, bytes)) {
       f.bytes -= bytes;
       return p;
     }
