@@ -3,8 +3,8 @@
 // pair (what each activation buffer cost before device_alloc reused them), a small pageable copy
 // each way. Each is issued back to back with no synchronisation between, so that the host's time
 // per call is what bounds a step when the GPU keeps up ("drained": including the wait for the GPU
-// at the end). A decode step of Qwen3-Next launches about 25 kernels a layer, so a few us each is
-// most of a layer's time on the H200 (README, CUDA).
+// at the end). A decode step of Qwen3-Next launched kernel by kernel pays a launch for each of
+// about 20 kernels a layer; replayed as a CUDA graph (every expert resident) it pays one a step.
 //
 //   build/bench/bench_cuda_host_cost
 #include <cuda_runtime.h>
