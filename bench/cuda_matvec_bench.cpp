@@ -1,8 +1,9 @@
 // Decode matvec (T = 1) on the GPU: achieved bandwidth of cuda::matmul for bf16 and affine
-// 2/3/4/8-bit weights, expert-sized and dense-sized, against the HBM bandwidth measured in the
-// same run by a device-to-device copy. Each shape is replicated over enough copies that their
-// sum is well past the L2 cache, and the calls cycle over the copies, as a decode step's experts
-// and layers do. Bytes counted: weights, scales and biases, x read and y written.
+// 2/3/4/8-bit weights, expert-sized, Qwen3-Next-80B's linear-attention projections and
+// dense-sized, against the HBM bandwidth measured in the same run by a device-to-device copy.
+// Each shape is replicated over enough copies that their sum is well past the L2 cache, and the
+// calls cycle over the copies, as a decode step's experts and layers do. Bytes counted: weights,
+// scales and biases, x read and y written.
 // Then the routed experts of a decode step at Qwen3-Next-80B's shape: cuda::moe_experts against
 // the per-expert launches it replaces, and cuda::route_topk.
 // Prefill (filter "gemm"): the custom kernel against the cuBLAS form of cuda::matmul, and their
@@ -290,9 +291,10 @@ int main(int argc, char** argv) {
   const double hbm = copy_gbps();
   std::printf("%s, %d SMs, L2 %d MB; device-to-device copy %.0f GB/s (read + write)\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, hbm);
-  const Config shapes[] = {{"expert gate/up", 512, 2048, 0},  {"expert down", 2048, 512, 0},
-                           {"expert (Qwen3-30B) up", 768, 2048, 0}, {"dense 4096", 4096, 4096, 0},
-                           {"dense 8192", 8192, 8192, 0},     {"lm_head 151936", 151936, 2048, 0}};
+  const Config shapes[] = {{"expert gate/up", 512, 2048, 0},     {"expert down", 2048, 512, 0},
+                           {"expert (Qwen3-30B) up", 768, 2048, 0}, {"80B in_proj_qkvz", 12288, 2048, 0},
+                           {"80B out_proj", 2048, 4096, 0},         {"dense 4096", 4096, 4096, 0},
+                           {"dense 8192", 8192, 8192, 0},           {"lm_head 151936", 151936, 2048, 0}};
   for (int bits : {16, 8, 4, 3, 2})
     for (Config c : shapes) {
       c.bits = bits;
