@@ -153,7 +153,8 @@ DeviceArray<float> zeros(size_t n) {
 }
 }  // namespace
 
-DeviceState::DeviceState(const ModelConfig& cfg) : kv(size_t(cfg.n_layers)), linear(size_t(cfg.n_layers)) {
+DeviceState::DeviceState(const ModelConfig& cfg)
+    : kv(size_t(cfg.n_layers)), linear(size_t(cfg.n_layers)), top_k(cfg.top_k), n_experts(cfg.n_experts) {
   const int conv_dim = 2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim;
   for (int l = 0; l < cfg.n_layers; ++l) {
     if (cfg.layer_types[size_t(l)] == LayerType::FullAttention) {
@@ -166,6 +167,10 @@ DeviceState::DeviceState(const ModelConfig& cfg) : kv(size_t(cfg.n_layers)), lin
   }
   mtp_kv.n_kv = cfg.n_kv_heads;
   mtp_kv.head_dim = cfg.head_dim;
+  if (cfg.n_experts > 0) {  // a layer more than the decoder's: the MTP head's
+    route_ids = DeviceArray<int>(size_t(cfg.n_layers + 1) * size_t(cfg.top_k));
+    route_probs = DeviceArray<float>(size_t(cfg.n_layers + 1) * size_t(cfg.n_experts));
+  }
 }
 
 void download_linear(const DeviceState& d, std::vector<LinearState>& host) {
@@ -262,15 +267,22 @@ bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, con
                                 int* routes, float* router_probs) const {
   if (T != 1 || w.store_layer < 0 || !experts) return false;
   const int E = cfg.n_experts, K = cfg.top_k, layer = w.store_layer;
-  Buf logits = alloc(size_t(E)), probs = alloc(size_t(E)), weights = alloc(size_t(K));
-  DeviceArray<int> ids{size_t(K)};
+  const bool keep = routes || router_probs;
+  if (keep && (size_t(layer) + 1) * size_t(K) > state.route_ids.size())
+    fail("expert layer {} is past the {} layers of routes a forward keeps", layer, state.route_ids.size() / size_t(K));
+  Buf logits = alloc(size_t(E)), weights = alloc(size_t(K));
+  Buf own_probs = keep ? Buf{} : alloc(size_t(E));
+  DeviceArray<int> own_ids{keep ? 0 : size_t(K)};
+  int* ids = keep ? state.route_ids.data() + size_t(layer) * size_t(K) : own_ids.data();
+  float* probs = keep ? state.route_probs.data() + size_t(layer) * size_t(E) : own_probs.data();
   matmul(x, 1, mat(w.router), logits.data());
   const uint8_t* const* table = experts->resident_table(layer);
   DeviceArray<const uint8_t*> records{size_t(K)};
-  cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs.data(), ids.data(), weights.data(), table,
-                   records.data());
+  cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs, ids, weights.data(), table, records.data());
   if (!table) {
-    const std::vector<const uint8_t*> acquired = experts->acquire(layer, ids.to_vector());
+    std::vector<int> host_ids(static_cast<size_t>(K));
+    copy_to_host(host_ids.data(), ids, host_ids.size() * sizeof(int));
+    const std::vector<const uint8_t*> acquired = experts->acquire(layer, host_ids);
     copy_to_device(records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
   }
   const std::array<ProjLayout, 3>& p = w.record_layout->proj;
@@ -282,16 +294,20 @@ bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, con
   cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data());
   // Slots held until the kernels are queued: the copy stream orders any refill after them.
   if (!table) experts->release(layer);
-  if (routes) pending_ids.emplace_back(routes, std::move(ids));
-  if (router_probs) pending_probs.emplace_back(router_probs, std::move(probs));
+  if (keep) pending_routes.push_back({routes, router_probs, layer});
   return true;
 }
 
 void CudaBackend::finish() const {
-  for (auto& [host, dev] : pending_ids) copy_to_host(host, dev.data(), dev.size() * sizeof(int));
-  for (auto& [host, dev] : pending_probs) copy_to_host(host, dev.data(), dev.size() * sizeof(float));
-  pending_ids.clear();
-  pending_probs.clear();
+  if (pending_routes.empty()) return;
+  const size_t K = size_t(state.top_k), E = size_t(state.n_experts);
+  const std::vector<int> ids = state.route_ids.to_vector();
+  const std::vector<float> probs = state.route_probs.to_vector();
+  for (const PendingRoutes& p : pending_routes) {
+    if (p.ids) std::copy_n(ids.data() + size_t(p.layer) * K, K, p.ids);
+    if (p.probs) std::copy_n(probs.data() + size_t(p.layer) * E, E, p.probs);
+  }
+  pending_routes.clear();
 }
 
 CudaBackend::ExpertGroups CudaBackend::expert_groups(const std::vector<std::vector<int>>& users,

@@ -132,6 +132,12 @@ struct DeviceState {
   std::vector<DeviceLinear> linear;
   DeviceKV mtp_kv;
   std::unique_ptr<DecodeGraph> decode_graph;  // made at the first decode step that can use one
+  // A decode token's routed ids [layer][top_k] and router probabilities [layer][n_experts], by
+  // expert-store layer, where moe_on_device writes them when the forward asks for them: one copy
+  // then brings every layer's, and a captured step writes them at addresses that stay.
+  DeviceArray<int> route_ids;
+  DeviceArray<float> route_probs;
+  int top_k = 0, n_experts = 0;
 };
 // The linear-attention states between host (checkpoints) and device; layers without one skip.
 void download_linear(const DeviceState& d, std::vector<LinearState>& host);
@@ -238,14 +244,19 @@ struct CudaBackend {
 
   // One token's MoE layer of an engine directory in a few launches: the router's top-k on the
   // GPU, then cuda::moe_experts over the routed records. The routed ids come to the host only
-  // when the layer's pool streams (to read its misses); `routes` and `router_probs` are filled at
-  // finish(). False, doing nothing, where this does not apply (T > 1, a checkpoint's experts).
+  // when the layer's pool streams (to read its misses); with `routes` or `router_probs` they go to
+  // state.route_ids and route_probs, and to these at finish(). False, doing nothing, where this
+  // does not apply (T > 1, a checkpoint's experts).
   bool moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
                      float* router_probs) const;
-  // Copies what moe_on_device left for the host (in one wait, not one per layer).
+  // Copies what moe_on_device left for the host: state.route_ids and route_probs in one copy each.
   void finish() const;
-  mutable std::vector<std::pair<int*, DeviceArray<int>>> pending_ids;
-  mutable std::vector<std::pair<float*, DeviceArray<float>>> pending_probs;
+  struct PendingRoutes {
+    int* ids;      // host, top_k of them, or null
+    float* probs;  // host, n_experts of them, or null
+    int layer;     // of the expert store
+  };
+  mutable std::vector<PendingRoutes> pending_routes;
 
   // The users of every expert, concatenated in expert order, uploaded in one copy.
   struct ExpertGroups {

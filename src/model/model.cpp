@@ -215,8 +215,7 @@ ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardO
   if (device_) {
     if (!state.device) state.device = std::make_shared<DeviceState>(cfg_);
     const CudaBackend be{*device_, *state.device, device_experts_.get()};
-    // Routes stay on the eager path: a captured step writes nothing the host asks for per layer.
-    if (T == 1 && decode_graphs_ && !opt.routes)
+    if (T == 1 && decode_graphs_)
       r = forward_captured(be, ids[0], state.position(), opt);
     else
       r = forward_on(be, ids, T, state.position(), opt);
@@ -230,6 +229,15 @@ ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardO
   return r;
 }
 
+std::pair<int*, float*> Model::route_rows(ForwardResult& r, int l, int T) const {
+  if (!w_.layers[size_t(l)].moe) return {nullptr, nullptr};
+  std::vector<int>& ids = r.routes[size_t(l)];
+  std::vector<float>& probs = r.router_probs[size_t(l)];
+  ids.resize(size_t(T) * size_t(cfg_.top_k));
+  probs.resize(size_t(T) * size_t(cfg_.n_experts));
+  return {ids.data(), probs.data()};
+}
+
 template <class B>
 void Model::run_layers(const B& be, float* x, int T, int pos0, const ForwardOptions& opt, ForwardResult& r) const {
   if (opt.routes) {
@@ -238,14 +246,7 @@ void Model::run_layers(const B& be, float* x, int T, int pos0, const ForwardOpti
   }
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const LayerWeights& lw = w_.layers[size_t(l)];
-    int* routes = nullptr;
-    float* probs = nullptr;
-    if (opt.routes && lw.moe) {
-      r.routes[size_t(l)].resize(size_t(T) * size_t(cfg_.top_k));
-      r.router_probs[size_t(l)].resize(size_t(T) * size_t(cfg_.n_experts));
-      routes = r.routes[size_t(l)].data();
-      probs = r.router_probs[size_t(l)].data();
-    }
+    const auto [routes, probs] = opt.routes ? route_rows(r, l, T) : std::pair<int*, float*>{};
     typename B::Linear* lin = lw.type == LayerType::LinearAttention ? &be.linear(l) : nullptr;
     decoder_layer(be, lw, T, be.kv(l), lin, pos0, x, routes, probs);
   }
@@ -310,6 +311,14 @@ ForwardResult Model::forward_captured(const CudaBackend& be, int id, int pos0, c
   ForwardResult r;
   if (opt.sample) r.token = opt.sample(g.logits.data(), true);
   if (!opt.sample || opt.all_logits) r.logits = g.logits.to_vector();
+  if (opt.routes) {  // what the step's route_topk wrote to ds.route_ids and route_probs (moe_on_device)
+    r.routes.resize(size_t(cfg_.n_layers));
+    r.router_probs.resize(size_t(cfg_.n_layers));
+    for (int l = 0; l < cfg_.n_layers; ++l)
+      if (const auto [ids, probs] = route_rows(r, l, 1); ids)
+        be.pending_routes.push_back({ids, probs, w_.layers[size_t(l)].ffn.store_layer});
+    be.finish();
+  }
   if (opt.hidden) {
     r.hidden_pre_norm.resize(size_t(H));
     copy_to_host(r.hidden_pre_norm.data(), g.input.data(), size_t(H) * sizeof(float));
@@ -330,8 +339,10 @@ std::unique_ptr<DecodeGraph> Model::capture_decode_step(const CudaBackend& be, i
     ArenaScope scope(g->arena);
     g->graph.begin_capture();
     try {
+      // With routes asked for, so that every step writes them where forward_captured reads them;
+      // the host copies are the replays' (step.finish() is not called: no copy is captured).
       ForwardResult unused;
-      run_layers(step, g->input.data(), 1, pos0, ForwardOptions{}, unused);
+      run_layers(step, g->input.data(), 1, pos0, ForwardOptions{.routes = true}, unused);
       final_logits(step, g->input.data(), 1, 1, g->normed.data(), g->logits.data());
     } catch (...) {
       g->graph.abort_capture();

@@ -107,6 +107,9 @@ class Model {
   // The decoder layers over x [T, hidden] in place; each MoE layer's routes into r with opt.routes.
   template <class B>
   void run_layers(const B& be, float* x, int T, int pos0, const ForwardOptions& opt, ForwardResult& r) const;
+  // Where layer l's routes of T tokens go in r (r.routes and r.router_probs have a row per layer):
+  // its ids and router probabilities, or nulls for a dense layer.
+  std::pair<int*, float*> route_rows(ForwardResult& r, int l, int T) const;
   // xn = final_norm(x) [T, hidden], then the logits of its last `rows` rows.
   template <class B>
   void final_logits(const B& be, const float* x, int T, int rows, float* xn, float* logits) const;

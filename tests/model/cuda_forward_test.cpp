@@ -168,11 +168,16 @@ void check_captured_steps_match_eager(const std::string& dir, int steps) {
   std::vector<std::vector<float>> first;
   for (int t = 0; t < steps; ++t) {
     const int id = (t * 7919 + 13) % vocab;
-    const ForwardOptions opt{.hidden = t % 50 == 0};
+    const ForwardOptions opt{.hidden = t % 50 == 0, .routes = t % 3 == 1};
     const ForwardResult rg = graphs->forward(&id, 1, sg, opt), re = eager->forward(&id, 1, se, opt);
     ASSERT_EQ(rg.logits, re.logits) << dir << ": decode step " << t;
     ASSERT_EQ(rg.hidden_pre_norm, re.hidden_pre_norm) << dir << ": decode step " << t;
     ASSERT_EQ(rg.hidden_post_norm, re.hidden_post_norm) << dir << ": decode step " << t;
+    ASSERT_EQ(rg.routes, re.routes) << dir << ": decode step " << t;
+    ASSERT_EQ(rg.router_probs, re.router_probs) << dir << ": decode step " << t;
+    if (opt.routes) {
+      ASSERT_FALSE(rg.routes.empty()) << dir << ": decode step " << t;
+    }
     if (t < 3) first.push_back(rg.logits);
   }
   sg.restore(cg);
