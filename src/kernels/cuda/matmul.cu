@@ -82,7 +82,7 @@ inline constexpr int kMatvecBlocksPerSm = M == 1 && TT == 1 && kMatvecAtOnce<BIT
 
 // Warps of a block. With TT > 1, those two blocks' warps as one block a multiprocessor, which
 // stages the tokens once for all of them: on the H200 that took 4-bit 8192² batches of 4 and 16
-// tokens from 31.5 to 26.8 and from 97 to 71 us. At T = 1 it lost (fewer and larger row sets over
+// tokens from 31.5 to 27.2 and from 97 to 71.5 us. At T = 1 it lost (fewer and larger row sets over
 // fewer multiprocessors): an expert's 3-bit gate/up 4.2 to 6.3 us, the 4-bit 8192² 16.1 to 17.6 us.
 template <int BITS, int L, int G, int TT, int M>
 inline constexpr int kMatvecWarps = TT == 1 ? kMmaWarps : kMmaWarps * kMatvecBlocksPerSm<BITS, L, G, TT, M>;
