@@ -136,8 +136,9 @@ void zero_on_device(void* dst, size_t bytes) {
 
 void DeviceKV::reserve(int n) {
   const size_t per_pos = size_t(n_kv) * size_t(head_dim);
-  if (k.size() >= size_t(n) * per_pos) return;
-  const size_t cap = std::max(size_t(n), k.size() / std::max<size_t>(1, per_pos) * 2);
+  const int have = int(k.size() / std::max<size_t>(1, per_pos));
+  if (n <= have) return;
+  const size_t cap = size_t(kv_capacity(n, have, planned));
   for (DeviceArray<float>* a : {&k, &v}) {
     DeviceArray<float> grown(cap * per_pos);
     copy_on_device(grown.data(), a->data(), a->size() * sizeof(float));
@@ -153,13 +154,14 @@ DeviceArray<float> zeros(size_t n) {
 }
 }  // namespace
 
-DeviceState::DeviceState(const ModelConfig& cfg)
+DeviceState::DeviceState(const ModelConfig& cfg, int planned_positions)
     : kv(size_t(cfg.n_layers)), linear(size_t(cfg.n_layers)), top_k(cfg.top_k), n_experts(cfg.n_experts) {
   const int conv_dim = 2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim;
   for (int l = 0; l < cfg.n_layers; ++l) {
     if (cfg.layer_types[size_t(l)] == LayerType::FullAttention) {
       kv[size_t(l)].n_kv = cfg.n_kv_heads;
       kv[size_t(l)].head_dim = cfg.head_dim;
+      kv[size_t(l)].planned = planned_positions;
     } else {
       linear[size_t(l)].conv = zeros(size_t(conv_dim) * size_t(cfg.conv_kernel - 1));
       linear[size_t(l)].recurrent = zeros(size_t(cfg.lin_v_heads) * size_t(cfg.lin_k_dim) * size_t(cfg.lin_v_dim));
@@ -167,6 +169,7 @@ DeviceState::DeviceState(const ModelConfig& cfg)
   }
   mtp_kv.n_kv = cfg.n_kv_heads;
   mtp_kv.head_dim = cfg.head_dim;
+  mtp_kv.planned = planned_positions;
   if (cfg.n_experts > 0) {  // a layer more than the decoder's: the MTP head's
     route_ids = DeviceArray<int>(size_t(cfg.n_layers + 1) * size_t(cfg.top_k));
     route_probs = DeviceArray<float>(size_t(cfg.n_layers + 1) * size_t(cfg.n_experts));

@@ -99,9 +99,10 @@ class ArenaScope {
 // KVCache (model/state.h) in device memory.
 struct DeviceKV {
   int n_kv = 0, head_dim = 0, length = 0;
+  int planned = 0;          // kv_capacity's (model/state.h)
   DeviceArray<float> k, v;  // [capacity, n_kv, head_dim]
 
-  void reserve(int n);  // grows geometrically, keeping what is there
+  void reserve(int n);  // kv_capacity's, keeping what is there
   float* k_at(int pos) const { return k.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
   float* v_at(int pos) const { return v.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
 };
@@ -127,7 +128,7 @@ struct DecodeGraph {
 
 // A State's caches on the GPU; State holds one once the sequence has run there.
 struct DeviceState {
-  explicit DeviceState(const ModelConfig& cfg);
+  DeviceState(const ModelConfig& cfg, int planned_positions);  // State::planned_positions()
   std::vector<DeviceKV> kv;
   std::vector<DeviceLinear> linear;
   DeviceKV mtp_kv;

@@ -15,8 +15,13 @@
 
 namespace ms {
 
-Model::Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan)
-    : store_(std::move(store)), cfg_(std::move(cfg)), experts_(std::move(experts)), plan_(plan) {
+Model::Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan,
+             int kv_positions)
+    : store_(std::move(store)),
+      cfg_(std::move(cfg)),
+      experts_(std::move(experts)),
+      plan_(plan),
+      kv_positions_(kv_positions) {
   w_ = load_weights(cfg_, store_, experts_.get());
 }
 
@@ -132,7 +137,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
 
 std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOptions& opt) {
   ModelConfig cfg = load_config(dir);
-  if (!is_engine_dir(dir)) return std::unique_ptr<Model>(new Model(TensorStore::open(dir), std::move(cfg), nullptr, {}));
+  if (!is_engine_dir(dir))
+    return std::unique_ptr<Model>(new Model(TensorStore::open(dir), std::move(cfg), nullptr, {}, opt.context));
   EngineIndex index = read_engine_index(dir, cfg);
   const std::string dense_path = dir + "/" + kEngineDenseFile;
   TensorStore dense = TensorStore::open(dense_path);
@@ -148,7 +154,7 @@ std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOp
   }
   check_floor(dir, store_opt, index, cfg.top_k, opt.device == Device::Cuda ? "host " : "");
   auto experts = std::make_unique<ExpertStore>(dir, index, store_opt);
-  return std::unique_ptr<Model>(new Model(std::move(dense), std::move(cfg), std::move(experts), plan));
+  return std::unique_ptr<Model>(new Model(std::move(dense), std::move(cfg), std::move(experts), plan, opt.context));
 }
 
 #if MOESTREAM_CUDA
@@ -213,7 +219,7 @@ ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardO
   ForwardResult r;
 #if MOESTREAM_CUDA
   if (device_) {
-    if (!state.device) state.device = std::make_shared<DeviceState>(cfg_);
+    if (!state.device) state.device = std::make_shared<DeviceState>(cfg_, state.planned_positions());
     const CudaBackend be{*device_, *state.device, device_experts_.get()};
     if (T == 1 && decode_graphs_)
       r = forward_captured(be, ids[0], state.position(), opt);
@@ -282,9 +288,13 @@ ForwardResult Model::forward_on(const B& be, const int* ids, int T, int pos0, co
 
 #if MOESTREAM_CUDA
 namespace {
-// Positions a captured step's KV caches are made to hold past the current one: each growth moves
-// the caches and so costs a capture.
-constexpr int kDecodeKvRoom = 512;
+// Positions a captured step at pos0 makes its KV caches hold: 512 past it, since each growth
+// moves the caches and so costs a capture, but no more than the planned context while pos0 is
+// within it (kv_capacity).
+int decode_kv_positions(int pos0, int planned) {
+  constexpr int kRoom = 512;
+  return pos0 < planned ? std::min(pos0 + kRoom, planned) : pos0 + kRoom;
+}
 }  // namespace
 
 ForwardResult Model::forward_captured(const CudaBackend& be, int id, int pos0, const ForwardOptions& opt) const {
@@ -294,7 +304,7 @@ ForwardResult Model::forward_captured(const CudaBackend& be, int id, int pos0, c
   for (int l = 0; l < cfg_.n_layers; ++l)
     if (cfg_.layer_types[size_t(l)] == LayerType::FullAttention) {
       DeviceKV& c = ds.kv[size_t(l)];
-      c.reserve(pos0 + kDecodeKvRoom);
+      c.reserve(decode_kv_positions(pos0, c.planned));
       c.length = pos0 + 1;
       kv.push_back(c.k.data());
       kv.push_back(c.v.data());
@@ -360,7 +370,7 @@ std::vector<float> Model::mtp_forward(const float* hidden, const int* next_ids, 
   if (!w_.mtp) fail("this model has no MTP head (no mtp.* tensors)");
 #if MOESTREAM_CUDA
   if (device_) {
-    if (!state.device) state.device = std::make_shared<DeviceState>(cfg_);
+    if (!state.device) state.device = std::make_shared<DeviceState>(cfg_, state.planned_positions());
     return mtp_forward_on(CudaBackend{*device_, *state.device, device_experts_.get()}, hidden, next_ids, T, pos0);
   }
 #endif

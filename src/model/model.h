@@ -72,7 +72,7 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
-  State new_state() const { return State(cfg_); }
+  State new_state() const { return State(cfg_, kv_positions_); }
 
   // Runs T tokens at the state's position through the model and advances the state.
   ForwardResult forward(const int* ids, int T, State& state, const ForwardOptions& opt = {}) const;
@@ -98,7 +98,7 @@ class Model {
   bool decode_graphs() const { return decode_graphs_; }
 
  private:
-  Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan);
+  Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan, int kv_positions);
   static std::unique_ptr<Model> load_on_host(const std::string& dir, const ModelOptions& opt);
   void embed(const int* ids, int T, float* out) const;
   // The forward written once over a backend B (model/blocks.h): CpuBackend or CudaBackend.
@@ -133,6 +133,7 @@ class Model {
   std::shared_ptr<const DeviceWeights> device_;  // the weights in VRAM on --device cuda, else null
   std::shared_ptr<DeviceExpertStore> device_experts_;  // after experts_: it borrows that store
   bool decode_graphs_ = false;  // Cuda: decode steps through forward_captured (ModelOptions::cuda_graphs)
+  int kv_positions_ = 0;        // ModelOptions::context: what new states' KV caches plan for
 };
 
 }  // namespace ms

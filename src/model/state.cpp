@@ -7,19 +7,30 @@
 
 namespace ms {
 
-void KVCache::reserve(int n) {
-  const size_t per_pos = size_t(n_kv) * size_t(head_dim);
-  if (k.size() >= size_t(n) * per_pos) return;
-  const size_t cap = std::max(size_t(n), k.size() / std::max<size_t>(1, per_pos) * 2);
-  k.resize(cap * per_pos);
-  v.resize(cap * per_pos);
+int kv_capacity(int n, int have, int planned) {
+  if (n <= have) return have;
+  const int doubled = std::max(n, 2 * have);
+  return n <= planned ? std::min(doubled, planned) : doubled;
 }
 
-State::State(const ModelConfig& cfg) : kv_(size_t(cfg.n_layers)), linear_(size_t(cfg.n_layers)) {
+void KVCache::reserve(int n) {
+  const size_t per_pos = size_t(n_kv) * size_t(head_dim);
+  const int have = int(k.size() / std::max<size_t>(1, per_pos));
+  if (n <= have) return;
+  const size_t cap = size_t(kv_capacity(n, have, planned));
+  for (std::vector<float>* a : {&k, &v}) {
+    a->reserve(cap * per_pos);  // exactly: resize alone may take up to twice the old size
+    a->resize(cap * per_pos);
+  }
+}
+
+State::State(const ModelConfig& cfg, int planned_positions)
+    : planned_(planned_positions), kv_(size_t(cfg.n_layers)), linear_(size_t(cfg.n_layers)) {
   for (int l = 0; l < cfg.n_layers; ++l) {
     if (cfg.layer_types[size_t(l)] == LayerType::FullAttention) {
       kv_[size_t(l)].n_kv = cfg.n_kv_heads;
       kv_[size_t(l)].head_dim = cfg.head_dim;
+      kv_[size_t(l)].planned = planned_positions;
     } else {
       const int conv_dim = 2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim;
       linear_[size_t(l)].conv.assign(size_t(conv_dim) * size_t(cfg.conv_kernel - 1), 0.f);
@@ -28,6 +39,7 @@ State::State(const ModelConfig& cfg) : kv_(size_t(cfg.n_layers)), linear_(size_t
   }
   mtp_kv_.n_kv = cfg.n_kv_heads;
   mtp_kv_.head_dim = cfg.head_dim;
+  mtp_kv_.planned = planned_positions;
 }
 
 size_t State::bytes() const {

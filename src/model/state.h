@@ -11,11 +11,17 @@ namespace ms {
 
 struct DeviceState;  // model/backend_cuda.h
 
+// Positions a KV cache holding `have` grows to when it must hold n: twice `have` (fewer moves),
+// but no more than `planned` (the positions the memory plan counted, ModelOptions::context; 0:
+// none) while n fits in them, so that a sequence within the planned context stays in its budget.
+int kv_capacity(int n, int have, int planned);
+
 struct KVCache {
   int n_kv = 0, head_dim = 0, length = 0;
+  int planned = 0;          // kv_capacity's
   std::vector<float> k, v;  // [capacity, n_kv, head_dim]
 
-  // Makes room for positions [0, n); grows geometrically.
+  // Makes room for positions [0, n), kv_capacity's.
   void reserve(int n);
   float* k_at(int pos) { return k.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
   float* v_at(int pos) { return v.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
@@ -29,9 +35,12 @@ struct LinearState {
 
 class State {
  public:
-  explicit State(const ModelConfig& cfg);
+  // planned_positions: the context the memory plan counted, which the KV caches do not outgrow
+  // while the sequence fits in it (kv_capacity).
+  explicit State(const ModelConfig& cfg, int planned_positions = 0);
 
   int position() const { return pos_; }
+  int planned_positions() const { return planned_; }
   KVCache& kv(int layer) { return kv_[size_t(layer)]; }
   LinearState& linear(int layer) { return linear_[size_t(layer)]; }
   KVCache& mtp_kv() { return mtp_kv_; }
@@ -55,6 +64,7 @@ class State {
 
  private:
   int pos_ = 0;
+  int planned_ = 0;
   std::vector<KVCache> kv_;
   std::vector<LinearState> linear_;
   KVCache mtp_kv_;

@@ -34,7 +34,7 @@ class CudaBackendGlue : public ::testing::Test {
   void SetUp() override {
     if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
     device_weights = std::make_unique<DeviceWeights>(ModelWeights{});
-    device_state = std::make_unique<DeviceState>(cfg);
+    device_state = std::make_unique<DeviceState>(cfg, 0);
   }
   CudaBackend gpu() { return {*device_weights, *device_state}; }
   DeviceArray<float> up(const std::vector<float>& v) { return DeviceArray<float>::from(v.data(), v.size()); }

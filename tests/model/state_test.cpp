@@ -1,6 +1,8 @@
 // State checkpoints: restoring a checkpoint and continuing equals never having advanced.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "model/model.h"
 #include "runtime/generate.h"
 #include "util/error.h"
@@ -56,6 +58,43 @@ TEST(State, RestoreAheadOfPositionIsRefused) {
   State::Checkpoint cp = s.checkpoint();
   s.restore(model->new_state().checkpoint());
   EXPECT_THROW(s.restore(cp), Error);
+}
+
+TEST(State, KvCapacityDoublesButStopsAtThePlannedContext) {
+  EXPECT_EQ(kv_capacity(5, 0, 4096), 5);
+  EXPECT_EQ(kv_capacity(9, 8, 4096), 16);
+  EXPECT_EQ(kv_capacity(3000, 2048, 4096), 4096);  // doubling would pass the plan
+  EXPECT_EQ(kv_capacity(4000, 4096, 4096), 4096);  // already there
+  EXPECT_EQ(kv_capacity(4097, 4096, 4096), 8192);  // past the plan: doubles again
+  EXPECT_EQ(kv_capacity(5000, 2048, 4096), 5000);
+  EXPECT_EQ(kv_capacity(100, 64, 0), 128);  // no plan
+}
+
+// A sequence within ModelOptions::context keeps its KV caches within it, the memory plan's count.
+TEST(State, KvCachesStayWithinThePlannedContext) {
+  MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", dir);
+  ModelOptions opt;
+  opt.device = Device::Cpu;
+  opt.context = 40;
+  auto model = Model::load(dir, opt);
+  const ModelConfig& cfg = model->config();
+  State s = model->new_state();
+  ASSERT_EQ(s.planned_positions(), 40);
+  std::vector<int> prompt(30);
+  for (int i = 0; i < 30; ++i) prompt[size_t(i)] = 3 + i;
+  model->forward(prompt.data(), 30, s);
+  auto capacities = [&] {  // positions, over the full-attention layers
+    std::set<size_t> c;
+    for (int l = 0; l < cfg.n_layers; ++l)
+      if (cfg.layer_types[size_t(l)] == LayerType::FullAttention)
+        c.insert(s.kv(l).k.capacity() / (size_t(cfg.n_kv_heads) * size_t(cfg.head_dim)));
+    return c;
+  };
+  for (int t = 30; t < 40; ++t) model->forward(&t, 1, s);
+  EXPECT_EQ(capacities(), std::set<size_t>{40});
+  const int more = 40;
+  model->forward(&more, 1, s);  // past the plan: it grows
+  EXPECT_EQ(capacities(), std::set<size_t>{80});
 }
 
 }  // namespace
