@@ -85,6 +85,11 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   cmd->add_option("--expert-slots", a.expert_slots, "Resident expert slots per MoE layer (default: all)")->check(CLI::PositiveNumber);
   cmd->add_option("--pool-profile", a.pool_profile, "Per-layer slot caps and pinned experts: JSON {\"layer_caps\": {\"0\": 40}, \"pins\": {\"0\": [3, 17]}}");
   cmd->add_option("--memory", a.memory, "Memory budget (e.g. 8G): the expert pools get what dense, KV and activations leave");
+  cmd->add_option("--context", a.context,
+                  "Tokens the memory plan (--memory, --vram) holds KV for; a sequence's KV cache stays within it while "
+                  "the sequence fits")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--policy", a.policy, "Expert eviction policy")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
   cmd->add_option("--io", a.io, "Expert reads: io_uring or a pread thread pool")->check(CLI::IsMember({"auto", "uring", "pread"}));
   cmd->add_flag("--no-direct-io", a.no_direct_io, "Read experts through the page cache (no O_DIRECT)");
@@ -109,6 +114,7 @@ ModelOptions model_options(const ModelArgs& a) {
   o.experts.direct_io = !a.no_direct_io;
   o.experts.verify = a.verify;
   if (!a.memory.empty()) o.memory_budget = parse_bytes(a.memory);
+  o.context = a.context;
   o.device = a.device == "cuda" ? Device::Cuda : a.device == "cpu" ? Device::Cpu : default_device();
   if (o.device == Device::Cpu && (!a.vram.empty() || !a.host_cache.empty()))
     fail("--vram and --host-cache size the GPU's expert tiers: they need --device cuda (and a GPU)");

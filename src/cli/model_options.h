@@ -13,6 +13,7 @@ struct ModelArgs {
   std::string model;
   int expert_slots = 0;
   std::string pool_profile, memory, policy = "lru", io = "auto";
+  int context = 4096;
   bool no_direct_io = false, verify = false;
   std::string device = "auto", vram, host_cache, host_policy = "lru";
   bool no_cuda_graphs = false;

@@ -48,5 +48,28 @@ TEST(StreamingFlags, MemoryBudgetBelowTheFloorIsRefusedWithTheNumbers) {
   EXPECT_NE(err.find("pread"), std::string::npos) << err;
 }
 
+// The KV/state share of the plan --stats prints, in MiB, and its slots a layer.
+std::pair<double, int> planned_kv_and_slots(const std::string& stats) {
+  const size_t kv = stats.find("KV/state "), slots = stats.find(" slots a layer");
+  if (kv == std::string::npos || slots == std::string::npos) return {-1, -1};
+  const size_t open = stats.rfind('(', slots);
+  return {std::stod(stats.substr(kv + 9)), std::stoi(stats.substr(open + 1))};
+}
+
+// --context sizes the KV share of the plan: a shorter context leaves the pools more.
+TEST(StreamingFlags, ContextSizesTheKvShareOfTheMemoryPlan) {
+  const std::string gen = "generate --model " MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4 --ids 1,2,3 --max-tokens 4 --memory 64M --stats";
+  std::string out, err;
+  ASSERT_EQ(test::run_cli(gen + " --context 4096", &out, &err), 0) << err;
+  const auto [kv_long, slots_long] = planned_kv_and_slots(err);
+  ASSERT_EQ(test::run_cli(gen + " --context 64", &out, &err), 0) << err;
+  const auto [kv_short, slots_short] = planned_kv_and_slots(err);
+  ASSERT_GT(kv_long, 0) << err;
+  EXPECT_LT(kv_short, kv_long);
+  EXPECT_GE(slots_short, slots_long);
+  EXPECT_EQ(test::run_cli(gen + " --context 0", &out, &err), 2);
+  EXPECT_NE(err.find("--context"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace ms
