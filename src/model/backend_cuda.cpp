@@ -270,14 +270,11 @@ bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, con
                                 int* routes, float* router_probs) const {
   if (T != 1 || w.store_layer < 0 || !experts) return false;
   const int E = cfg.n_experts, K = cfg.top_k, layer = w.store_layer;
-  const bool keep = routes || router_probs;
-  if (keep && (size_t(layer) + 1) * size_t(K) > state.route_ids.size())
+  if ((size_t(layer) + 1) * size_t(K) > state.route_ids.size())
     fail("expert layer {} is past the {} layers of routes a forward keeps", layer, state.route_ids.size() / size_t(K));
   Buf logits = alloc(size_t(E)), weights = alloc(size_t(K));
-  Buf own_probs = keep ? Buf{} : alloc(size_t(E));
-  DeviceArray<int> own_ids{keep ? 0 : size_t(K)};
-  int* ids = keep ? state.route_ids.data() + size_t(layer) * size_t(K) : own_ids.data();
-  float* probs = keep ? state.route_probs.data() + size_t(layer) * size_t(E) : own_probs.data();
+  int* ids = state.route_ids.data() + size_t(layer) * size_t(K);
+  float* probs = state.route_probs.data() + size_t(layer) * size_t(E);
   matmul(x, 1, mat(w.router), logits.data());
   const uint8_t* const* table = experts->resident_table(layer);
   DeviceArray<const uint8_t*> records{size_t(K)};
@@ -297,7 +294,7 @@ bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, con
   cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data());
   // Slots held until the kernels are queued: the copy stream orders any refill after them.
   if (!table) experts->release(layer);
-  if (keep) pending_routes.push_back({routes, router_probs, layer});
+  if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});
   return true;
 }
 

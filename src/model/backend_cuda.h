@@ -134,8 +134,8 @@ struct DeviceState {
   DeviceKV mtp_kv;
   std::unique_ptr<DecodeGraph> decode_graph;  // made at the first decode step that can use one
   // A decode token's routed ids [layer][top_k] and router probabilities [layer][n_experts], by
-  // expert-store layer, where moe_on_device writes them when the forward asks for them: one copy
-  // then brings every layer's, and a captured step writes them at addresses that stay.
+  // expert-store layer, where moe_on_device writes them: one copy brings every layer's when the
+  // forward asks for them, and a captured step writes them at addresses that stay.
   DeviceArray<int> route_ids;
   DeviceArray<float> route_probs;
   int top_k = 0, n_experts = 0;
@@ -245,9 +245,9 @@ struct CudaBackend {
 
   // One token's MoE layer of an engine directory in a few launches: the router's top-k on the
   // GPU, then cuda::moe_experts over the routed records. The routed ids come to the host only
-  // when the layer's pool streams (to read its misses); with `routes` or `router_probs` they go to
-  // state.route_ids and route_probs, and to these at finish(). False, doing nothing, where this
-  // does not apply (T > 1, a checkpoint's experts).
+  // when the layer's pool streams (to read its misses); they and the router probabilities go to
+  // state.route_ids and route_probs, and at finish() to `routes` and `router_probs` where given.
+  // False, doing nothing, where this does not apply (T > 1, a checkpoint's experts).
   bool moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
                      float* router_probs) const;
   // Copies what moe_on_device left for the host: state.route_ids and route_probs in one copy each.

@@ -349,10 +349,8 @@ std::unique_ptr<DecodeGraph> Model::capture_decode_step(const CudaBackend& be, i
     ArenaScope scope(g->arena);
     g->graph.begin_capture();
     try {
-      // With routes asked for, so that every step writes them where forward_captured reads them;
-      // the host copies are the replays' (step.finish() is not called: no copy is captured).
-      ForwardResult unused;
-      run_layers(step, g->input.data(), 1, pos0, ForwardOptions{.routes = true}, unused);
+      ForwardResult unused;  // the routes go to ds.route_ids and route_probs, whence forward_captured reads them
+      run_layers(step, g->input.data(), 1, pos0, ForwardOptions{}, unused);
       final_logits(step, g->input.data(), 1, 1, g->normed.data(), g->logits.data());
     } catch (...) {
       g->graph.abort_capture();
