@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kMatvecWarps<BITS, L, G, TT, M> * 32,
     matvec_mma_kernel(const float* __restrict__ x, int T, WeightSet<M> W, float* __restrict__ y, int ks_log2) {
   constexpr int U = M == 1 ? kMatvecAtOnce<BITS, L, G, TT> : kBlocksAtOnce<BITS, L>;
   constexpr int WARPS = kMatvecWarps<BITS, L, G, TT, M>;
-  extern __shared__ uint2 smem[];
+  extern __shared__ __align__(16) uint2 smem[];
   const int rows = W.w[0].rows, cols = W.w[0].cols;
   const SplitSmem s = split_smem<L>(smem, TT, cols);  // rest: partial sums [WARPS][M][16][TT]
   const int t0 = blockIdx.y * TT, warp = threadIdx.x >> 5;

@@ -182,70 +182,104 @@ __device__ __forceinline__ float pow2f(int e) {
   return e >= -126 ? __int_as_float((127 + e) << 23) : __int_as_float(1 << (e + 149));
 }
 
+// The 8 values of a chunk of x that step j of its MMAs puts in the B registers: a[r][m] is the
+// value of code code_of<BITS>(j, r, m). At 2 to 4 bits r = 0 and 1 are adjacent values.
+template <int BITS>
+__device__ __forceinline__ void load_step(const float* __restrict__ chunk, int j, float (&a)[2][4]) {
+  if constexpr (BITS == 8) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(chunk + code_of<BITS>(j, r, 0)));
+      a[r][0] = f.x, a[r][1] = f.y, a[r][2] = f.z, a[r][3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const float2 f = __ldg(reinterpret_cast<const float2*>(chunk + code_of<BITS>(j, 0, m)));
+      a[0][m] = f.x, a[1][m] = f.y;
+    }
+  }
+}
+
+// Steps a thread of stage_split loads before it converts any: their loads are in flight together.
+inline constexpr int kStageSteps = 2;
+
 // Stages TT rows of x [TT, cols] (rows from `valid` on, and chunks past cols / 32, read as zero).
 // The values of a unit (G consecutive chunks, which one lane reads) become X = x·2^-e,
 // e = ilogb(max |x|) − 29 (no less than −149, so that 2^e is a float; 2^e is NaN for a unit
 // holding a NaN or an infinity). xb [nquads + 1][kMmaSteps][TT][kQuadChunks][kMmaParts] holds the
 // B registers (byte p of the X of the codes code_of names: A register 0's in .x, 1's in .y; the
 // last quad all zeros, what lanes that supply no byte read), pow2 [TT][nquads·4/G] holds 2^e and
-// xsum [TT][nquads·4/G] Σx (for the bias term b·Σx) by unit (rows nquads·4 apart). A thread takes
-// a chunk, and the G threads of a unit are adjacent lanes. Every thread of the block must call
-// it; it ends with a barrier.
+// xsum [TT][nquads·4/G] Σx (for the bias term b·Σx) by unit (rows nquads·4 apart). Every thread
+// of the block must call it; it ends with a barrier.
+// Staging sits on every matvec's critical path, between the wait for x and the first MMA, so a
+// thread takes one step of a chunk (8 values; the 4G threads of a unit are adjacent lanes) rather
+// than a whole chunk, and its stores are 16 bytes wide and spread over the banks. On the H200
+// (bench_cuda_matvec) that took Qwen3-Next-80B's in_proj_qkvz from 8.0 to 7.3 us at 4 bits and
+// from 11.5 to 10.6 us at 8, the 8-bit dense 4096² from 9.7 to 8.4 us, and decode of the 8-layer
+// 80B-shaped synth from 1064 to 1108 tok/s (medians of 3).
 template <int BITS, int L, int G, int THREADS>
 __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT, int valid, int cols, uint2* xb,
                                             float* pow2, float* xsum) {
   const int nchunks = cols / kChunk, nquads = quads_of(cols, L), padded = nquads * kQuadChunks;
   for (int i = threadIdx.x; i < quad_entries(TT); i += THREADS) xb[size_t(nquads) * quad_entries(TT) + i] = {0, 0};
-  const int n = TT * padded;
-  for (int base = 0; base < n; base += THREADS) {  // uniform: every lane reaches the shuffles
-    const int i = base + int(threadIdx.x), t = i / padded, c = i % padded;
-    float v[kChunk] = {};
-    if (i < n && t < valid && c < nchunks) {
-      const float4* src = reinterpret_cast<const float4*>(x + size_t(t) * cols + size_t(c) * kChunk);
+  const int n = TT * padded * kMmaSteps;  // (token, chunk, step), step fastest
+  for (int base = 0; base < n; base += kStageSteps * THREADS) {
+    float a[kStageSteps][2][4] = {};
 #pragma unroll
-      for (int k = 0; k < kChunk / 4; ++k) {
-        const float4 f = __ldg(src + k);
-        v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+    for (int k = 0; k < kStageSteps; ++k) {
+      const int i = base + k * THREADS + int(threadIdx.x), t = i / kMmaSteps / padded, c = i / kMmaSteps % padded;
+      if (i < n && t < valid && c < nchunks) load_step<BITS>(x + size_t(t) * cols + size_t(c) * kChunk, i % kMmaSteps, a[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kStageSteps; ++k) {
+      if (base + k * THREADS >= n) break;  // uniform: every lane reaches the shuffles
+      const int i = base + k * THREADS + int(threadIdx.x), j = i % kMmaSteps;
+      const int t = i / kMmaSteps / padded, c = i / kMmaSteps % padded;
+      float mx = 0.f, sum = 0.f;
+      int finite = 1;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(a[k][r][0]), fabsf(a[k][r][1])), fmaxf(fabsf(a[k][r][2]), fabsf(a[k][r][3]))));
+        sum += (a[k][r][0] + a[k][r][1]) + (a[k][r][2] + a[k][r][3]);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) finite = finite && isfinite(a[k][r][m]);  // fmaxf drops NaNs
       }
-    }
-    float mx = 0.f, sum = 0.f;
 #pragma unroll
-    for (int k = 0; k < kChunk; k += 4) {
-      mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[k]), fabsf(v[k + 1])), fmaxf(fabsf(v[k + 2]), fabsf(v[k + 3]))));
-      sum += (v[k] + v[k + 1]) + (v[k + 2] + v[k + 3]);
-    }
-    int finite = isfinite(sum);
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) finite = finite && isfinite(v[k]);  // fmaxf drops NaNs
-#pragma unroll
-    for (int o = 1; o < G; o *= 2) {  // the unit's other chunks are the neighbouring lanes'
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      finite &= __shfl_xor_sync(0xffffffffu, finite, o);
-    }
-    if (i >= n) continue;
-    const int e = mx > 0.f ? max(ilogbf(mx) - 29, -149) : 0;
-    if (c % G == 0) {
-      pow2[t * padded + c / G] = finite ? pow2f(e) : __int_as_float(0x7fc00000);
-      xsum[t * padded + c / G] = sum;
-    }
-    // Chunk c is lane (c % 4L) / L's of quad (c / 4L)·L + c % L (chunk_of's inverse).
-    const int q = c / (kQuadChunks * L) * L + c % L, lane_t = c % (kQuadChunks * L) / L;
-    // X = x·2^-e by two exact power-of-two products (2^-e alone may not be a float).
-    const float s1 = pow2f(-e / 2), s2 = pow2f(-e - -e / 2);
-    uint2* dst = xb + size_t(q) * quad_entries(TT) + (t * kQuadChunks + lane_t) * kMmaParts;
-#pragma unroll
-    for (int j = 0; j < kMmaSteps; ++j) {
+      for (int o = 1; o < kMmaSteps * G; o *= 2) {  // the unit's other steps are the neighbouring lanes'
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        finite &= __shfl_xor_sync(0xffffffffu, finite, o);
+      }
+      finite = finite && isfinite(sum);
+      if (i >= n) continue;
+      const int e = mx > 0.f ? max(ilogbf(mx) - 29, -149) : 0;
+      if (j == 0 && c % G == 0) {
+        pow2[t * padded + c / G] = finite ? pow2f(e) : __int_as_float(0x7fc00000);
+        xsum[t * padded + c / G] = sum;
+      }
+      // X = x·2^-e by two exact power-of-two products (2^-e alone may not be a float).
+      const float s1 = pow2f(-e / 2), s2 = pow2f(-e - -e / 2);
       uint32_t b[2][kMmaParts];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         uint32_t d[4];
 #pragma unroll
-        for (int m = 0; m < 4; ++m) d[m] = digits(finite ? __float2int_rn(v[code_of<BITS>(j, r, m)] * s1 * s2) : 0);
+        for (int m = 0; m < 4; ++m) d[m] = digits(finite ? __float2int_rn(a[k][r][m] * s1 * s2) : 0);
         transpose_bytes(d, b[r]);
       }
-#pragma unroll
-      for (int p = 0; p < kMmaParts; ++p) dst[j * TT * kQuadChunks * kMmaParts + p] = make_uint2(b[0][p], b[1][p]);
+      // Chunk c is lane (c % 4L) / L's of quad (c / 4L)·L + c % L (chunk_of's inverse). The step's
+      // four entries go as two 16-byte halves, odd steps' second half first: a lane_t's entries
+      // fall in 8 of the 32 banks whatever the step, and this way the 8 lanes of one lane_t in a
+      // store (L <= 2) split over both halves, 4 wavefronts a store, the fewest for 512 bytes.
+      // (Eight-byte stores of one entry a lane took 8 where 2 would do.)
+      const int q = c / (kQuadChunks * L) * L + c % L, lane_t = c % (kQuadChunks * L) / L;
+      uint4* dst = reinterpret_cast<uint4*>(xb + size_t(q) * quad_entries(TT) +
+                                            ((j * TT + t) * kQuadChunks + lane_t) * kMmaParts);
+      const uint4 lo = make_uint4(b[0][0], b[1][0], b[0][1], b[1][1]), hi = make_uint4(b[0][2], b[1][2], b[0][3], b[1][3]);
+      const int odd = j & 1;
+      dst[odd] = odd ? hi : lo;
+      dst[odd ^ 1] = odd ? lo : hi;
     }
   }
   __syncthreads();

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(co
                                                                          const uint8_t* const* records, ProjArgs gate,
                                                                          ProjArgs up, float* __restrict__ h,
                                                                          int ks_log2) {
-  extern __shared__ uint2 smem[];
+  extern __shared__ __align__(16) uint2 smem[];
   constexpr int U = kBlocksAtOnce<BITS, L>;
   const int H = gate.cols, I = gate.rows, j = blockIdx.y, warp = threadIdx.x >> 5;
   const SplitSmem s = split_smem<L>(smem, 1, H);  // rest: partial sums [kGateUpMmaWarps][2][16]
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const floa
                                                                     const uint8_t* const* records,
                                                                     const float* __restrict__ weights, ProjArgs down,
                                                                     float* __restrict__ out) {
-  extern __shared__ uint2 smem[];
+  extern __shared__ __align__(16) uint2 smem[];
   const int I = down.cols, H = down.rows, t = blockIdx.y, r0 = blockIdx.x * 16;
   const SplitSmem s = split_smem<L>(smem, K, I);
   const int nblocks = s.nquads / L, items = K * nblocks;
