@@ -3,7 +3,10 @@
 // dense-sized, against the HBM bandwidth measured in the same run by a device-to-device copy.
 // Each shape is replicated over enough copies that their sum is well past the L2 cache, and the
 // calls cycle over the copies, as a decode step's experts and layers do. Bytes counted: weights,
-// scales and biases, x read and y written.
+// scales and biases, x read and y written. With --floor, beside each the same bytes read by the
+// simplest streaming kernel launched as the matvecs are (bench::stream_read), and the matvec's
+// time as a share of its time: below a few tens of MB a launch's ramp and the memory's latency,
+// not its bandwidth, bound both.
 // Then the routed experts of a decode step at Qwen3-Next-80B's shape: cuda::moe_experts against
 // the per-expert launches it replaces, and cuda::route_topk.
 // Prefill (filter "gemm"): the custom kernel against the cuBLAS form of cuda::matmul, and their
@@ -27,6 +30,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/stream.h"
+#include "stream_read.h"
 
 using namespace ms;
 
@@ -113,7 +117,18 @@ Copies make_copies(const Config& c, int group) {
   return w;
 }
 
-void run(const Config& c, int group, int T, double hbm, const std::string& filter) {
+// Milliseconds per call of the floor under a matvec of `bytes` bytes of weights: bench::stream_read
+// of as many bytes, over `copies` copies cycled as run() cycles the weights.
+double stream_read_ms(size_t bytes, int copies, int rounds) {
+  const size_t span = (bytes + 15) / 16 * 16;
+  cuda::DeviceBuffer flat(span * size_t(copies)), sink(4);
+  CUDA_CHECK(cudaMemset(flat.data(), 0x5a, flat.size()));
+  return time_ms(rounds, [&](int i) {
+    bench::stream_read(flat.as<uint8_t>() + span * size_t(i % copies), bytes / 16 * 16, sink.as<uint32_t>());
+  });
+}
+
+void run(const Config& c, int group, int T, double hbm, const std::string& filter, bool with_floor) {
   const std::string type = type_name(c, group);
   std::string what = "matvec ";
   what.append(c.name).append(" ").append(type);
@@ -126,8 +141,14 @@ void run(const Config& c, int group, int T, double hbm, const std::string& filte
   const double ms = time_ms(rounds, [&](int i) { cuda::matmul(x.as<float>(), T, w.mats[size_t(i % copies)], y.as<float>()); });
   const double bytes = double(w.per_copy) + 4.0 * T * (c.cols + c.rows);
   const double gbps = bytes / (ms * 1e6);
-  std::printf("%-22s %6d x %-6d %-8s T=%-2d %9.2f us %8.0f GB/s %5.1f%% of copy\n", c.name, c.rows, c.cols,
-              type.c_str(), T, ms * 1e3, gbps, 100.0 * gbps / hbm);
+  std::printf("%-22s %6d x %-6d %-8s T=%-2d %9.2f us %8.0f GB/s %5.1f%% of copy", c.name, c.rows, c.cols, type.c_str(), T,
+              ms * 1e3, gbps, 100.0 * gbps / hbm);
+  if (with_floor) {
+    const double floor_ms = stream_read_ms(w.per_copy, copies, rounds);
+    std::printf(" | stream read %7.2f us %5.1f%% of copy, matvec %5.1f%% of it", floor_ms * 1e3,
+                100.0 * double(w.per_copy) / (floor_ms * 1e6) / hbm, 100.0 * floor_ms / ms);
+  }
+  std::printf("\n");
 }
 
 // Microseconds per call of fn(i) over about 50 ms of calls (at least 3).
@@ -279,9 +300,16 @@ void run_delta_rule(const std::string& filter) {
 
 // Optional argument: run only the cases whose "kind name type" contains it (e.g. "matvec" for the
 // decode matvecs alone, "matvec lm_head 151936 q4", "gemm", "moe_experts", "route_topk",
-// "gated_delta_rule").
+// "gated_delta_rule"). --floor: each matvec also with the stream read of its bytes beside it.
 int main(int argc, char** argv) {
-  const std::string filter = argc > 1 ? argv[1] : "";
+  std::string filter;
+  bool with_floor = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--floor")
+      with_floor = true;
+    else
+      filter = argv[i];
+  }
   if (!cuda::cuda_available()) {
     std::printf("no CUDA device: nothing to measure\n");
     return 0;
@@ -298,12 +326,12 @@ int main(int argc, char** argv) {
   for (int bits : {16, 8, 4, 3, 2})
     for (Config c : shapes) {
       c.bits = bits;
-      run(c, 64, 1, hbm, filter);
+      run(c, 64, 1, hbm, filter, with_floor);
     }
-  for (int group : {32, 128}) run(Config{"lm_head 151936", 151936, 2048, 4}, group, 1, hbm, filter);
+  for (int group : {32, 128}) run(Config{"lm_head 151936", 151936, 2048, 4}, group, 1, hbm, filter, with_floor);
   std::printf("prefill/verify batches (weights reused by 4 tokens a block):\n");
   for (int T : {4, 16})
-    for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter);
+    for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter, with_floor);
   std::printf("prefill: custom kernel against cuBLAS FP32 (matmul switches at T >= %d for bf16, %d affine):\n",
               cuda::kGemmMinTokensBf16, cuda::kGemmMinTokensAffine);
   for (int bits : {16, 4})

@@ -1,0 +1,43 @@
+#include "stream_read.h"
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace ms::bench {
+namespace {
+
+constexpr int kThreads = 512, kUnroll = 4;  // 64 bytes a thread in flight
+
+__global__ void __launch_bounds__(kThreads) stream_read_kernel(const uint4* __restrict__ p, size_t n, uint32_t* out) {
+  cuda::grid_dependency_wait();
+  const size_t stride = size_t(gridDim.x) * kThreads;
+  uint32_t sum = 0;
+  size_t i = size_t(blockIdx.x) * kThreads + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) sum += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 v = __ldcs(p + i);
+    sum += v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (sum == 0x9e3779b9u) *out = sum;
+  cuda::grid_dependents_may_start();
+}
+
+}  // namespace
+
+void stream_read(const void* p, size_t bytes, uint32_t* out) {
+  static cuda::KernelLimits lim;
+  const int resident = cuda::resident_blocks(stream_read_kernel, kThreads, 0, lim, "stream_read", 0);
+  const size_t n = bytes / sizeof(uint4), needed = (n + kThreads - 1) / kThreads;
+  const unsigned grid = unsigned(needed < size_t(resident) ? needed : size_t(resident));
+  cuda::launch_overlapped(stream_read_kernel, lim.overlap, dim3(grid), kThreads, 0, static_cast<const uint4*>(p), n, out);
+}
+
+}  // namespace ms::bench
