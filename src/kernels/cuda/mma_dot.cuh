@@ -129,14 +129,27 @@ __host__ __device__ inline int quads_of(int cols, int L) {
   return (cols / kChunk + per_block - 1) / per_block * L;
 }
 
-// Entries (uint2: one step's B registers of one lane t and byte p) per quad of TT tokens.
+// Entries (uint2: one step's B registers of one lane t and byte p) per quad of TT tokens. A lane
+// t's four entries of a step are in the byte order 0, 2, 1, 3, so that the two a lane reads
+// (bytes p and p + 2, one for each of a step's MMAs) are adjacent.
 __host__ __device__ constexpr int quad_entries(int TT) { return kMmaSteps * TT * kQuadChunks * kMmaParts; }
 
-// Shared memory stage_split fills for TT tokens of `cols` columns: the B operands of each quad, one
-// quad of zeros, then the power of two and Σx of each unit (room for one a chunk).
+// Whether mma_accumulate reads a lane's two entries of a step as one 16-byte load, only the lanes
+// that supply them loading (else each entry as an 8-byte load by every lane, the others from a
+// quad of zeros past the last). On the H200: an expert's 4- and 8-bit gate/up 3.9-4.4 -> 3.7-3.8
+// us, the 4-bit dense 8192² at T = 16 71.5 -> 64.1 us; with L = 4 (2 and 3 bits) it spilled and
+// lost (the 3-bit lm_head 76 -> 72 % of the copy rate, in_proj_qkvz 7.6 -> 8.1 us).
+__host__ __device__ constexpr bool wide_b(int L) { return L <= 2; }
+
+// Quads of zeros past the last that stage_split writes: one where lanes read them (!wide_b).
+__host__ __device__ constexpr int zero_quads(int L) { return wide_b(L) ? 0 : 1; }
+
+// Shared memory stage_split fills for TT tokens of `cols` columns: the B operands of each quad (and
+// the zero quads), then the power of two and Σx of each unit (room for one a chunk).
 __host__ __device__ inline size_t split_bytes(int TT, int cols, int L) {
   const int nquads = quads_of(cols, L);
-  return (size_t(nquads) + 1) * quad_entries(TT) * sizeof(uint2) + 2 * size_t(TT) * nquads * kQuadChunks * sizeof(float);
+  return size_t(nquads + zero_quads(L)) * quad_entries(TT) * sizeof(uint2) +
+         2 * size_t(TT) * nquads * kQuadChunks * sizeof(float);
 }
 
 // What stage_split staged for `tokens` tokens, seen from token tt0: the kernels below read tokens
@@ -160,7 +173,7 @@ template <int L>
 __device__ __forceinline__ SplitSmem split_smem(uint2* smem, int tokens, int cols) {
   const int nquads = quads_of(cols, L);
   const size_t units = size_t(tokens) * nquads * kQuadChunks;  // room for one a chunk
-  float* pow2 = reinterpret_cast<float*>(smem + (size_t(nquads) + 1) * quad_entries(tokens));
+  float* pow2 = reinterpret_cast<float*>(smem + size_t(nquads + zero_quads(L)) * quad_entries(tokens));
   return {smem, pow2, pow2 + units, pow2 + 2 * units, nquads};
 }
 
@@ -207,11 +220,11 @@ inline constexpr int kStageSteps = 2;
 // Stages TT rows of x [TT, cols] (rows from `valid` on, and chunks past cols / 32, read as zero).
 // The values of a unit (G consecutive chunks, which one lane reads) become X = x·2^-e,
 // e = ilogb(max |x|) − 29 (no less than −149, so that 2^e is a float; 2^e is NaN for a unit
-// holding a NaN or an infinity). xb [nquads + 1][kMmaSteps][TT][kQuadChunks][kMmaParts] holds the
-// B registers (byte p of the X of the codes code_of names: A register 0's in .x, 1's in .y; the
-// last quad all zeros, what lanes that supply no byte read), pow2 [TT][nquads·4/G] holds 2^e and
-// xsum [TT][nquads·4/G] Σx (for the bias term b·Σx) by unit (rows nquads·4 apart). Every thread
-// of the block must call it; it ends with a barrier.
+// holding a NaN or an infinity). xb [nquads][kMmaSteps][TT][kQuadChunks][kMmaParts] holds the
+// B registers (byte p of the X of the codes code_of names: A register 0's in .x, 1's in .y; bytes
+// in the order 0, 2, 1, 3, see quad_entries; then zero_quads(L) quads of zeros), pow2
+// [TT][nquads·4/G] holds 2^e and xsum [TT][nquads·4/G] Σx (for the bias term b·Σx) by unit (rows
+// nquads·4 apart). Every thread of the block must call it; it ends with a barrier.
 // Staging sits on every matvec's critical path, between the wait for x and the first MMA, so a
 // thread takes one step of a chunk (8 values; the 4G threads of a unit are adjacent lanes) rather
 // than a whole chunk, and its stores are 16 bytes wide and spread over the banks. On the H200
@@ -222,7 +235,8 @@ template <int BITS, int L, int G, int THREADS>
 __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT, int valid, int cols, uint2* xb,
                                             float* pow2, float* xsum) {
   const int nchunks = cols / kChunk, nquads = quads_of(cols, L), padded = nquads * kQuadChunks;
-  for (int i = threadIdx.x; i < quad_entries(TT); i += THREADS) xb[size_t(nquads) * quad_entries(TT) + i] = {0, 0};
+  for (int i = threadIdx.x; i < zero_quads(L) * quad_entries(TT); i += THREADS)
+    xb[size_t(nquads) * quad_entries(TT) + i] = {0, 0};
   const int n = TT * padded * kMmaSteps;  // (token, chunk, step), step fastest
   for (int base = 0; base < n; base += kStageSteps * THREADS) {
     float a[kStageSteps][2][4] = {};
@@ -269,14 +283,14 @@ __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT,
         transpose_bytes(d, b[r]);
       }
       // Chunk c is lane (c % 4L) / L's of quad (c / 4L)·L + c % L (chunk_of's inverse). The step's
-      // four entries go as two 16-byte halves, odd steps' second half first: a lane_t's entries
+      // four entries (bytes 0, 2 | 1, 3) go as two 16-byte halves, odd steps' second first: a lane_t's entries
       // fall in 8 of the 32 banks whatever the step, and this way the 8 lanes of one lane_t in a
       // store (L <= 2) split over both halves, 4 wavefronts a store, the fewest for 512 bytes.
       // (Eight-byte stores of one entry a lane took 8 where 2 would do.)
       const int q = c / (kQuadChunks * L) * L + c % L, lane_t = c % (kQuadChunks * L) / L;
       uint4* dst = reinterpret_cast<uint4*>(xb + size_t(q) * quad_entries(TT) +
                                             ((j * TT + t) * kQuadChunks + lane_t) * kMmaParts);
-      const uint4 lo = make_uint4(b[0][0], b[1][0], b[0][1], b[1][1]), hi = make_uint4(b[0][2], b[1][2], b[0][3], b[1][3]);
+      const uint4 lo = make_uint4(b[0][0], b[1][0], b[0][2], b[1][2]), hi = make_uint4(b[0][1], b[1][1], b[0][3], b[1][3]);
       const int odd = j & 1;
       dst[odd] = odd ? hi : lo;
       dst[odd ^ 1] = odd ? lo : hi;
@@ -406,22 +420,28 @@ template <int BITS, int L, int TT>
 __device__ __forceinline__ void mma_accumulate(const StagedX& X, int q, const uint32_t (&w_g)[BITS],
                                                const uint32_t (&w_g8)[BITS], int (&c)[2][TT][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // The B column this lane supplies in each MMA: bytes g / 4 and g / 4 + 2 of segment g % 4; a
-  // lane whose segment is not its own reads the quad of zeros past the last. With L >= 2 it reads
-  // it 2 entries in, where its words fall in banks the others leave free (theirs are 8t + 0..3
-  // for b[0], 8t + 4..7 for b[1]), so that each load takes one shared-memory wavefront instead of
-  // two: 2-, 3- and 4-bit g64 lm_heads gained 1 to 4 points of the copy rate on the H200. With
-  // L = 1 the offset made the 4-bit kernel spill in this loop (60 instead of 72 %).
-  const int entries = quad_entries(X.tokens);
-  const uint2* b0p = (g & 3) == t ? X.xb + size_t(q) * entries + t * kMmaParts + (g >> 2)
-                                  : X.xb + size_t(X.nquads) * entries + (L >= 2 ? 2 : 0);
+  // The B column this lane supplies in each MMA: bytes g / 4 and g / 4 + 2 of segment g % 4, the
+  // two entries from `own`. Only the 8 lanes whose segment is their own (g % 4 == t) have any:
+  // with wide_b they alone load, 16 bytes each over all the banks, one shared-memory wavefront a
+  // step. Otherwise every lane loads two 8-byte entries, the others from the quad of zeros 1 entry
+  // in, where their words fall in banks the 8 leave free (8t + 0, 1, 4, 5 for the first entry,
+  // 8t + 2, 3, 6, 7 for the second), one wavefront a load.
+  const bool own = (g & 3) == t;
+  const uint2* own_entries = X.xb + size_t(q) * quad_entries(X.tokens) + t * kMmaParts + 2 * (g >> 2);
+  const uint2* bp = wide_b(L) || own ? own_entries : X.xb + size_t(X.nquads) * quad_entries(X.tokens) + 1;
 #pragma unroll
   for (int j = 0; j < kMmaSteps; ++j) {
     uint2 b[2][TT];
 #pragma unroll
     for (int tt = 0; tt < TT; ++tt) {
-      const uint2* e = b0p + (j * X.tokens + X.tt0 + tt) * kQuadChunks * kMmaParts;
-      b[0][tt] = e[0], b[1][tt] = e[2];
+      const uint2* e = bp + (j * X.tokens + X.tt0 + tt) * kQuadChunks * kMmaParts;
+      if constexpr (wide_b(L)) {
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (own) v = *reinterpret_cast<const uint4*>(e);
+        b[0][tt] = make_uint2(v.x, v.y), b[1][tt] = make_uint2(v.z, v.w);
+      } else {
+        b[0][tt] = e[0], b[1][tt] = e[1];
+      }
     }
     const uint2 a_g = decode_step<BITS>(w_g, j), a_g8 = decode_step<BITS>(w_g8, j);
 #pragma unroll
