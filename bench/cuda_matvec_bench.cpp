@@ -141,8 +141,8 @@ void run(const Config& c, int group, int T, double hbm, const std::string& filte
   const double ms = time_ms(rounds, [&](int i) { cuda::matmul(x.as<float>(), T, w.mats[size_t(i % copies)], y.as<float>()); });
   const double bytes = double(w.per_copy) + 4.0 * T * (c.cols + c.rows);
   const double gbps = bytes / (ms * 1e6);
-  std::printf("%-22s %6d x %-6d %-8s T=%-2d %9.2f us %8.0f GB/s %5.1f%% of copy", c.name, c.rows, c.cols, type.c_str(), T,
-              ms * 1e3, gbps, 100.0 * gbps / hbm);
+  std::printf("%-22s %6d x %-6d %-8s T=%-2d %9.2f us %8.0f GB/s %5.1f%% of copy", c.name, c.rows, c.cols,
+              type.c_str(), T, ms * 1e3, gbps, 100.0 * gbps / hbm);
   if (with_floor) {
     const double floor_ms = stream_read_ms(w.per_copy, copies, rounds);
     std::printf(" | stream read %7.2f us %5.1f%% of copy, matvec %5.1f%% of it", floor_ms * 1e3,

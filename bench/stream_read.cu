@@ -37,7 +37,8 @@ void stream_read(const void* p, size_t bytes, uint32_t* out) {
   const int resident = cuda::resident_blocks(stream_read_kernel, kThreads, 0, lim, "stream_read", 0);
   const size_t n = bytes / sizeof(uint4), needed = (n + kThreads - 1) / kThreads;
   const unsigned grid = unsigned(needed < size_t(resident) ? needed : size_t(resident));
-  cuda::launch_overlapped(stream_read_kernel, lim.overlap, dim3(grid), kThreads, 0, static_cast<const uint4*>(p), n, out);
+  cuda::launch_overlapped(stream_read_kernel, lim.overlap, dim3(grid), kThreads, 0, static_cast<const uint4*>(p), n,
+                          out);
 }
 
 }  // namespace ms::bench

@@ -136,9 +136,10 @@ __host__ __device__ constexpr int quad_entries(int TT) { return kMmaSteps * TT *
 
 // Whether mma_accumulate reads a lane's two entries of a step as one 16-byte load, only the lanes
 // that supply them loading (else each entry as an 8-byte load by every lane, the others from a
-// quad of zeros past the last). On the H200: an expert's 4- and 8-bit gate/up 3.9-4.4 -> 3.7-3.8
-// us, the 4-bit dense 8192² at T = 16 71.5 -> 64.1 us; with L = 4 (2 and 3 bits) it spilled and
-// lost (the 3-bit lm_head 76 -> 72 % of the copy rate, in_proj_qkvz 7.6 -> 8.1 us).
+// quad of zeros past the last). On the H200, against the 8-byte loads: the 4-bit dense 8192² at
+// T = 4 27.4 -> 26.3 us and at T = 16 71.9 -> 63.9, the 8-bit in_proj_qkvz 10.4 -> 9.9 us, the
+// 8-bit moe_experts 18.5 -> 19.0 us (a loss); with L = 4 (2 and 3 bits) the kernels spilled and
+// lost (the 3-bit lm_head 76 -> 72 % of the copy rate, its in_proj_qkvz 7.6 -> 8.1 us).
 __host__ __device__ constexpr bool wide_b(int L) { return L <= 2; }
 
 // Quads of zeros past the last that stage_split writes: one where lanes read them (!wide_b).
@@ -243,7 +244,8 @@ __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT,
 #pragma unroll
     for (int k = 0; k < kStageSteps; ++k) {
       const int i = base + k * THREADS + int(threadIdx.x), t = i / kMmaSteps / padded, c = i / kMmaSteps % padded;
-      if (i < n && t < valid && c < nchunks) load_step<BITS>(x + size_t(t) * cols + size_t(c) * kChunk, i % kMmaSteps, a[k]);
+      if (i < n && t < valid && c < nchunks)
+        load_step<BITS>(x + size_t(t) * cols + size_t(c) * kChunk, i % kMmaSteps, a[k]);
     }
 #pragma unroll
     for (int k = 0; k < kStageSteps; ++k) {
@@ -283,14 +285,15 @@ __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT,
         transpose_bytes(d, b[r]);
       }
       // Chunk c is lane (c % 4L) / L's of quad (c / 4L)·L + c % L (chunk_of's inverse). The step's
-      // four entries (bytes 0, 2 | 1, 3) go as two 16-byte halves, odd steps' second first: a lane_t's entries
-      // fall in 8 of the 32 banks whatever the step, and this way the 8 lanes of one lane_t in a
-      // store (L <= 2) split over both halves, 4 wavefronts a store, the fewest for 512 bytes.
-      // (Eight-byte stores of one entry a lane took 8 where 2 would do.)
+      // four entries (bytes 0, 2 | 1, 3) go as two 16-byte halves, odd steps' second first: a
+      // lane_t's entries fall in 8 of the 32 banks whatever the step, and this way the 8 lanes of
+      // one lane_t in a store (L <= 2) split over both halves, 4 wavefronts a store, the fewest
+      // for 512 bytes. (Eight-byte stores of one entry a lane took 8 where 2 would do.)
       const int q = c / (kQuadChunks * L) * L + c % L, lane_t = c % (kQuadChunks * L) / L;
       uint4* dst = reinterpret_cast<uint4*>(xb + size_t(q) * quad_entries(TT) +
                                             ((j * TT + t) * kQuadChunks + lane_t) * kMmaParts);
-      const uint4 lo = make_uint4(b[0][0], b[1][0], b[0][2], b[1][2]), hi = make_uint4(b[0][1], b[1][1], b[0][3], b[1][3]);
+      const uint4 lo = make_uint4(b[0][0], b[1][0], b[0][2], b[1][2]);
+      const uint4 hi = make_uint4(b[0][1], b[1][1], b[0][3], b[1][3]);
       const int odd = j & 1;
       dst[odd] = odd ? hi : lo;
       dst[odd ^ 1] = odd ? lo : hi;
