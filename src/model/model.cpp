@@ -199,19 +199,20 @@ void Model::embed(const int* ids, int T, float* out) const {
   }
 }
 
-// x += attention(norm(x)); x += ffn(norm(x))
+// x += attention(h); x += ffn(norm(x)); h = next_norm(x). h enters as the layer's input norm of x,
+// so that each residual add and the norm after it are one add_rmsnorm.
 template <class B>
 void Model::decoder_layer(const B& be, const LayerWeights& lw, int T, typename B::KV& kv, typename B::Linear* lin,
-                          int pos0, float* x, int* routes, float* router_probs) const {
+                          int pos0, float* x, float* h, const std::vector<float>& next_norm, int* routes,
+                          float* router_probs) const {
   const size_t n = size_t(T) * size_t(cfg_.hidden);
-  const float offset = cfg_.zero_centred_norms() ? 1.f : 0.f;
-  typename B::Buf h = be.alloc(n), y = be.alloc(n);
-  be.rmsnorm(x, T, cfg_.hidden, be.vec(lw.input_norm), offset, cfg_.rms_eps, h.data());
-  if (lw.type == LayerType::FullAttention) attention_block(be, cfg_, lw.attn, h.data(), T, kv, pos0, y.data());
-  else deltanet_block(be, cfg_, lw.linear, h.data(), T, *lin, y.data());
-  be.add_rmsnorm(x, y.data(), T, cfg_.hidden, be.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h.data());
-  ffn_block(be, cfg_, lw.ffn, lw.moe, h.data(), T, y.data(), routes, router_probs);
-  be.add(x, y.data(), n);
+  const float offset = norm_offset();
+  typename B::Buf y = be.alloc(n);
+  if (lw.type == LayerType::FullAttention) attention_block(be, cfg_, lw.attn, h, T, kv, pos0, y.data());
+  else deltanet_block(be, cfg_, lw.linear, h, T, *lin, y.data());
+  be.add_rmsnorm(x, y.data(), T, cfg_.hidden, be.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h);
+  ffn_block(be, cfg_, lw.ffn, lw.moe, h, T, y.data(), routes, router_probs);
+  be.add_rmsnorm(x, y.data(), T, cfg_.hidden, be.vec(next_norm), offset, cfg_.rms_eps, h);
 }
 
 ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardOptions& opt) const {
@@ -245,24 +246,27 @@ std::pair<int*, float*> Model::route_rows(ForwardResult& r, int l, int T) const 
 }
 
 template <class B>
-void Model::run_layers(const B& be, float* x, int T, int pos0, const ForwardOptions& opt, ForwardResult& r) const {
+void Model::run_layers(const B& be, float* x, float* xn, int T, int pos0, const ForwardOptions& opt,
+                       ForwardResult& r) const {
   if (opt.routes) {
     r.routes.resize(size_t(cfg_.n_layers));
     r.router_probs.resize(size_t(cfg_.n_layers));
   }
+  const auto& layers = w_.layers;
+  be.rmsnorm(x, T, cfg_.hidden, be.vec(layers.empty() ? w_.final_norm : layers[0].input_norm), norm_offset(),
+             cfg_.rms_eps, xn);
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    const LayerWeights& lw = w_.layers[size_t(l)];
+    const LayerWeights& lw = layers[size_t(l)];
     const auto [routes, probs] = opt.routes ? route_rows(r, l, T) : std::pair<int*, float*>{};
     typename B::Linear* lin = lw.type == LayerType::LinearAttention ? &be.linear(l) : nullptr;
-    decoder_layer(be, lw, T, be.kv(l), lin, pos0, x, routes, probs);
+    const std::vector<float>& next = l + 1 < cfg_.n_layers ? layers[size_t(l) + 1].input_norm : w_.final_norm;
+    decoder_layer(be, lw, T, be.kv(l), lin, pos0, x, xn, next, routes, probs);
   }
 }
 
 template <class B>
-void Model::final_logits(const B& be, const float* x, int T, int rows, float* xn, float* logits) const {
-  const int H = cfg_.hidden;
-  be.rmsnorm(x, T, H, be.vec(w_.final_norm), cfg_.zero_centred_norms() ? 1.f : 0.f, cfg_.rms_eps, xn);
-  be.matmul(xn + size_t(T - rows) * size_t(H), rows, be.mat(w_.lm_head), logits);
+void Model::final_logits(const B& be, const float* xn, int T, int rows, float* logits) const {
+  be.matmul(xn + size_t(T - rows) * size_t(cfg_.hidden), rows, be.mat(w_.lm_head), logits);
 }
 
 template <class B>
@@ -271,11 +275,11 @@ ForwardResult Model::forward_on(const B& be, const int* ids, int T, int pos0, co
   std::vector<float> embedded(size_t(T) * size_t(cfg_.hidden));
   embed(ids, T, embedded.data());
   typename B::Buf x = be.upload(std::move(embedded));
-  run_layers(be, x.data(), T, pos0, opt, r);
   typename B::Buf xn = be.alloc(x.size());
+  run_layers(be, x.data(), xn.data(), T, pos0, opt, r);
   const int rows = opt.all_logits ? T : 1;
   typename B::Buf logits = be.alloc(size_t(rows) * size_t(cfg_.vocab));
-  final_logits(be, x.data(), T, rows, xn.data(), logits.data());
+  final_logits(be, xn.data(), T, rows, logits.data());
   if (opt.sample) r.token = opt.sample(logits.data() + size_t(rows - 1) * size_t(cfg_.vocab), B::kOnDevice);
   be.finish();
   if (!opt.sample || opt.all_logits) r.logits = be.to_host(std::move(logits));
@@ -350,8 +354,8 @@ std::unique_ptr<DecodeGraph> Model::capture_decode_step(const CudaBackend& be, i
     g->graph.begin_capture();
     try {
       ForwardResult unused;  // the routes go to ds.route_ids and route_probs, whence forward_captured reads them
-      run_layers(step, g->input.data(), 1, pos0, ForwardOptions{}, unused);
-      final_logits(step, g->input.data(), 1, 1, g->normed.data(), g->logits.data());
+      run_layers(step, g->input.data(), g->normed.data(), 1, pos0, ForwardOptions{}, unused);
+      final_logits(step, g->normed.data(), 1, 1, g->logits.data());
     } catch (...) {
       g->graph.abort_capture();
       throw;
@@ -390,10 +394,11 @@ std::vector<float> Model::mtp_forward_on(const B& be, const float* hidden, const
     be.rmsnorm(hid.data() + size_t(t) * size_t(H), 1, H, be.vec(m.pre_fc_norm_hidden), 1.f, cfg_.rms_eps, row + H);
   }
   be.matmul(cat.data(), T, be.mat(m.fc), x.data());
-  decoder_layer(be, m.layer, T, be.mtp_kv(), nullptr, pos0, x.data(), nullptr, nullptr);
-  be.rmsnorm(x.data(), T, H, be.vec(m.norm), 1.f, cfg_.rms_eps, x.data());
+  typename B::Buf xn = be.alloc(n);
+  be.rmsnorm(x.data(), T, H, be.vec(m.layer.input_norm), norm_offset(), cfg_.rms_eps, xn.data());
+  decoder_layer(be, m.layer, T, be.mtp_kv(), nullptr, pos0, x.data(), xn.data(), m.norm, nullptr, nullptr);
   typename B::Buf logits = be.alloc(size_t(T) * size_t(cfg_.vocab));
-  be.matmul(x.data(), T, be.mat(w_.lm_head), logits.data());
+  be.matmul(xn.data(), T, be.mat(w_.lm_head), logits.data());
   return be.to_host(std::move(logits));
 }
 

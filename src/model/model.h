@@ -104,15 +104,17 @@ class Model {
   // The forward written once over a backend B (model/blocks.h): CpuBackend or CudaBackend.
   template <class B>
   ForwardResult forward_on(const B& be, const int* ids, int T, int pos0, const ForwardOptions& opt) const;
-  // The decoder layers over x [T, hidden] in place; each MoE layer's routes into r with opt.routes.
+  // The decoder layers over x [T, hidden] in place, and xn = final_norm(x) after them; each MoE
+  // layer's routes into r with opt.routes.
   template <class B>
-  void run_layers(const B& be, float* x, int T, int pos0, const ForwardOptions& opt, ForwardResult& r) const;
+  void run_layers(const B& be, float* x, float* xn, int T, int pos0, const ForwardOptions& opt,
+                  ForwardResult& r) const;
   // Where layer l's routes of T tokens go in r (r.routes and r.router_probs have a row per layer):
   // its ids and router probabilities, or nulls for a dense layer.
   std::pair<int*, float*> route_rows(ForwardResult& r, int l, int T) const;
-  // xn = final_norm(x) [T, hidden], then the logits of its last `rows` rows.
+  // The logits of the last `rows` rows of xn [T, hidden] (final_norm(x)).
   template <class B>
-  void final_logits(const B& be, const float* x, int T, int rows, float* xn, float* logits) const;
+  void final_logits(const B& be, const float* xn, int T, int rows, float* logits) const;
   // A decode step (one token) as the sequence's CUDA graph, captured first where there is none
   // yet or the KV caches it holds have moved (Cuda builds; decode_graphs_).
   ForwardResult forward_captured(const CudaBackend& be, int id, int pos0, const ForwardOptions& opt) const;
@@ -123,7 +125,8 @@ class Model {
   std::vector<float> mtp_forward_on(const B& be, const float* hidden, const int* next_ids, int T, int pos0) const;
   template <class B>
   void decoder_layer(const B& be, const LayerWeights& lw, int T, typename B::KV& kv, typename B::Linear* lin, int pos0,
-                     float* x, int* routes, float* router_probs) const;
+                     float* x, float* h, const std::vector<float>& next_norm, int* routes, float* router_probs) const;
+  float norm_offset() const { return cfg_.zero_centred_norms() ? 1.f : 0.f; }  // what the norms' weights add to
 
   TensorStore store_;
   ModelConfig cfg_;

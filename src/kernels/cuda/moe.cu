@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <string>
 
@@ -19,12 +20,64 @@ namespace ms::cuda {
 namespace {
 
 constexpr int kRouteThreads = 256;
-constexpr int kMaxExperts = 8192;    // probabilities and taken flags of a row in 48 KB of shared memory
+constexpr int kMaxExperts = 8192;
+constexpr int kWarpTopSlots = 16;  // experts a lane holds in warp_route_top_k    // probabilities and taken flags of a row in 48 KB of shared memory
 constexpr int kGateUpThreads = 128;  // small blocks: more of them over the few rows of an expert
 constexpr int kDownThreads = 256;
 constexpr int kGateUpMmaWarps = 8;
 // A block's (slot, lane block) items in one round: 20 at Qwen3-Next-80B's shape, 24 at Qwen3-30B's.
 constexpr int kDownMmaWarps = 24;
+
+// Rows of at most this many experts take route_kernel's top-k in one warp's registers.
+constexpr int kWarpTopExperts = 32 * kWarpTopSlots;
+
+// A probability's rank as an int: its bits where it is a number (p >= 0, so the bits order as the
+// values do), below every number for a NaN (never picked, as block_top_k) and for the taken (-1).
+__device__ __forceinline__ int rank_key(float v) { return isnan(v) ? -2 : __float_as_int(v); }
+
+// The best of a lane's keys (the lowest slot among equals) and its slot.
+__device__ __forceinline__ void lane_best(const int (&key)[kWarpTopSlots], int& best, int& slot) {
+  best = INT_MIN, slot = 0;
+#pragma unroll
+  for (int s = 0; s < kWarpTopSlots; ++s)
+    if (key[s] > best) best = key[s], slot = s;
+}
+
+// route_kernel's top-k, weights and records for E <= kWarpTopExperts and K <= 32, by the block's
+// first warp: lane l holds p[l + 32s] in registers, and a round is a warp max of the lanes' bests
+// and a warp min of the indices that hold it (ties to the lower index, as cpu::top_k); only the
+// winning lane rescans its values. On the H200 (512 experts, k = 10) that took the kernel from
+// 12.0 to X us (ncu), against block_top_k's k rounds of block-wide argmaxes and barriers.
+__device__ void warp_route_top_k(const float* p, int E, int K, bool norm_topk, int* id, float* w,
+                                 const uint8_t* const* table, const uint8_t** rec) {
+  const int lane = threadIdx.x & 31;
+  int key[kWarpTopSlots];
+#pragma unroll
+  for (int s = 0; s < kWarpTopSlots; ++s) key[s] = lane + 32 * s < E ? rank_key(p[lane + 32 * s]) : -2;
+  int best, slot;
+  lane_best(key, best, slot);
+  float sum = 0.f, picked = 0.f;
+  int mine = -1;
+  for (int round = 0; round < K; ++round) {
+    const int top = __reduce_max_sync(0xffffffffu, best);
+    const unsigned at = __reduce_min_sync(0xffffffffu, best == top ? unsigned(32 * slot + lane) : UINT_MAX);
+    // Only NaNs left: no index, as block_top_k.
+    const int i = top >= 0 ? int(at) : INT_MAX;
+    const float v = top >= 0 ? __int_as_float(top) : -INFINITY;
+    sum += v;
+    if (round == lane) picked = v, mine = i;
+    if (top >= 0 && int(at % 32) == lane) {
+#pragma unroll
+      for (int s = 0; s < kWarpTopSlots; ++s)
+        if (s == int(at / 32)) key[s] = -1;
+      lane_best(key, best, slot);
+    }
+  }
+  if (lane >= K) return;
+  id[lane] = mine;
+  w[lane] = norm_topk ? picked / sum : picked;
+  if (table) rec[lane] = mine < E ? table[mine] : nullptr;
+}
 
 // softmax, top-k and the picked weights of one row of logits. The exponentials are rounded once
 // from double (as a correctly rounded expf) and summed by one thread in index order, so that the
@@ -58,16 +111,17 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   float* pr = probs + size_t(blockIdx.x) * E;
   for (int i = threadIdx.x; i < E; i += kRouteThreads) pr[i] = p[i] = p[i] / sum;
   __syncthreads();
-  // Every thread sums the picked probabilities in round order (the same sum in each), and the
-  // thread of a round writes its id, weight and record: no thread reads back what another wrote.
-  // Thread k < kRouteThreads keeps round k's pick and reads its record after the rounds: read
-  // within them, each read's latency held up the next round's barrier (ncu on the H200, 512
-  // experts, k = 10: 14.9 us, now 12.0). The k rounds are most of the rest: 6.3 of the kernel's
-  // 9.8 us in a graph. Finding the picks by rank instead (each value counted against the row, a
-  // thread stopping at rank k) took 15.8 us, and one warp's rounds without barriers 12.3 us.
   int* id = ids + size_t(blockIdx.x) * K;
   float* w = weights + size_t(blockIdx.x) * K;
   const uint8_t** rec = table ? records + size_t(blockIdx.x) * K : nullptr;
+  if (E <= kWarpTopExperts && K <= 32) {
+    if (threadIdx.x < 32) warp_route_top_k(p, E, K, norm_topk, id, w, table, rec);
+    return;
+  }
+  // Every thread sums the picked probabilities in round order (the same sum in each), and the
+  // thread of a round writes its id, weight and record: no thread reads back what another wrote.
+  // Thread k < kRouteThreads keeps round k's pick and reads its record after the rounds: read
+  // within them, each read's latency held up the next round's barrier.
   float picked = 0.f, s = 0.f;
   int mine = -1;
   block_top_k<kRouteThreads>(p, E, K, taken, [&](int round, int i, float v) {
