@@ -60,9 +60,6 @@ struct CpuBackend {
   // mlp_forward's gate and up run as two matmuls and silu_mul on the CPU.
   bool fused_gate_up(const float*, int, const Mat&, const Mat&, float*) const { return false; }
   void softmax(float* x, int rows, int n) const { cpu::softmax(x, rows, n); }
-  void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* st, float* out) const {
-    cpu::causal_conv1d_silu(x, T, C, w, K, st, out);
-  }
   void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T, int nk,
                         int nv, int dk, int dv, float* st, float* out) const {
     cpu::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);
@@ -84,12 +81,11 @@ struct CpuBackend {
   void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t width, size_t rows) const {
     for (size_t r = 0; r < rows; ++r) std::copy_n(src + r * src_stride, width, dst + r * dst_stride);
   }
-  void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv, float* z,
-                      float* b, float* a) const;
-  void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale, float* q,
-                    float* k, float* v) const;
-  void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
-                      float* beta) const;
+  // The gated delta rule's inputs from the projections (cuda::deltanet_prepare's formulas): the
+  // split of qkvz and ba, the conv over q, k and v, their norms and the gates, in turn.
+  void deltanet_prepare(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, const float* conv_w,
+                        int conv_k, float* conv_state, const float* A_log, const float* dt_bias, float eps,
+                        float q_scale, float* q, float* k, float* v, float* z, float* g, float* beta) const;
   // out[t] += sigmoid(gate · x[t]) * s[t]: the shared expert's gated contribution.
   void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate_w, int T, int H) const {
     Buf g(static_cast<size_t>(T));

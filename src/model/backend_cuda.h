@@ -212,9 +212,6 @@ struct CudaBackend {
     return true;
   }
   void softmax(float* x, int rows, int n) const { cuda::softmax(x, rows, n); }
-  void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* st, float* out) const {
-    cuda::causal_conv1d_silu(x, T, C, w, K, st, out);
-  }
   void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T, int nk,
                         int nv, int dk, int dv, float* st, float* out) const {
     cuda::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);
@@ -227,17 +224,11 @@ struct CudaBackend {
   void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t width, size_t rows) const {
     cuda::copy_rows(dst, int(dst_stride), src, int(src_stride), int(width), int(rows));
   }
-  void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv, float* z,
-                      float* b, float* a) const {
-    cuda::deltanet_split(qkvz, ba, T, nk, nv, dk, dv, qkv, z, b, a);
-  }
-  void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale, float* q,
-                    float* k, float* v) const {
-    cuda::deltanet_qkv(mixed, T, nk, nv, dk, dv, eps, q_scale, q, k, v);
-  }
-  void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
-                      float* beta) const {
-    cuda::deltanet_gates(b, a, A_log, dt_bias, T, nv, g, beta);
+  void deltanet_prepare(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, const float* conv_w,
+                        int conv_k, float* conv_state, const float* A_log, const float* dt_bias, float eps,
+                        float q_scale, float* q, float* k, float* v, float* z, float* g, float* beta) const {
+    cuda::deltanet_prepare({qkvz, ba, conv_w, A_log, dt_bias, conv_state, q, k, v, z, g, beta, T, nk, nv, dk, dv,
+                            conv_k, eps, q_scale});
   }
   void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate_w, int T, int H) const {
     cuda::shared_gate_add(out, s, x, gate_w, T, H);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "model/backend_cpu.h"
@@ -8,13 +9,12 @@ namespace ms {
 
 namespace {
 float softplus(float v) { return v > 20.f ? v : std::log1p(std::exp(v)); }  // torch's threshold
-}  // namespace
 
 // The public checkpoints group in_proj_qkvz by key head: [q(dk), k(dk), v(r·dv), z(r·dv)] for
 // each of the nk key heads (r = value heads per key head), and in_proj_ba as [b(r), a(r)].
 // Regroup into the conv's channel order (all q, all k, all v) and separate z, b, a.
-void CpuBackend::deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv_out,
-                                float* z, float* b, float* a) const {
+void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv_out, float* z,
+                    float* b, float* a) {
   const int r = nv / nk;
   const size_t key_dim = size_t(nk) * size_t(dk), value_dim = size_t(nv) * size_t(dv);
   const size_t conv_dim = 2 * key_dim + value_dim, group = size_t(2 * dk + 2 * r * dv);
@@ -35,20 +35,23 @@ void CpuBackend::deltanet_split(const float* qkvz, const float* ba, int T, int n
 }
 
 // The conv's output [T][q, k, v] split, q and k L2-normalised per head, q then scaled.
-void CpuBackend::deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale,
-                              float* q, float* k, float* v) const {
+void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale, float* q, float* k,
+                  float* v) {
   const size_t key_dim = size_t(nk) * size_t(dk), value_dim = size_t(nv) * size_t(dv);
   const size_t conv_dim = 2 * key_dim + value_dim;
-  copy_rows(q, key_dim, mixed, conv_dim, key_dim, size_t(T));
-  copy_rows(k, key_dim, mixed + key_dim, conv_dim, key_dim, size_t(T));
-  copy_rows(v, value_dim, mixed + 2 * key_dim, conv_dim, value_dim, size_t(T));
+  for (size_t t = 0; t < size_t(T); ++t) {
+    const float* row = mixed + t * conv_dim;
+    std::copy_n(row, key_dim, q + t * key_dim);
+    std::copy_n(row + key_dim, key_dim, k + t * key_dim);
+    std::copy_n(row + 2 * key_dim, value_dim, v + t * value_dim);
+  }
   cpu::l2norm_heads(q, T * nk, dk, eps);
   cpu::l2norm_heads(k, T * nk, dk, eps);
   for (size_t i = 0; i < size_t(T) * key_dim; ++i) q[i] *= q_scale;
 }
 
-void CpuBackend::deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv,
-                                float* g, float* beta) const {
+void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
+                    float* beta) {
   for (size_t i = 0; i < size_t(T) * size_t(nv); ++i) {
     const size_t h = i % size_t(nv);
     beta[i] = 1.0f / (1.0f + std::exp(-b[i]));
@@ -56,29 +59,36 @@ void CpuBackend::deltanet_gates(const float* b, const float* a, const float* A_l
   }
 }
 
+}  // namespace
+
+void CpuBackend::deltanet_prepare(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv,
+                                  const float* conv_w, int conv_k, float* conv_state, const float* A_log,
+                                  const float* dt_bias, float eps, float q_scale, float* q, float* k, float* v,
+                                  float* z, float* g, float* beta) const {
+  const size_t tokens = size_t(T), conv_dim = 2 * size_t(nk) * size_t(dk) + size_t(nv) * size_t(dv);
+  Buf qkv(tokens * conv_dim), mixed(qkv.size()), b(tokens * size_t(nv)), a(b.size());
+  deltanet_split(qkvz, ba, T, nk, nv, dk, dv, qkv.data(), z, b.data(), a.data());
+  cpu::causal_conv1d_silu(qkv.data(), T, int(conv_dim), conv_w, conv_k, conv_state, mixed.data());
+  deltanet_qkv(mixed.data(), T, nk, nv, dk, dv, eps, q_scale, q, k, v);
+  deltanet_gates(b.data(), a.data(), A_log, dt_bias, T, nv, g, beta);
+}
+
 template <class B>
 void deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& w, const float* x, int T,
                     typename B::Linear& state, float* out) {
   const int nk = cfg.lin_k_heads, nv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
   const size_t key_dim = size_t(nk) * size_t(dk), value_dim = size_t(nv) * size_t(dv);
-  const int conv_dim = int(2 * key_dim + value_dim);
   const size_t tokens = size_t(T);
 
   typename B::Buf qkvz = be.alloc(tokens * size_t(w.in_proj_qkvz.rows)), ba = be.alloc(tokens * size_t(w.in_proj_ba.rows));
   be.matmul(x, T, be.mat(w.in_proj_qkvz), qkvz.data());
   be.matmul(x, T, be.mat(w.in_proj_ba), ba.data());
-  typename B::Buf qkv = be.alloc(tokens * size_t(conv_dim)), z = be.alloc(tokens * value_dim),
-                  b = be.alloc(tokens * size_t(nv)), a = be.alloc(tokens * size_t(nv));
-  be.deltanet_split(qkvz.data(), ba.data(), T, nk, nv, dk, dv, qkv.data(), z.data(), b.data(), a.data());
 
-  typename B::Buf mixed = be.alloc(qkv.size());
-  be.causal_conv1d_silu(qkv.data(), T, conv_dim, be.vec(w.conv1d), cfg.conv_kernel, state.conv.data(), mixed.data());
-
-  typename B::Buf q = be.alloc(tokens * key_dim), k = be.alloc(tokens * key_dim), v = be.alloc(tokens * value_dim);
-  be.deltanet_qkv(mixed.data(), T, nk, nv, dk, dv, 1e-6f, 1.0f / std::sqrt(float(dk)), q.data(), k.data(), v.data());
-
-  typename B::Buf g = be.alloc(tokens * size_t(nv)), beta = be.alloc(tokens * size_t(nv));
-  be.deltanet_gates(b.data(), a.data(), be.vec(w.A_log), be.vec(w.dt_bias), T, nv, g.data(), beta.data());
+  typename B::Buf q = be.alloc(tokens * key_dim), k = be.alloc(tokens * key_dim), v = be.alloc(tokens * value_dim),
+                  z = be.alloc(tokens * value_dim), g = be.alloc(tokens * size_t(nv)), beta = be.alloc(tokens * size_t(nv));
+  be.deltanet_prepare(qkvz.data(), ba.data(), T, nk, nv, dk, dv, be.vec(w.conv1d), cfg.conv_kernel, state.conv.data(),
+                      be.vec(w.A_log), be.vec(w.dt_bias), 1e-6f, 1.0f / std::sqrt(float(dk)), q.data(), k.data(),
+                      v.data(), z.data(), g.data(), beta.data());
 
   typename B::Buf o = be.alloc(tokens * value_dim);
   be.gated_delta_rule(q.data(), k.data(), v.data(), g.data(), beta.data(), T, nk, nv, dk, dv, state.recurrent.data(),

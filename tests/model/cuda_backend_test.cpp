@@ -1,11 +1,15 @@
 // The CUDA backend's glue (model/backend_cuda.h) against the CPU backend's loops on random
-// inputs: the elementwise gates, the Gated DeltaNet split and the expert gather/scatter/sum.
+// inputs: the elementwise gates, the Gated DeltaNet inputs and the expert gather/scatter/sum.
 // Built with MOESTREAM_CUDA; skipped where no GPU is present.
 #if MOESTREAM_CUDA
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "kernels/cuda/device.h"
 #include "model/backend_cpu.h"
@@ -89,48 +93,59 @@ TEST_F(CudaBackendGlue, StoreKvAtHostOrDevicePosition) {
   }
 }
 
-TEST_F(CudaBackendGlue, DeltaNetSplitAndGates) {
-  const int T = 5, nk = 2, nv = 6, dk = 32, dv = 16, r = nv / nk;
-  const size_t conv_dim = size_t(2 * nk * dk + nv * dv), group = size_t(2 * dk + 2 * r * dv);
-  const auto qkvz = random_vec(size_t(T) * nk * group, 3), ba = random_vec(size_t(T) * 2 * nv, 4);
-  std::vector<float> qkv(T * conv_dim), z(size_t(T) * nv * dv), b(size_t(T) * nv), a(b.size());
-  cpu.deltanet_split(qkvz.data(), ba.data(), T, nk, nv, dk, dv, qkv.data(), z.data(), b.data(), a.data());
-  auto dqkvz = up(qkvz), dba = up(ba);
-  DeviceArray<float> dqkv(qkv.size()), dz(z.size()), db(b.size()), da(a.size());
-  gpu().deltanet_split(dqkvz.data(), dba.data(), T, nk, nv, dk, dv, dqkv.data(), dz.data(), db.data(), da.data());
-  EXPECT_EQ(dqkv.to_vector(), qkv);
-  EXPECT_EQ(dz.to_vector(), z);
-  EXPECT_EQ(db.to_vector(), b);
-  EXPECT_EQ(da.to_vector(), a);
-
-  auto a_wide = random_vec(a.size(), 5, -30.f, 30.f);  // both sides of softplus's threshold
-  const auto A_log = random_vec(size_t(nv), 6, -1.f, 1.f), dt_bias = random_vec(size_t(nv), 7, -1.f, 1.f);
-  std::vector<float> g(b.size()), beta(b.size());
-  cpu.deltanet_gates(b.data(), a_wide.data(), A_log.data(), dt_bias.data(), T, nv, g.data(), beta.data());
-  auto dwide = up(a_wide), dA = up(A_log), ddt = up(dt_bias);
-  DeviceArray<float> dg(g.size()), dbeta(beta.size());
-  gpu().deltanet_gates(db.data(), dwide.data(), dA.data(), ddt.data(), T, nv, dg.data(), dbeta.data());
-  expect_close(dg.to_vector(), g);
-  expect_close(dbeta.to_vector(), beta);
-}
-
-TEST_F(CudaBackendGlue, DeltaNetQkvSplitAndL2Norm) {
+// cuda::deltanet_prepare (one launch) against the CPU's split, conv, norms and gates in turn, over
+// two calls that carry the conv state. Tolerance: 2e-6 of max(1, |want|), the conv's (K products
+// summed in the same order, silu's and the gates' expf); q and k, normalised, sit well inside it.
+// z and the state are copies: exact.
+TEST_F(CudaBackendGlue, DeltaNetPrepareMatchesTheCpuSteps) {
   struct Case {
-    int T, nk, nv, dk, dv;
+    int T1, T2, nk, nv, dk, dv, K;
   };
-  // The 80B's heads, a small shape, and heads longer than a block's threads.
-  for (const Case& c : {Case{1, 16, 32, 128, 128}, Case{5, 2, 6, 32, 16}, Case{3, 1, 2, 300, 40}}) {
-    const size_t key_dim = size_t(c.nk) * c.dk, value_dim = size_t(c.nv) * c.dv;
-    const auto mixed = random_vec(size_t(c.T) * (2 * key_dim + value_dim), 11, -3.f, 3.f);
-    std::vector<float> q(size_t(c.T) * key_dim), k(q.size()), v(size_t(c.T) * value_dim);
+  const Case cases[] = {
+      {1, 1, 16, 32, 128, 128, 4},  // Qwen3-Next-80B's decode
+      {5, 1, 2, 6, 32, 16, 4},      // a small shape
+      {33, 40, 1, 2, 300, 40, 4},   // several blocks of tokens; heads longer than a block's threads
+      {1, 2, 2, 4, 32, 48, 6},      // fewer tokens than the state holds
+      {2, 9, 2, 2, 16, 8, 1},       // no state
+      {20, 3, 2, 4, 32, 200, 18},   // a state longer than a block's tokens; value heads over several blocks
+  };
+  for (const Case& c : cases) {
+    const int r = c.nv / c.nk;
+    const size_t key_dim = size_t(c.nk) * c.dk, value_dim = size_t(c.nv) * c.dv, conv_dim = 2 * key_dim + value_dim;
+    const size_t group = size_t(2 * c.dk + 2 * r * c.dv);
+    const auto conv_w = random_vec(conv_dim * c.K, 20, -1.f, 1.f), A_log = random_vec(size_t(c.nv), 21, -1.f, 1.f);
+    const auto dt_bias = random_vec(size_t(c.nv), 22, -1.f, 1.f);
+    std::vector<float> st = random_vec(conv_dim * (c.K - 1), 23);
+    auto dw = up(conv_w), dA = up(A_log), ddt = up(dt_bias), dst = up(st);
     const float q_scale = 1.0f / std::sqrt(float(c.dk));
-    cpu.deltanet_qkv(mixed.data(), c.T, c.nk, c.nv, c.dk, c.dv, 1e-6f, q_scale, q.data(), k.data(), v.data());
-    auto dmixed = up(mixed);
-    DeviceArray<float> dq(q.size()), dk(k.size()), dv(v.size());
-    gpu().deltanet_qkv(dmixed.data(), c.T, c.nk, c.nv, c.dk, c.dv, 1e-6f, q_scale, dq.data(), dk.data(), dv.data());
-    expect_close(dq.to_vector(), q);  // both sum the squares in double
-    expect_close(dk.to_vector(), k);
-    EXPECT_EQ(dv.to_vector(), v);
+    const std::string what = "T " + std::to_string(c.T1) + "+" + std::to_string(c.T2) + " nk " + std::to_string(c.nk) +
+                             " dk " + std::to_string(c.dk) + " K " + std::to_string(c.K);
+    for (const int T : {c.T1, c.T2}) {
+      const auto qkvz = random_vec(size_t(T) * c.nk * group, 24 + uint32_t(T));
+      const auto ba = random_vec(size_t(T) * 2 * c.nv, 25 + uint32_t(T), -30.f, 30.f);  // both sides of softplus's threshold
+      std::vector<float> q(size_t(T) * key_dim), k(q.size()), v(size_t(T) * value_dim), z(v.size());
+      std::vector<float> g(size_t(T) * c.nv), beta(g.size());
+      cpu.deltanet_prepare(qkvz.data(), ba.data(), T, c.nk, c.nv, c.dk, c.dv, conv_w.data(), c.K, st.data(),
+                           A_log.data(), dt_bias.data(), 1e-6f, q_scale, q.data(), k.data(), v.data(), z.data(),
+                           g.data(), beta.data());
+      auto dqkvz = up(qkvz), dba = up(ba);
+      DeviceArray<float> dq(q.size()), dk(k.size()), dv(v.size()), dz(z.size()), dg(g.size()), dbeta(beta.size());
+      gpu().deltanet_prepare(dqkvz.data(), dba.data(), T, c.nk, c.nv, c.dk, c.dv, dw.data(), c.K, dst.data(),
+                             dA.data(), ddt.data(), 1e-6f, q_scale, dq.data(), dk.data(), dv.data(), dz.data(),
+                             dg.data(), dbeta.data());
+      const std::pair<const DeviceArray<float>*, const std::vector<float>*> outs[] = {
+          {&dq, &q}, {&dk, &k}, {&dv, &v}, {&dg, &g}, {&dbeta, &beta}};
+      const char* names[] = {"q", "k", "v", "g", "beta"};
+      for (size_t o = 0; o < std::size(outs); ++o) {
+        const std::vector<float> got = outs[o].first->to_vector(), &want = *outs[o].second;
+        double err = 0;
+        for (size_t i = 0; i < got.size(); ++i)
+          err = std::max(err, std::abs(double(got[i]) - want[i]) / std::max(1.0, std::abs(double(want[i]))));
+        EXPECT_LE(err, 2e-6) << what << ": " << names[o] << " after " << T << " tokens";
+      }
+      EXPECT_EQ(dz.to_vector(), z) << what;
+      EXPECT_EQ(dst.to_vector(), st) << what << ": state after " << T << " tokens";
+    }
   }
 }
 

@@ -1,5 +1,6 @@
-// Gated DeltaNet kernels: the causal conv1d + SiLU with its carried state, and the gated delta
-// rule, run as its recurrence token by token for short T and in the chunked form for prefill.
+// Gated DeltaNet kernels: the rule's inputs from the projections (the causal conv1d + SiLU with its
+// carried state, the norms and the gates), and the gated delta rule, run as its recurrence token
+// by token for short T and in the chunked form for prefill.
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
@@ -19,21 +20,79 @@
 namespace ms::cuda {
 namespace {
 
-// One thread per channel, walking the tokens: xx = state ++ x, out[t] = silu(Σ_j w[j]·xx[t+j]);
-// then state = the last K-1 inputs, written oldest first so that no unread value is overwritten.
-__global__ void conv1d_silu_kernel(const float* x, int T, int C, const float* w, int K, float* state, float* out) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+constexpr int kInputThreads = 128;  // channels a block of deltanet_prepare converts at once
+constexpr int kInputTokens = 16;    // tokens a block of it takes (at least the conv's K - 1)
+
+// One conv channel's outputs of tokens [t0, t1): out[t] = silu(Σ_j w[j]·xx(t + j)), xx = state ++
+// x (token u of x at x[u·stride]). The block of the first tokens (t0 = 0), the only one that reads
+// the state (t1 >= K - 1), then leaves it as the last K - 1 inputs, written oldest first so that
+// no unread value is overwritten.
+__device__ void conv_channel(const float* x, size_t stride, const float* w, int K, float* st, int t0, int t1, int T,
+                             float* out, size_t out_stride) {
   const int H = K - 1;
-  const float* wc = w + size_t(c) * K;
-  float* st = state + size_t(c) * H;
-  auto xx = [&](int u) { return u < H ? st[u] : x[size_t(u - H) * C + c]; };
-  for (int t = 0; t < T; ++t) {
+  auto xx = [&](int u) { return u < H ? st[u] : x[size_t(u - H) * stride]; };
+  for (int t = t0; t < t1; ++t) {
     float acc = 0.f;
-    for (int j = 0; j < K; ++j) acc += wc[j] * xx(t + j);
-    out[size_t(t) * C + c] = silu(acc);
+    for (int j = 0; j < K; ++j) acc += w[j] * xx(t + j);
+    out[size_t(t) * out_stride] = silu(acc);
   }
-  for (int j = 0; j < H; ++j) st[j] = xx(T + j);
+  if (t0 == 0)
+    for (int j = 0; j < H; ++j) st[j] = xx(T + j);
+}
+
+// Block (h, part, tokens from blockIdx.z · tokens_per_block) of key head h's group of qkvz,
+// [q(dk), k(dk), v(r·dv), z(r·dv)] (channel i of the group is the conv's channel h·dk + i of q,
+// nk·dk + h·dk + i − dk of k, 2·nk·dk + h·r·dv + i − 2·dk of v): part 0 the q head, through the
+// conv and L2-normalised per token, then scaled, and the gates of the r value heads; part 1 the k
+// head, as q unscaled; parts 2.. kInputThreads channels of v each, through the conv, and those of z.
+__global__ void __launch_bounds__(kInputThreads) deltanet_prepare_kernel(const DeltaNetPrep a, int tokens_per_block) {
+  const int h = blockIdx.x, part = blockIdx.y, t0 = int(blockIdx.z) * tokens_per_block;
+  const int t1 = min(a.T, t0 + tokens_per_block), dk = a.dk, r = a.nv / a.nk, vw = r * a.dv;
+  const size_t key_dim = size_t(a.nk) * dk, value_dim = size_t(a.nv) * a.dv, row = size_t(a.nk) * (2 * dk + 2 * vw);
+  const float* group = a.qkvz + size_t(h) * (2 * dk + 2 * vw);
+  int i0 = 0, i1 = dk;  // the part's channels of the group
+  size_t c0 = size_t(h) * dk, out_stride = key_dim;
+  float* out = a.q + size_t(h) * dk;
+  if (part == 1) {
+    i0 = dk, i1 = 2 * dk, c0 = key_dim + size_t(h) * dk, out = a.k + size_t(h) * dk;
+  } else if (part >= 2) {
+    const int j0 = (part - 2) * kInputThreads;
+    i0 = 2 * dk + j0, i1 = 2 * dk + min(vw, j0 + kInputThreads);
+    c0 = 2 * key_dim + size_t(h) * vw + j0, out = a.v + size_t(h) * vw + j0, out_stride = value_dim;
+  }
+  const int K = a.conv_k;
+  for (int i = i0 + int(threadIdx.x); i < i1; i += kInputThreads) {
+    const size_t c = c0 + size_t(i - i0);
+    conv_channel(group + i, row, a.conv_w + c * K, K, a.conv_state + c * (K - 1), t0, t1, a.T, out + (i - i0),
+                 out_stride);
+  }
+  if (part >= 2) {
+    const int j0 = i0 - 2 * dk, n = i1 - i0;
+    for (int e = threadIdx.x; e < (t1 - t0) * n; e += kInputThreads) {
+      const int t = t0 + e / n, j = j0 + e % n;
+      a.z[size_t(t) * value_dim + size_t(h) * vw + j] = group[size_t(t) * row + 2 * dk + vw + j];
+    }
+    return;  // uniform over the block
+  }
+  if (part == 0) {
+    for (int e = threadIdx.x; e < (t1 - t0) * r; e += kInputThreads) {
+      const int t = t0 + e / r, j = e % r, hv = h * r + j;
+      const float* bt = a.ba + size_t(t) * 2 * a.nv + size_t(h) * 2 * r;
+      const float v = bt[r + j] + a.dt_bias[hv];
+      const float softplus = v > 20.f ? v : log1pf(expf(v));
+      a.beta[size_t(t) * a.nv + hv] = 1.0f / (1.0f + expf(-bt[j]));
+      a.g[size_t(t) * a.nv + hv] = -expf(a.A_log[hv]) * softplus;
+    }
+  }
+  __syncthreads();  // the head's conv outputs, which the norms read, are in `out`
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int t = t0 + warp; t < t1; t += kInputThreads / 32) {
+    float* v = out + size_t(t) * out_stride;
+    double ss = 0.0;  // in double, as cpu::l2norm_heads
+    for (int i = lane; i < dk; i += 32) ss += double(v[i]) * v[i];
+    const float inv = float(1.0 / sqrt(warp_sum(ss) + double(a.eps)));
+    for (int i = lane; i < dk; i += 32) v[i] = part == 0 ? v[i] * inv * a.q_scale : v[i] * inv;
+  }
 }
 
 // The recurrence, one block per (value head, 32 state columns j): warp w of the block holds rows
@@ -431,10 +490,15 @@ void check_heads(int n_k_heads, int n_v_heads) {
 
 }  // namespace
 
-void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* state, float* out) {
-  if (K < 1) arg_fail("cuda::causal_conv1d_silu: kernel size " + std::to_string(K) + " < 1");
-  if (T <= 0 || C <= 0) return;
-  conv1d_silu_kernel<<<unsigned((C + 127) / 128), 128, 0, compute_stream()>>>(x, T, C, w, K, state, out);
+void deltanet_prepare(const DeltaNetPrep& p) {
+  if (p.conv_k < 1) arg_fail("cuda::deltanet_prepare: conv kernel size " + std::to_string(p.conv_k) + " < 1");
+  if (p.nk <= 0 || p.nv % p.nk != 0 || p.dk <= 0 || p.dv <= 0)
+    arg_fail("cuda::deltanet_prepare: " + std::to_string(p.nk) + " key heads, " + std::to_string(p.nv) +
+             " value heads (a multiple of them), dk " + std::to_string(p.dk) + ", dv " + std::to_string(p.dv));
+  if (p.T <= 0) return;
+  const int tokens = std::max(kInputTokens, p.conv_k - 1), v_parts = (p.nv / p.nk * p.dv + kInputThreads - 1) / kInputThreads;
+  const dim3 grid(unsigned(p.nk), unsigned(2 + v_parts), unsigned((p.T + tokens - 1) / tokens));
+  deltanet_prepare_kernel<<<grid, kInputThreads, 0, compute_stream()>>>(p, tokens);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,7 +1,6 @@
-// The small glue kernels of the model's forward on the GPU: residual adds, gates, the Gated
-// DeltaNet projection split, and the gather/scatter around the routed experts. Each follows the
-// loop it replaces in src/model/ (formulas in ops.h); elementwise, so results match the CPU's up
-// to expf.
+// The small glue kernels of the model's forward on the GPU: residual adds, gates, and the
+// gather/scatter around the routed experts. Each follows the loop it replaces in src/model/
+// (formulas in ops.h); elementwise, so results match the CPU's up to expf.
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/check.h"
@@ -36,68 +35,6 @@ __global__ void store_kv_kernel(const float* k, const float* v, int width, int p
   const size_t row = size_t((pos_on_device ? *pos_on_device : pos0) + t) * size_t(width);
   k_cache[row + size_t(i)] = k[size_t(t) * size_t(width) + size_t(i)];
   v_cache[row + size_t(i)] = v[size_t(t) * size_t(width) + size_t(i)];
-}
-
-// Block (head, t): head < 2·nk a head of q or k, L2-normalised (the sum of squares in double, as
-// cpu::l2norm_heads), q's then scaled; past them a head of v, copied.
-__global__ void deltanet_qkv_kernel(const float* mixed, int nk, int nv, int dk, int dv, float eps, float q_scale,
-                                    float* q, float* k, float* v) {
-  const int head = blockIdx.x, t = blockIdx.y;
-  const size_t key_dim = size_t(nk) * dk, value_dim = size_t(nv) * dv;
-  const float* row = mixed + size_t(t) * (2 * key_dim + value_dim);
-  if (head >= 2 * nk) {  // uniform over the block
-    const int j = head - 2 * nk;
-    const float* src = row + 2 * key_dim + size_t(j) * dv;
-    for (int i = threadIdx.x; i < dv; i += kThreads) v[size_t(t) * value_dim + size_t(j) * dv + i] = src[i];
-    return;
-  }
-  const bool is_q = head < nk;
-  const float* src = row + size_t(head) * dk;  // k's heads follow q's in the row
-  float* dst = (is_q ? q : k) + size_t(t) * key_dim + size_t(is_q ? head : head - nk) * dk;
-  double ss = 0.0;
-  for (int i = threadIdx.x; i < dk; i += kThreads) ss += double(src[i]) * src[i];
-  ss = block_reduce<kThreads, false>(ss);
-  const float inv = float(1.0 / sqrt(ss + double(eps)));
-  for (int i = threadIdx.x; i < dk; i += kThreads) {
-    const float y = src[i] * inv;
-    dst[i] = is_q ? y * q_scale : y;
-  }
-}
-
-// One block per (token, key head): the group [q(dk), k(dk), v(r·dv), z(r·dv)] and [b(r), a(r)].
-__global__ void deltanet_split_kernel(const float* __restrict__ qkvz, const float* __restrict__ ba, int nk, int nv,
-                                      int dk, int dv, float* __restrict__ qkv, float* __restrict__ z,
-                                      float* __restrict__ b, float* __restrict__ a) {
-  const int t = blockIdx.x / nk, h = blockIdx.x % nk, r = nv / nk;
-  const size_t key_dim = size_t(nk) * dk, value_dim = size_t(nv) * dv, conv_dim = 2 * key_dim + value_dim;
-  const size_t group = size_t(2 * dk + 2 * r * dv), vw = size_t(r) * dv;
-  const float* src = qkvz + size_t(t) * nk * group + h * group;
-  float* row = qkv + size_t(t) * conv_dim;
-  for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-    row[h * size_t(dk) + i] = src[i];
-    row[key_dim + h * size_t(dk) + i] = src[dk + i];
-  }
-#pragma unroll 4
-  for (size_t i = threadIdx.x; i < vw; i += blockDim.x) {
-    row[2 * key_dim + h * vw + i] = src[2 * dk + i];
-    z[size_t(t) * value_dim + h * vw + i] = src[2 * dk + vw + i];
-  }
-  const float* bsrc = ba + size_t(t) * 2 * nv + h * 2 * size_t(r);
-  for (int i = threadIdx.x; i < r; i += blockDim.x) {
-    b[size_t(t) * nv + h * size_t(r) + i] = bsrc[i];
-    a[size_t(t) * nv + h * size_t(r) + i] = bsrc[r + i];
-  }
-}
-
-__global__ void deltanet_gates_kernel(const float* b, const float* a, const float* A_log, const float* dt_bias,
-                                      int64_t n, int nv, float* g, float* beta) {
-  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= n) return;
-  const int h = int(i % nv);
-  const float v = a[i] + dt_bias[h];
-  const float softplus = v > 20.f ? v : log1pf(expf(v));
-  beta[i] = sigmoid(b[i]);
-  g[i] = -expf(A_log[h]) * softplus;
 }
 
 // Block t: the gate's dot with x[t] (bf16 weights), then out[t] += sigmoid(dot) · s[t].
@@ -154,34 +91,11 @@ void store_kv(const float* k, const float* v, int T, int width, int pos0, const 
   CUDA_CHECK_LAUNCH();
 }
 
-void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale, float* q,
-                  float* k, float* v) {
-  if (T <= 0) return;
-  deltanet_qkv_kernel<<<dim3(unsigned(2 * nk + nv), unsigned(T)), kThreads, 0, compute_stream()>>>(mixed, nk, nv, dk, dv, eps, q_scale, q,
-                                                                              k, v);
-  CUDA_CHECK_LAUNCH();
-}
-
 void copy_rows(float* dst, int dst_stride, const float* src, int src_stride, int width, int rows) {
   if (rows <= 0 || width <= 0) return;
   CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_stride) * sizeof(float), src, size_t(src_stride) * sizeof(float),
                                size_t(width) * sizeof(float), size_t(rows), cudaMemcpyDeviceToDevice,
                                compute_stream()));
-}
-
-void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv, float* z,
-                    float* b, float* a) {
-  if (T <= 0) return;
-  deltanet_split_kernel<<<unsigned(T * nk), 128, 0, compute_stream()>>>(qkvz, ba, nk, nv, dk, dv, qkv, z, b, a);
-  CUDA_CHECK_LAUNCH();
-}
-
-void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
-                    float* beta) {
-  const int64_t n = int64_t(T) * nv;
-  if (n <= 0) return;
-  deltanet_gates_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(b, a, A_log, dt_bias, n, nv, g, beta);
-  CUDA_CHECK_LAUNCH();
 }
 
 void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate, int T, int H) {

@@ -70,7 +70,23 @@ size_t moe_scratch_floats(int T, int K, const RecordMat (&proj)[3]);
 
 // Gated DeltaNet (kernels/cpu/deltanet.h). gated_delta_rule runs the recurrent update for a few
 // tokens and the chunked form for longer T (kernels/cuda/deltanet.h).
-void causal_conv1d_silu(const float* x, int T, int C, const float* w, int K, float* state, float* out);
+// What deltanet_prepare reads and writes for T tokens: Qwen3-Next's in_proj_qkvz output qkvz
+// [T][nk][q(dk), k(dk), v(r·dv), z(r·dv)] (r = nv / nk) and in_proj_ba's ba [T][nk][b(r), a(r)];
+// the conv over the channels (all q, all k, all v) with weights conv_w [channels][conv_k] and its
+// state conv_state [channels][conv_k − 1], carried.
+struct DeltaNetPrep {
+  const float *qkvz, *ba, *conv_w, *A_log, *dt_bias;
+  float* conv_state;
+  float *q, *k, *v, *z, *g, *beta;
+  int T, nk, nv, dk, dv, conv_k;
+  float eps, q_scale;
+};
+// The gated delta rule's inputs, in one launch: q, k [T, nk·dk] and v [T, nv·dv] the conv's
+// outputs through SiLU, each head of q and k L2-normalised (x / sqrt(Σx² + eps)) and q's then
+// scaled by q_scale; z [T, nv·dv] copied; beta = sigmoid(b), g = −exp(A_log[h])·softplus(a +
+// dt_bias[h]) [T, nv]. The CPU backend's deltanet_prepare (src/model/deltanet_block.cpp) is the
+// reference: its split, conv, norms and gates in turn.
+void deltanet_prepare(const DeltaNetPrep& p);
 void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
                       int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out);
 void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out);
@@ -84,17 +100,6 @@ void store_kv(const float* k, const float* v, int T, int width, int pos0, const 
               float* v_cache);
 // rows rows of width floats from src (row stride src_stride) to dst (row stride dst_stride).
 void copy_rows(float* dst, int dst_stride, const float* src, int src_stride, int width, int rows);
-// Qwen3-Next's in_proj_qkvz / in_proj_ba outputs regrouped into the conv's channel order
-// (all q, all k, all v) and z, b, a (src/model/deltanet_block.cpp).
-void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, float* qkv, float* z,
-                    float* b, float* a);
-// The conv's output [T][q (nk·dk), k (nk·dk), v (nv·dv)] split into q, k and v, each head of q
-// and k L2-normalised (x / sqrt(Σx² + eps)) and q's then scaled by q_scale.
-void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale, float* q,
-                  float* k, float* v);
-// beta = sigmoid(b); g = -exp(A_log[h]) * softplus(a + dt_bias[h]), per [T, nv].
-void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
-                    float* beta);
 // out[t] += sigmoid(gate · x[t]) * s[t], rows of H: the shared expert's gate (a bf16 [1, H] row)
 // and gated add in one launch.
 void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate, int T, int H);

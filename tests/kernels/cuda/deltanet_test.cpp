@@ -18,37 +18,6 @@ namespace {
 using ms::test::DeltaCase;
 using ms::test::make_delta_case;
 
-TEST(CudaDeltaNet, Conv1dSiluCarriesStateAcrossCalls) {
-  MS_REQUIRE_CUDA();
-  // Absolute, relative to max(1, |out|): K products summed in the same order, silu's expf.
-  constexpr double kTol = 2e-6;
-  Rng rng(9);
-  struct Case {
-    int T1, T2, C, K;
-  };
-  for (const Case& c : {Case{1, 1, 64, 4}, Case{7, 1, 8192, 4}, Case{33, 5, 100, 1}, Case{1, 2, 3, 6}, Case{2, 9, 300, 4}}) {
-    const Vec w = rng.normals(size_t(c.C) * c.K, 0.5f);
-    Vec st_cpu = rng.normals(size_t(c.C) * (c.K - 1));
-    DeviceBuffer dw = dev(w), dst = dev(st_cpu);
-    double err = 0;
-    for (int T : {c.T1, c.T2}) {  // two calls: the second starts from the state the first left
-      const Vec x = rng.normals(size_t(T) * c.C, 2.0f);
-      Vec want(x.size());
-      cpu::causal_conv1d_silu(x.data(), T, c.C, w.data(), c.K, st_cpu.data(), want.data());
-      DeviceBuffer dx = dev(x), dout(x.size() * sizeof(float));
-      causal_conv1d_silu(dx.as<float>(), T, c.C, dw.as<float>(), c.K, dst.as<float>(), dout.as<float>());
-      const Vec got = host(dout);
-      for (size_t i = 0; i < got.size(); ++i)
-        err = std::max(err, std::abs(double(got[i]) - want[i]) / std::max(1.0, std::abs(double(want[i]))));
-      EXPECT_EQ(host(dst), st_cpu) << "state after " << T << " tokens";  // copies: exact
-    }
-    const std::string what = "T=" + std::to_string(c.T1) + "+" + std::to_string(c.T2) + " C=" + std::to_string(c.C) +
-                             " K=" + std::to_string(c.K);
-    record("conv1d_silu", what, err, kTol);
-    EXPECT_LE(err, kTol) << what;
-  }
-}
-
 struct DeltaResult {
   Vec out, state;
 };
