@@ -12,32 +12,34 @@ void attention_block(const B& be, const ModelConfig& cfg, const AttentionWeights
   const float norm_offset = cfg.zero_centred_norms() ? 1.f : 0.f;
   const size_t q_width = size_t(nh) * size_t(hd);
 
-  typename B::Buf q_raw = be.alloc(size_t(T) * size_t(w.q_proj.rows));
-  be.matmul(x, T, be.mat(w.q_proj), q_raw.data());
+  const size_t kv_width = size_t(nkv) * size_t(hd);
+  typename B::Buf proj = be.alloc(size_t(T) * (size_t(w.q_proj.rows) + 2 * kv_width));
+  be.matmul_stack(x, T, {&w.q_proj, &w.k_proj, &w.v_proj}, proj.data());
+  float* q_raw = proj.data();
+  float* k = q_raw + size_t(T) * size_t(w.q_proj.rows);
+  const float* v = k + size_t(T) * kv_width;
   // Qwen3-Next's q_proj gives, per head, hd query values then hd gate values.
-  typename B::Buf q = gated ? be.alloc(size_t(T) * q_width) : std::move(q_raw), gate;
+  typename B::Buf q_gated, gate;
+  float* q = q_raw;
   if (gated) {
-    gate = be.alloc(size_t(T) * q_width);
+    q_gated = be.alloc(size_t(T) * q_width), gate = be.alloc(size_t(T) * q_width);
     const size_t rows = size_t(T) * size_t(nh);
-    be.copy_rows(q.data(), size_t(hd), q_raw.data(), 2 * size_t(hd), size_t(hd), rows);
-    be.copy_rows(gate.data(), size_t(hd), q_raw.data() + hd, 2 * size_t(hd), size_t(hd), rows);
+    be.copy_rows(q_gated.data(), size_t(hd), q_raw, 2 * size_t(hd), size_t(hd), rows);
+    be.copy_rows(gate.data(), size_t(hd), q_raw + hd, 2 * size_t(hd), size_t(hd), rows);
+    q = q_gated.data();
   }
 
-  const size_t kv_width = size_t(nkv) * size_t(hd);
-  typename B::Buf k = be.alloc(size_t(T) * kv_width), v = be.alloc(size_t(T) * kv_width);
-  be.matmul(x, T, be.mat(w.k_proj), k.data());
-  be.matmul(x, T, be.mat(w.v_proj), v.data());
-  be.rmsnorm(q.data(), T * nh, hd, be.vec(w.q_norm), norm_offset, cfg.rms_eps, q.data());
-  be.rmsnorm(k.data(), T * nkv, hd, be.vec(w.k_norm), norm_offset, cfg.rms_eps, k.data());
-  be.rope(q.data(), T, nh, hd, cfg.rotary_dim(), pos0, cfg.rope_theta);
-  be.rope(k.data(), T, nkv, hd, cfg.rotary_dim(), pos0, cfg.rope_theta);
+  be.rmsnorm(q, T * nh, hd, be.vec(w.q_norm), norm_offset, cfg.rms_eps, q);
+  be.rmsnorm(k, T * nkv, hd, be.vec(w.k_norm), norm_offset, cfg.rms_eps, k);
+  be.rope(q, T, nh, hd, cfg.rotary_dim(), pos0, cfg.rope_theta);
+  be.rope(k, T, nkv, hd, cfg.rotary_dim(), pos0, cfg.rope_theta);
   // Through store_kv, not written in place: on the GPU the position may be known only there.
   cache.reserve(pos0 + T);
-  be.store_kv(cache, pos0, T, k.data(), v.data());
+  be.store_kv(cache, pos0, T, k, v);
   cache.length = pos0 + T;
 
-  typename B::Buf attn = be.alloc(q.size());
-  be.attention(q.data(), cache.k_at(0), cache.v_at(0), T, pos0, nh, nkv, hd, attn.data());
+  typename B::Buf attn = be.alloc(size_t(T) * q_width);
+  be.attention(q, cache.k_at(0), cache.v_at(0), T, pos0, nh, nkv, hd, attn.data());
   if (gated) be.sigmoid_mul(attn.data(), gate.data(), attn.size());
   be.matmul(attn.data(), T, be.mat(w.o_proj), out);
 }

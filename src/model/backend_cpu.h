@@ -3,6 +3,7 @@
 // kernels, and the model's glue loops written out. The forward's numerics on the CPU are these.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <vector>
 
 #include "kernels/cpu/deltanet.h"
@@ -36,6 +37,13 @@ struct CpuBackend {
   Linear& linear(int layer) const { return state.linear(layer); }
 
   void matmul(const float* x, int T, const Mat& W, float* y) const { cpu::matmul(x, T, W, y); }
+  // x · Wᵀ for each part W in turn, part after part in y ([T, rows] each).
+  void matmul_stack(const float* x, int T, std::initializer_list<const Mat*> parts, float* y) const {
+    for (const Mat* m : parts) {
+      matmul(x, T, *m, y);
+      y += size_t(T) * size_t(m->rows);
+    }
+  }
   void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) const {
     cpu::rmsnorm(x, rows, dim, w, offset, eps, out);
   }

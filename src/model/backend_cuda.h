@@ -6,6 +6,7 @@
 // out (the routed ids group tokens by expert) and the grouping back in, the results out.
 #if MOESTREAM_CUDA
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
@@ -151,14 +152,25 @@ class DeviceWeights {
  public:
   explicit DeviceWeights(const ModelWeights& w);
   const Mat& mat(const Mat& host) const;
+  // The matrix of the parts' rows in order, where they were copied as one (add_stack), else null.
+  const Mat* stacked(std::initializer_list<const Mat*> parts) const;
   const float* vec(const std::vector<float>& host) const;
   size_t bytes() const { return bytes_; }
 
  private:
+  struct Stack {
+    Mat whole;
+    std::vector<const void*> parts;  // their host addresses, in order
+  };
   void add(const Mat& m, const char* what);
+  // Matrices a forward multiplies by the same x, as one matrix of their rows where they share a
+  // format and width (else each alone), so that a decode token's product is one launch.
+  void add_stack(const std::vector<const Mat*>& parts, const char* what);
+  void upload_rows(const std::vector<const Mat*>& parts, const char* what);
   void add(const std::vector<float>& v);
   std::vector<DeviceArray<unsigned char>> buffers_;
   std::unordered_map<const void*, Mat> mats_;
+  std::unordered_map<const void*, Stack> stacks_;  // by the first part's host address
   std::unordered_map<const float*, const float*> vecs_;
   size_t bytes_ = 0;
 };
@@ -187,6 +199,9 @@ struct CudaBackend {
   Linear& linear(int layer) const { return state.linear[size_t(layer)]; }
 
   void matmul(const float* x, int T, const Mat& W, float* y) const { cuda::matmul(x, T, W, y); }
+  // x · Wᵀ for each part W (host matrices) in turn, part after part in y ([T, rows] each); for a
+  // decode token of parts copied as one matrix (DeviceWeights::stacked), one launch.
+  void matmul_stack(const float* x, int T, std::initializer_list<const Mat*> parts, float* y) const;
   void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) const {
     cuda::rmsnorm(x, rows, dim, w, offset, eps, out);
   }

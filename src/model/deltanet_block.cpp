@@ -80,13 +80,14 @@ void deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& 
   const size_t key_dim = size_t(nk) * size_t(dk), value_dim = size_t(nv) * size_t(dv);
   const size_t tokens = size_t(T);
 
-  typename B::Buf qkvz = be.alloc(tokens * size_t(w.in_proj_qkvz.rows)), ba = be.alloc(tokens * size_t(w.in_proj_ba.rows));
-  be.matmul(x, T, be.mat(w.in_proj_qkvz), qkvz.data());
-  be.matmul(x, T, be.mat(w.in_proj_ba), ba.data());
+  typename B::Buf proj = be.alloc(tokens * size_t(w.in_proj_qkvz.rows + w.in_proj_ba.rows));
+  be.matmul_stack(x, T, {&w.in_proj_qkvz, &w.in_proj_ba}, proj.data());
+  const float* qkvz = proj.data();
+  const float* ba = qkvz + tokens * size_t(w.in_proj_qkvz.rows);
 
   typename B::Buf q = be.alloc(tokens * key_dim), k = be.alloc(tokens * key_dim), v = be.alloc(tokens * value_dim),
                   z = be.alloc(tokens * value_dim), g = be.alloc(tokens * size_t(nv)), beta = be.alloc(tokens * size_t(nv));
-  be.deltanet_prepare(qkvz.data(), ba.data(), T, nk, nv, dk, dv, be.vec(w.conv1d), cfg.conv_kernel, state.conv.data(),
+  be.deltanet_prepare(qkvz, ba, T, nk, nv, dk, dv, be.vec(w.conv1d), cfg.conv_kernel, state.conv.data(),
                       be.vec(w.A_log), be.vec(w.dt_bias), 1e-6f, 1.0f / std::sqrt(float(dk)), q.data(), k.data(),
                       v.data(), z.data(), g.data(), beta.data());
 
