@@ -209,14 +209,14 @@ struct CudaBackend {
                    float* out) const {
     cuda::add_rmsnorm(x, y, rows, dim, w, offset, eps, out);
   }
-  void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta) const {
-    cuda::rope(x, T, heads, head_dim, rot_dim, pos0, theta, step_pos);
+  void attention_prepare(const float* q_raw, const float* k, const float* v, int T, int nh, int nkv, int hd, bool gated,
+                         const float* q_norm, const float* k_norm, float offset, float eps, int rot_dim, int pos0,
+                         double theta, float* q, float* gate, KV& cache) const {
+    cuda::attention_prepare({q_raw, k, v, q_norm, k_norm, q, gate, cache.k.data(), cache.v.data(), step_pos, theta,
+                             offset, eps, T, nh, nkv, hd, rot_dim, pos0, gated});
   }
   void attention(const float* q, const float* k, const float* v, int T, int pos0, int nh, int nkv, int hd, float* out) const {
     cuda::attention(q, k, v, T, pos0, nh, nkv, hd, out, step_pos);
-  }
-  void store_kv(KV& cache, int pos0, int T, const float* k, const float* v) const {
-    cuda::store_kv(k, v, T, cache.n_kv * cache.head_dim, pos0, step_pos, cache.k.data(), cache.v.data());
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) const { cuda::silu_mul(gate, up, out, n); }
   // h = silu(x · gateᵀ) * (x · upᵀ) in one launch for a decode token's affine gate and up; false,
@@ -236,9 +236,6 @@ struct CudaBackend {
   }
   void add(float* x, const float* y, size_t n) const { cuda::add(x, y, int64_t(n)); }
   void sigmoid_mul(float* x, const float* gate, size_t n) const { cuda::sigmoid_mul(x, gate, int64_t(n)); }
-  void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t width, size_t rows) const {
-    cuda::copy_rows(dst, int(dst_stride), src, int(src_stride), int(width), int(rows));
-  }
   void deltanet_prepare(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, const float* conv_w,
                         int conv_k, float* conv_state, const float* A_log, const float* dt_bias, float eps,
                         float q_scale, float* q, float* k, float* v, float* z, float* g, float* beta) const {

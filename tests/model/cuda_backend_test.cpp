@@ -1,5 +1,6 @@
 // The CUDA backend's glue (model/backend_cuda.h) against the CPU backend's loops on random
-// inputs: the elementwise gates, the Gated DeltaNet inputs and the expert gather/scatter/sum.
+// inputs: the elementwise gates, the attention and Gated DeltaNet inputs and the expert
+// gather/scatter/sum.
 // Built with MOESTREAM_CUDA; skipped where no GPU is present.
 #if MOESTREAM_CUDA
 #include <gtest/gtest.h>
@@ -50,7 +51,7 @@ class CudaBackendGlue : public ::testing::Test {
   std::unique_ptr<DeviceState> device_state;
 };
 
-TEST_F(CudaBackendGlue, ElementwiseGatesAndRowCopies) {
+TEST_F(CudaBackendGlue, ElementwiseGates) {
   const size_t n = 3000;
   const auto x = random_vec(n, 1), y = random_vec(n, 2);
   for (int op = 0; op < 2; ++op) {
@@ -60,36 +61,71 @@ TEST_F(CudaBackendGlue, ElementwiseGatesAndRowCopies) {
     if (op == 1) cpu.sigmoid_mul(want.data(), y.data(), n), gpu().sigmoid_mul(d.data(), dy.data(), n);
     expect_close(d.to_vector(), want);
   }
-  std::vector<float> want(7 * 40, 0.f);
-  auto d = up(want), dx = up(x);
-  cpu.copy_rows(want.data(), 40, x.data() + 5, 64, 33, 7);
-  gpu().copy_rows(d.data(), 40, dx.data() + 5, 64, 33, 7);
-  EXPECT_EQ(d.to_vector(), want);
 }
 
-// K and V rows land at their positions in the cache, the rest untouched, whether the position is
-// passed or read on the GPU (a captured step's step_pos).
-TEST_F(CudaBackendGlue, StoreKvAtHostOrDevicePosition) {
-  const int n_kv = 2, hd = 32, T = 3, pos0 = 4, capacity = 9;
-  const size_t width = size_t(n_kv) * hd;
-  const auto k = random_vec(T * width, 5), v = random_vec(T * width, 6);
-  KVCache want{n_kv, hd};
-  want.reserve(capacity);
-  std::fill(want.k.begin(), want.k.end(), 7.f);
-  std::fill(want.v.begin(), want.v.end(), 7.f);
-  const std::vector<float> untouched = want.k;
-  cpu.store_kv(want, pos0, T, k.data(), v.data());
-  const std::vector<int> pos{pos0};
-  const DeviceArray<int> dpos = DeviceArray<int>::from(pos.data(), 1);
-  for (const int* step_pos : {static_cast<const int*>(nullptr), static_cast<const int*>(dpos.data())}) {
-    DeviceKV got{n_kv, hd};
-    got.k = up(untouched), got.v = up(untouched);
-    const auto dk = up(k), dv = up(v);
-    CudaBackend be = gpu();
-    be.step_pos = step_pos;
-    be.store_kv(got, step_pos ? -1 : pos0, T, dk.data(), dv.data());
-    EXPECT_EQ(got.k.to_vector(), want.k) << (step_pos ? "position on the device" : "position passed");
-    EXPECT_EQ(got.v.to_vector(), want.v) << (step_pos ? "position on the device" : "position passed");
+// The largest |got - want| / max(1, |want|).
+double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    err = std::max(err, std::abs(double(got[i]) - want[i]) / std::max(1.0, std::abs(double(want[i]))));
+  return err;
+}
+
+// cuda::attention_prepare (one launch) against the CPU's split, norms, RoPE and store in turn,
+// with the position passed and read on the GPU (a captured step's step_pos). Tolerance: 2e-6 of
+// max(1, |want|): the norms' sums of squares in another order, cos and sin of the same float
+// angle. The gate and v are copies, and cache rows other than the tokens' stay as they were:
+// exact.
+TEST_F(CudaBackendGlue, AttentionPrepareMatchesTheCpuSteps) {
+  struct Case {
+    int T, nh, nkv, hd, rot, pos0;
+    double theta;
+    bool gated;
+    float offset;
+  };
+  const Case cases[] = {
+      {1, 16, 2, 256, 64, 1000, 1e7, true, 1.f},  // Qwen3-Next's decode: partial rotation
+      {5, 4, 4, 128, 128, 0, 1e6, false, 0.f},    // Qwen3-MoE's: full rotation
+      {17, 2, 1, 64, 32, 70000, 1e4, true, 0.f},  // far positions
+      {3, 4, 2, 300, 300, 5, 1e6, false, 1.f},    // heads longer than a block's threads
+  };
+  for (const Case& c : cases) {
+    const size_t q_width = size_t(c.nh) * c.hd, width = size_t(c.nkv) * c.hd;
+    const int capacity = c.pos0 + c.T + 2;
+    const auto q_raw = random_vec(size_t(c.T) * q_width * (c.gated ? 2 : 1), 30);
+    const auto k = random_vec(size_t(c.T) * width, 31), v = random_vec(size_t(c.T) * width, 32);
+    const auto q_norm = random_vec(size_t(c.hd), 33, -1.f, 1.f), k_norm = random_vec(size_t(c.hd), 34, -1.f, 1.f);
+    KVCache want{c.nkv, c.hd};
+    want.reserve(capacity);
+    std::fill(want.k.begin(), want.k.end(), 7.f);
+    std::fill(want.v.begin(), want.v.end(), 7.f);
+    const std::vector<float> untouched = want.k;
+    std::vector<float> q(size_t(c.T) * q_width), gate(c.gated ? q.size() : 0);
+    cpu.attention_prepare(q_raw.data(), k.data(), v.data(), c.T, c.nh, c.nkv, c.hd, c.gated, q_norm.data(),
+                          k_norm.data(), c.offset, 1e-6f, c.rot, c.pos0, c.theta, q.data(), gate.data(), want);
+    const std::string what = "T " + std::to_string(c.T) + " hd " + std::to_string(c.hd) + " rot " +
+                             std::to_string(c.rot) + " pos0 " + std::to_string(c.pos0);
+    const std::vector<int> pos{c.pos0};
+    const DeviceArray<int> dpos = DeviceArray<int>::from(pos.data(), 1);
+    auto dq_raw = up(q_raw), dk = up(k), dv = up(v), dqn = up(q_norm), dkn = up(k_norm);
+    for (const int* step_pos : {static_cast<const int*>(nullptr), static_cast<const int*>(dpos.data())}) {
+      DeviceKV got{c.nkv, c.hd};
+      got.k = up(untouched), got.v = up(untouched);
+      DeviceArray<float> dq(q.size()), dgate(gate.size());
+      CudaBackend be = gpu();
+      be.step_pos = step_pos;
+      be.attention_prepare(dq_raw.data(), dk.data(), dv.data(), c.T, c.nh, c.nkv, c.hd, c.gated, dqn.data(), dkn.data(),
+                           c.offset, 1e-6f, c.rot, step_pos ? -1 : c.pos0, c.theta, dq.data(), dgate.data(), got);
+      const std::string at = what + (step_pos ? ", position on the device" : ", position passed");
+      EXPECT_LE(rel_err(dq.to_vector(), q), 2e-6) << at << ": q";
+      EXPECT_LE(rel_err(got.k.to_vector(), want.k), 2e-6) << at << ": k cache";
+      EXPECT_EQ(dgate.to_vector(), gate) << at;
+      EXPECT_EQ(got.v.to_vector(), want.v) << at;
+      const std::vector<float> gk = got.k.to_vector();
+      for (size_t i = 0; i < gk.size(); ++i)
+        if (i / width < size_t(c.pos0) || i / width >= size_t(c.pos0 + c.T)) ASSERT_EQ(gk[i], 7.f) << at << ": " << i;
+    }
   }
 }
 
@@ -136,13 +172,9 @@ TEST_F(CudaBackendGlue, DeltaNetPrepareMatchesTheCpuSteps) {
       const std::pair<const DeviceArray<float>*, const std::vector<float>*> outs[] = {
           {&dq, &q}, {&dk, &k}, {&dv, &v}, {&dg, &g}, {&dbeta, &beta}};
       const char* names[] = {"q", "k", "v", "g", "beta"};
-      for (size_t o = 0; o < std::size(outs); ++o) {
-        const std::vector<float> got = outs[o].first->to_vector(), &want = *outs[o].second;
-        double err = 0;
-        for (size_t i = 0; i < got.size(); ++i)
-          err = std::max(err, std::abs(double(got[i]) - want[i]) / std::max(1.0, std::abs(double(want[i]))));
-        EXPECT_LE(err, 2e-6) << what << ": " << names[o] << " after " << T << " tokens";
-      }
+      for (size_t o = 0; o < std::size(outs); ++o)
+        EXPECT_LE(rel_err(outs[o].first->to_vector(), *outs[o].second), 2e-6)
+            << what << ": " << names[o] << " after " << T << " tokens";
       EXPECT_EQ(dz.to_vector(), z) << what;
       EXPECT_EQ(dst.to_vector(), st) << what << ": state after " << T << " tokens";
     }

@@ -27,16 +27,6 @@ __global__ void sigmoid_mul_kernel(float* x, const float* gate, int64_t n) {
   if (i < n) x[i] *= sigmoid(gate[i]);
 }
 
-// Block (x, t) copies its share of row t of k and v to cache row pos0 + t.
-__global__ void store_kv_kernel(const float* k, const float* v, int width, int pos0, const int* pos_on_device,
-                                float* k_cache, float* v_cache) {
-  const int t = int(blockIdx.y), i = int(blockIdx.x) * kThreads + int(threadIdx.x);
-  if (i >= width) return;
-  const size_t row = size_t((pos_on_device ? *pos_on_device : pos0) + t) * size_t(width);
-  k_cache[row + size_t(i)] = k[size_t(t) * size_t(width) + size_t(i)];
-  v_cache[row + size_t(i)] = v[size_t(t) * size_t(width) + size_t(i)];
-}
-
 // Block t: the gate's dot with x[t] (bf16 weights), then out[t] += sigmoid(dot) · s[t].
 __global__ void shared_gate_add_kernel(float* out, const float* s, const float* x, const uint16_t* w, int H) {
   const float* xr = x + size_t(blockIdx.x) * H;
@@ -81,21 +71,6 @@ void sigmoid_mul(float* x, const float* gate, int64_t n) {
   if (n <= 0) return;
   sigmoid_mul_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(x, gate, n);
   CUDA_CHECK_LAUNCH();
-}
-
-void store_kv(const float* k, const float* v, int T, int width, int pos0, const int* pos_on_device, float* k_cache,
-              float* v_cache) {
-  if (T <= 0 || width <= 0) return;
-  store_kv_kernel<<<dim3(blocks_for(width), unsigned(T)), kThreads, 0, compute_stream()>>>(
-      k, v, width, pos0, pos_on_device, k_cache, v_cache);
-  CUDA_CHECK_LAUNCH();
-}
-
-void copy_rows(float* dst, int dst_stride, const float* src, int src_stride, int width, int rows) {
-  if (rows <= 0 || width <= 0) return;
-  CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_stride) * sizeof(float), src, size_t(src_stride) * sizeof(float),
-                               size_t(width) * sizeof(float), size_t(rows), cudaMemcpyDeviceToDevice,
-                               compute_stream()));
 }
 
 void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate, int T, int H) {

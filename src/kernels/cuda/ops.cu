@@ -1,4 +1,5 @@
-// Row-wise and elementwise kernels: norms, RoPE, SiLU·up, softmax, top-k. One block per row for
+// Row-wise and elementwise kernels: norms, an attention layer's q/k norms and RoPE, SiLU·up,
+// softmax, top-k. One block per row for
 // the row-wise ones (rows are a few thousand values at most); results follow the CPU kernels'
 // formulas, sums reduced in a tree rather than in order.
 #include <cuda_runtime.h>
@@ -65,24 +66,46 @@ __global__ void rmsnorm_gated_kernel(const float* x, const float* z, const float
       [&](int i, float3 v) { o[i] = silu(v.y) * (v.z * (v.x * inv)); });
 }
 
-// One thread per (token, head, rotated pair); the frequency as the CPU computes it (double pow,
-// rounded to float), the angle in float.
-__global__ void rope_kernel(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, const int* pos_on_device,
-                            double theta) {
-  const int half = rot_dim / 2;
-  const int64_t id = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (id >= int64_t(T) * heads * half) return;
-  const int i = int(id % half);
-  const int64_t th = id / half;  // token * heads + head
-  const int t = int(th / heads);
-  const float inv_freq = float(1.0 / pow(theta, double(2 * i) / double(rot_dim)));
-  const float angle = float((pos_on_device ? *pos_on_device : pos0) + t) * inv_freq;
-  float s, c;
-  sincosf(angle, &s, &c);
-  float* v = x + size_t(th) * head_dim;
-  const float a = v[i], b = v[i + half];
-  v[i] = a * c - b * s;
-  v[i + half] = b * c + a * s;
+// Block (head, t) of an attention layer's heads of token t: a head of q (< nh) or k (< nh + nkv)
+// RMS-normalised (rmsnorm_row's formula) and rotated (cpu::rope's: the frequency in double pow
+// rounded to float, the angle in float), q's to q and its gate half to gate where the layer is
+// gated, k's to the cache row of position pos + t; past them a head of v, copied to its row.
+__global__ void __launch_bounds__(kThreads) attention_prepare_kernel(const AttentionPrep a) {
+  extern __shared__ float normed[];  // [hd]: the head before its rotation
+  const int head = blockIdx.x, t = blockIdx.y, hd = a.hd;
+  const int pos = (a.pos_on_device ? *a.pos_on_device : a.pos0) + t;
+  const size_t kv_width = size_t(a.nkv) * hd, cache_row = size_t(pos) * kv_width;
+  if (head >= a.nh + a.nkv) {  // uniform over the block
+    const size_t j = size_t(head - a.nh - a.nkv) * hd;
+    for (int i = threadIdx.x; i < hd; i += kThreads) a.v_cache[cache_row + j + i] = a.v[t * kv_width + j + i];
+    return;
+  }
+  const bool is_q = head < a.nh;
+  const int j = is_q ? head : head - a.nh, q_stride = a.gated ? 2 * hd : hd;  // q_raw's heads
+  const float* src = is_q ? a.q_raw + (size_t(t) * a.nh + j) * q_stride : a.k + t * kv_width + size_t(j) * hd;
+  float* dst = is_q ? a.q + (size_t(t) * a.nh + j) * hd : a.k_cache + cache_row + size_t(j) * hd;
+  if (is_q && a.gated)
+    for (int i = threadIdx.x; i < hd; i += kThreads) a.gate[(size_t(t) * a.nh + j) * hd + i] = src[hd + i];
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hd; i += kThreads) ss += src[i] * src[i];
+  ss = block_reduce<kThreads, false>(ss);
+  const float inv = 1.0f / sqrtf(ss / float(hd) + a.eps);
+  const float* w = is_q ? a.q_norm : a.k_norm;
+  for (int i = threadIdx.x; i < hd; i += kThreads) normed[i] = src[i] * inv * (a.offset + w[i]);
+  __syncthreads();
+  const int half = a.rot_dim / 2;
+  for (int i = threadIdx.x; i < hd; i += kThreads) {
+    if (i >= a.rot_dim) {
+      dst[i] = normed[i];
+      continue;
+    }
+    const int p = i % half;
+    const float inv_freq = float(1.0 / pow(a.theta, double(2 * p) / double(a.rot_dim)));
+    float sn, cs;
+    sincosf(float(pos) * inv_freq, &sn, &cs);
+    const float x0 = normed[p], x1 = normed[p + half];
+    dst[i] = i < half ? x0 * cs - x1 * sn : x1 * cs + x0 * sn;
+  }
 }
 
 __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, int64_t n) {
@@ -130,13 +153,14 @@ void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int
   CUDA_CHECK_LAUNCH();
 }
 
-void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta, const int* pos_on_device) {
-  if (rot_dim % 2 != 0 || rot_dim > head_dim)
-    arg_fail("cuda::rope: rot_dim " + std::to_string(rot_dim) + " is odd or exceeds head_dim " +
-             std::to_string(head_dim));
-  const int64_t n = int64_t(T) * heads * (rot_dim / 2);
-  if (n <= 0) return;
-  rope_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(x, T, heads, head_dim, rot_dim, pos0, pos_on_device, theta);
+void attention_prepare(const AttentionPrep& p) {
+  if (p.rot_dim % 2 != 0 || p.rot_dim > p.hd)
+    arg_fail("cuda::attention_prepare: rot_dim " + std::to_string(p.rot_dim) + " is odd or exceeds head_dim " +
+             std::to_string(p.hd));
+  if (p.gated && !p.gate) arg_fail("cuda::attention_prepare: a gated layer and nowhere to put its gate");
+  if (p.T <= 0) return;
+  const dim3 grid(unsigned(p.nh + 2 * p.nkv), unsigned(p.T));
+  attention_prepare_kernel<<<grid, kThreads, size_t(p.hd) * sizeof(float), compute_stream()>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 

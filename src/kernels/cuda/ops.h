@@ -25,10 +25,26 @@ bool gate_up_fuses(const Mat& gate, const Mat& up, int T);
 void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out);
 // x += y, then rmsnorm of x into out.
 void add_rmsnorm(float* x, const float* y, int rows, int dim, const float* w, float offset, float eps, float* out);
-// pos0, the position of token 0, is *pos_on_device instead where that is given: read on the
-// GPU, so that a captured decode step (a CUDA graph) serves every position.
-void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta,
-          const int* pos_on_device = nullptr);
+// What attention_prepare reads and writes for T tokens of an attention layer: q_raw [T, nh·hd]
+// (gated: [T][nh][query(hd), gate(hd)], Qwen3-Next's q_proj), k and v [T, nkv·hd], the norms' weights
+// q_norm and k_norm [hd] (offset added to them); the caches' rows (nkv·hd wide) of positions
+// pos0 + t. pos0 is *pos_on_device instead where that is given: read on the GPU, so that a
+// captured decode step (a CUDA graph) serves every position.
+struct AttentionPrep {
+  const float *q_raw, *k, *v, *q_norm, *k_norm;
+  float *q, *gate, *k_cache, *v_cache;
+  const int* pos_on_device;
+  double theta;
+  float offset, eps;
+  int T, nh, nkv, hd, rot_dim, pos0;
+  bool gated;
+};
+// q [T, nh·hd] and k: each head RMS-normalised (x / sqrt(mean(x²) + eps) · (offset + w)) and
+// rotated by RoPE over its first rot_dim dims; k to the k cache, v to the v cache, and the gate
+// halves to gate [T, nh·hd] where gated. The CPU backend's attention_prepare
+// (src/model/attention_block.cpp) is the reference: its split, norms, rope and store in turn.
+void attention_prepare(const AttentionPrep& p);
+// pos0 as for attention_prepare.
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
                float* out, const int* pos_on_device = nullptr);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
@@ -94,12 +110,6 @@ void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int
 // The model's glue (model_ops.cu), each the loop of src/model/ it stands for.
 void add(float* x, const float* y, int64_t n);                 // x += y
 void sigmoid_mul(float* x, const float* gate, int64_t n);      // x *= sigmoid(gate)
-// k and v [T, width] into rows pos0.. of the caches k_cache and v_cache (rows of width); pos0
-// is *pos_on_device instead where that is given, as for rope().
-void store_kv(const float* k, const float* v, int T, int width, int pos0, const int* pos_on_device, float* k_cache,
-              float* v_cache);
-// rows rows of width floats from src (row stride src_stride) to dst (row stride dst_stride).
-void copy_rows(float* dst, int dst_stride, const float* src, int src_stride, int width, int rows);
 // out[t] += sigmoid(gate · x[t]) * s[t], rows of H: the shared expert's gate (a bf16 [1, H] row)
 // and gated add in one launch.
 void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate, int T, int H);

@@ -61,33 +61,6 @@ TEST(CudaOps, AddRmsNorm) {
     }
 }
 
-TEST(CudaOps, RopePartialAndFull) {
-  MS_REQUIRE_CUDA();
-  constexpr double kTol = 2e-6;  // absolute, relative to max|x|: cos/sin of the same float angle
-  struct Case {
-    int T, heads, hd, rot, pos0;
-    double theta;
-  };
-  Rng rng(4);
-  for (const Case& c : {Case{1, 16, 128, 128, 0, 1e6}, Case{5, 4, 256, 64, 1000, 1e7}, Case{17, 2, 64, 32, 70000, 1e4},
-                        Case{64, 8, 128, 128, 3, 1e6}}) {
-    const Vec x = rng.normals(size_t(c.T) * c.heads * c.hd);
-    Vec want = x;
-    cpu::rope(want.data(), c.T, c.heads, c.hd, c.rot, c.pos0, c.theta);
-    DeviceBuffer dx = dev(x);
-    rope(dx.as<float>(), c.T, c.heads, c.hd, c.rot, c.pos0, c.theta);
-    const double err = max_abs_diff(host(dx), want) / max_abs(x);
-    const std::string what = "T=" + std::to_string(c.T) + " hd=" + std::to_string(c.hd) + " rot=" +
-                             std::to_string(c.rot) + " pos0=" + std::to_string(c.pos0);
-    record("rope", what, err, kTol);
-    EXPECT_LE(err, kTol) << what;
-    // The position read on the GPU instead (a captured decode step's): the same results.
-    DeviceBuffer dpos = DeviceBuffer::from(std::vector<int>{c.pos0}), dx_at = dev(x);
-    rope(dx_at.as<float>(), c.T, c.heads, c.hd, c.rot, -1, c.theta, dpos.as<int>());
-    EXPECT_EQ(host(dx_at), host(dx)) << what << ", position on the device";
-  }
-}
-
 TEST(CudaOps, AttentionGqaDecodeAndPrefill) {
   MS_REQUIRE_CUDA();
   constexpr double kTol = 1e-5;  // absolute, relative to max|v|: the output is a convex mix of v rows
