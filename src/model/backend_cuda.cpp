@@ -210,12 +210,13 @@ DeviceWeights::DeviceWeights(const ModelWeights& w) {
       for (const auto* v : {&l.linear.conv1d, &l.linear.A_log, &l.linear.dt_bias, &l.linear.norm}) add(*v);
     }
     if (!l.moe) return add_mlp(l.ffn.dense, "dense mlp");
-    add(l.ffn.router, "router");
-    for (const MlpWeights& e : l.ffn.experts) add_mlp(e, "expert");
     if (l.ffn.shared_expert.gate.data) {
+      add_stack({&l.ffn.router, &l.ffn.shared_expert_gate}, "router and shared expert gate");
       add_mlp(l.ffn.shared_expert, "shared expert");
-      add(l.ffn.shared_expert_gate, "shared expert gate");
+    } else {
+      add(l.ffn.router, "router");
     }
+    for (const MlpWeights& e : l.ffn.experts) add_mlp(e, "expert");
   };
   for (const LayerWeights& l : w.layers) add_layer(l);
   add(w.final_norm);
@@ -338,16 +339,19 @@ void CudaBackend::matmul_stack(const float* x, int T, std::initializer_list<cons
   }
 }
 
-bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out,
-                                int* routes, float* router_probs) const {
+bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, const float* shared,
+                                float* out, int* routes, float* router_probs) const {
   if (T != 1 || w.store_layer < 0 || !experts) return false;
   const int E = cfg.n_experts, K = cfg.top_k, layer = w.store_layer;
   if ((size_t(layer) + 1) * size_t(K) > state.route_ids.size())
     fail("expert layer {} is past the {} layers of routes a forward keeps", layer, state.route_ids.size() / size_t(K));
-  Buf logits = alloc(size_t(E)), weights = alloc(size_t(K));
+  // The shared expert gate's logit after the router's, where its row was copied with theirs.
+  const bool gate_with_router = shared && weights.stacked({&w.router, &w.shared_expert_gate});
+  Buf logits = alloc(size_t(E) + 1), weights = alloc(size_t(K));
   int* ids = state.route_ids.data() + size_t(layer) * size_t(K);
   float* probs = state.route_probs.data() + size_t(layer) * size_t(E);
-  matmul(x, 1, mat(w.router), logits.data());
+  if (gate_with_router) matmul_stack(x, 1, {&w.router, &w.shared_expert_gate}, logits.data());
+  else matmul(x, 1, mat(w.router), logits.data());
   const uint8_t* const* table = experts->resident_table(layer);
   DeviceArray<const uint8_t*> records{size_t(K)};
   cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs, ids, weights.data(), table, records.data());
@@ -363,7 +367,9 @@ bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, con
       {p[1].bits, p[1].group, p[1].rows, p[1].cols, p[1].q_offset, p[1].scales_offset, p[1].biases_offset},
       {p[2].bits, p[2].group, p[2].rows, p[2].cols, p[2].q_offset, p[2].scales_offset, p[2].biases_offset}};
   Buf scratch = alloc(cuda::moe_scratch_floats(1, K, proj));
-  cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data());
+  cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data(),
+                    gate_with_router ? shared : nullptr, logits.data() + E);
+  if (shared && !gate_with_router) shared_gate_add(out, shared, x, mat(w.shared_expert_gate), 1, cfg.hidden);
   // Slots held until the kernels are queued: the copy stream orders any refill after them.
   if (!table) experts->release(layer);
   if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});

@@ -108,11 +108,10 @@ void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool mo
     shared = be.alloc(size_t(T) * size_t(cfg.hidden));
     mlp_forward(be, be.mlp(w.shared_expert), x, T, shared.data());
   }
-  if (!be.moe_on_device(cfg, w, x, T, out, routes, router_probs)) {
-    Routing r = route(be, cfg, w.router, x, T, router_probs);
-    if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
-    routed_experts(be, cfg, w, r, x, T, out);
-  }
+  if (be.moe_on_device(cfg, w, x, T, cfg.shared_inter > 0 ? shared.data() : nullptr, out, routes, router_probs)) return;
+  Routing r = route(be, cfg, w.router, x, T, router_probs);
+  if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
+  routed_experts(be, cfg, w, r, x, T, out);
   if (cfg.shared_inter > 0) be.shared_gate_add(out, shared.data(), x, be.mat(w.shared_expert_gate), T, cfg.hidden);
 }
 

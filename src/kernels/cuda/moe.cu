@@ -137,6 +137,19 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   for (int k = int(threadIdx.x) + kRouteThreads; k < K; k += kRouteThreads) w[k] /= s;  // past a round each thread
 }
 
+// The shared expert's gated output the down kernels add to out where s is given:
+// out[t] += sigmoid(logit[t]) · s[t] (cuda::shared_gate_add's formula).
+struct SharedTerm {
+  const float* s;      // [T, H]
+  const float* logit;  // [T]: the shared expert gate's logit of each token
+};
+
+__device__ __forceinline__ float plus_shared(float o, const SharedTerm& sh, int t, int H, int row) {
+  if (!sh.s) return o;
+  const float gate = 1.0f / (1.0f + expf(-sh.logit[t]));
+  return o + gate * sh.s[size_t(t) * H + row];
+}
+
 // A projection's place in a record, as the kernels take it.
 struct ProjArgs {
   size_t q, scales, biases;
@@ -181,7 +194,8 @@ __global__ void __launch_bounds__(kGateUpThreads) gate_up_bf16_kernel(const floa
 __global__ void __launch_bounds__(kDownThreads) down_sum_bf16_kernel(const float* __restrict__ h, int K,
                                                                 const uint8_t* const* records,
                                                                 const float* __restrict__ weights, ProjArgs down,
-                                                                int quads, float* __restrict__ out, int split_log2) {
+                                                                int quads, SharedTerm shared, float* __restrict__ out,
+                                                                int split_log2) {
   constexpr int R = kBf16Rows;
   extern __shared__ float4 xs[];  // [K][nchunks][kChunkSlots], then ys
   const int I = down.cols, H = down.rows, nchunks = I / kChunk, t = blockIdx.y;
@@ -209,7 +223,7 @@ __global__ void __launch_bounds__(kDownThreads) down_sum_bf16_kernel(const float
   for (int i = threadIdx.x; i < block_rows && row0 + i < H; i += kDownThreads) {
     float o = 0.f;
     for (int k = 0; k < K; ++k) o = __fadd_rn(o, __fmul_rn(weights[size_t(t) * K + k], ys[k * block_rows + i]));
-    out[size_t(t) * H + size_t(row0 + i)] = o;
+    out[size_t(t) * H + size_t(row0 + i)] = plus_shared(o, shared, t, H, row0 + i);
   }
 }
 
@@ -248,7 +262,7 @@ template <int BITS, int L, int G>
 __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const float* __restrict__ h, int K,
                                                                     const uint8_t* const* records,
                                                                     const float* __restrict__ weights, ProjArgs down,
-                                                                    float* __restrict__ out) {
+                                                                    SharedTerm shared, float* __restrict__ out) {
   extern __shared__ __align__(16) uint2 smem[];
   const int I = down.cols, H = down.rows, t = blockIdx.y, r0 = blockIdx.x * 16;
   const SplitSmem s = split_smem<L>(smem, K, I);
@@ -280,7 +294,7 @@ __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const floa
       for (int lb = 0; lb < nblocks; ++lb) y += partial[(k * nblocks + lb) * 16 + i];
       o = __fadd_rn(o, __fmul_rn(weights[size_t(t) * K + k], y));
     }
-    out[size_t(t) * H + size_t(r0 + i)] = o;
+    out[size_t(t) * H + size_t(r0 + i)] = plus_shared(o, shared, t, H, r0 + i);
   }
   grid_dependents_may_start();
 }
@@ -305,7 +319,7 @@ void launch_gate_up_bf16(const float* x, int n, int K, const uint8_t* const* rec
 }
 
 void launch_down_bf16(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
-                      const ProjArgs& down, float* out) {
+                      const ProjArgs& down, const SharedTerm& shared, float* out) {
   constexpr int R = kBf16Rows;
   static const int max_smem = allow_max_smem(down_sum_bf16_kernel);
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
@@ -319,7 +333,8 @@ void launch_down_bf16(const float* h, int T, int K, const uint8_t* const* record
   const size_t smem = staged_bytes(K, down.cols) + size_t(K) * quads * R * sizeof(float);
   check_smem(smem, max_smem, "down");
   const dim3 grid(unsigned((down.rows + quads * R - 1) / (quads * R)), unsigned(T));
-  down_sum_bf16_kernel<<<grid, kDownThreads, smem, compute_stream()>>>(h, K, records, weights, down, quads, out, split_log2);
+  down_sum_bf16_kernel<<<grid, kDownThreads, smem, compute_stream()>>>(h, K, records, weights, down, quads, shared, out,
+                                                                          split_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -343,13 +358,14 @@ void launch_gate_up_mma(const float* x, int n, int K, const uint8_t* const* reco
 
 template <int BITS, int L, int G>
 void launch_down_mma(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
-                     const ProjArgs& down, float* out) {
+                     const ProjArgs& down, const SharedTerm& shared, float* out) {
   auto kernel = down_mma_kernel<BITS, L, G>;
   static KernelLimits lim;
   const size_t smem = down_mma_smem(K, down.cols, L);
   resident_blocks(kernel, kDownMmaWarps * 32, smem, lim, "cuda::moe_experts: down", down.cols);
   const dim3 grid(unsigned((down.rows + 15) / 16), unsigned(T));
-  launch_overlapped(kernel, lim.overlap, grid, kDownMmaWarps * 32, smem, h, K, records, weights, down, out);
+  launch_overlapped(kernel, lim.overlap, grid, kDownMmaWarps * 32, smem, h, K, records, weights, down, shared,
+                    out);
 }
 
 // Whether a lane may load several of a projection's scales (and biases) at once: records are
@@ -368,9 +384,10 @@ void gate_up(const float* x, int n, int K, const uint8_t* const* records, const 
 
 template <int BITS>
 void down_sum(const float* h, int T, int K, const uint8_t* const* records, const float* weights, const ProjArgs& down,
-              float* out) {
-  with_lane_layout<BITS>(down.cols, down.chunks_per_group_log2, scales_fit(down),
-                         [&](auto L, auto G) { launch_down_mma<BITS, L, G>(h, T, K, records, weights, down, out); });
+              const SharedTerm& shared, float* out) {
+  with_lane_layout<BITS>(down.cols, down.chunks_per_group_log2, scales_fit(down), [&](auto L, auto G) {
+    launch_down_mma<BITS, L, G>(h, T, K, records, weights, down, shared, out);
+  });
 }
 
 ProjArgs proj_args(const RecordMat& m, const char* name) {
@@ -411,7 +428,8 @@ size_t moe_scratch_floats(int T, int K, const RecordMat (&proj)[3]) {
 }
 
 void moe_experts(const float* x, int T, int K, const uint8_t* const* records, const float* weights,
-                 const RecordMat (&proj)[3], float* out, float* scratch) {
+                 const RecordMat (&proj)[3], float* out, float* scratch, const float* shared,
+                 const float* shared_logit) {
   if (T <= 0) return;
   if (K < 1 || int64_t(T) * K > 65535)
     arg_fail("cuda::moe_experts: T " + std::to_string(T) + " x K " + std::to_string(K) +
@@ -427,6 +445,8 @@ void moe_experts(const float* x, int T, int K, const uint8_t* const* records, co
              std::to_string(proj[1].bits) + "; they run fused and must match");
   if (!aligned(x, 16) || !aligned(out, 16) || !aligned(scratch, 16))
     arg_fail("cuda::moe_experts: x, out and scratch must be 16-byte aligned");
+  if (shared && !shared_logit) arg_fail("cuda::moe_experts: a shared expert's output without its gate's logits");
+  const SharedTerm sh{shared, shared_logit};
   const int n = T * K;
   switch (proj[0].bits) {
     case 16: launch_gate_up_bf16(x, n, K, records, gate, up, scratch); break;
@@ -436,11 +456,11 @@ void moe_experts(const float* x, int T, int K, const uint8_t* const* records, co
     case 8: gate_up<8>(x, n, K, records, gate, up, scratch); break;
   }
   switch (proj[2].bits) {
-    case 16: return launch_down_bf16(scratch, T, K, records, weights, down, out);
-    case 2: return down_sum<2>(scratch, T, K, records, weights, down, out);
-    case 3: return down_sum<3>(scratch, T, K, records, weights, down, out);
-    case 4: return down_sum<4>(scratch, T, K, records, weights, down, out);
-    case 8: return down_sum<8>(scratch, T, K, records, weights, down, out);
+    case 16: return launch_down_bf16(scratch, T, K, records, weights, down, sh, out);
+    case 2: return down_sum<2>(scratch, T, K, records, weights, down, sh, out);
+    case 3: return down_sum<3>(scratch, T, K, records, weights, down, sh, out);
+    case 4: return down_sum<4>(scratch, T, K, records, weights, down, sh, out);
+    case 8: return down_sum<8>(scratch, T, K, records, weights, down, sh, out);
   }
 }
 

@@ -78,9 +78,12 @@ struct RecordMat {
 // records: a device array of T·K device pointers, each 16-byte aligned, repeats allowed;
 // weights [T, K]; x [T, H], out [T, H] and scratch (moe_scratch_floats) 16-byte aligned.
 // Per row the arithmetic of cuda::matmul (affine rows on the tensor cores, bf16 ones in float),
-// and the result deterministic. Rows too wide to stage in shared memory are refused.
+// and the result deterministic. Rows too wide to stage in shared memory are refused. Where
+// shared is given, out[t] += sigmoid(shared_logit[t]) · shared[t] after the sum (shared_gate_add's
+// formula): the shared expert's output [T, H] and its gate's logit [T], added in the same launch.
 void moe_experts(const float* x, int T, int K, const uint8_t* const* records, const float* weights,
-                 const RecordMat (&proj)[3], float* out, float* scratch);
+                 const RecordMat (&proj)[3], float* out, float* scratch, const float* shared = nullptr,
+                 const float* shared_logit = nullptr);
 // Floats of scratch moe_experts needs: h, [T·K, I].
 size_t moe_scratch_floats(int T, int K, const RecordMat (&proj)[3]);
 

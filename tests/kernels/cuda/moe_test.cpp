@@ -267,15 +267,17 @@ struct DeviceExperts {
         proj{record_mat(s.layout.proj[0]), record_mat(s.layout.proj[1]), record_mat(s.layout.proj[2])},
         stride(s.layout.stride) {}
 
-  Vec run(const Vec& x, int T, int K, const std::vector<int>& ids, const Vec& wt) const {
+  // With `shared` (and its gate's logits), the shared expert's gated output added too.
+  Vec run(const Vec& x, int T, int K, const std::vector<int>& ids, const Vec& wt, const Vec& shared = {},
+          const Vec& shared_logit = {}) const {
     const int H = proj[0].cols;
     std::vector<const uint8_t*> records;
     for (int e : ids) records.push_back(blob.as<uint8_t>() + size_t(e) * stride);
     // out starts as NaN: every output must be written.
     DeviceBuffer dr = DeviceBuffer::from(records), dx = dev(x), dw = dev(wt), dout = dev(Vec(size_t(T) * H, NAN)),
-                 scratch(moe_scratch_floats(T, K, proj) * 4);
+                 scratch(moe_scratch_floats(T, K, proj) * 4), ds = dev(shared), dl = dev(shared_logit);
     moe_experts(dx.as<float>(), T, K, dr.as<const uint8_t*>(), dw.as<float>(), proj, dout.as<float>(),
-                scratch.as<float>());
+                scratch.as<float>(), shared.empty() ? nullptr : ds.as<float>(), dl.as<float>());
     return host(dout);
   }
 
@@ -347,21 +349,33 @@ std::vector<MoeCase> moe_cases() {
   return cases;
 }
 
+// Every other case adds a shared expert's gated output (out += sigmoid(logit)·s, the CPU's
+// shared_gate_add after the routed sum), its bound growing by kTol of |out| and of the term.
 TEST(CudaMoe, ExpertsMatchCpu) {
   MS_REQUIRE_CUDA();
   Rng rng(31);
+  int n = 0;
   for (const MoeCase& c : moe_cases()) {
     const ExpertSet s = random_experts(rng, c.E, c.H, c.I, c.bits_gate_up, c.bits_down, c.group);
     const Routed r = random_routes(rng, c.T, c.K, c.E, c.same_experts);
     const Vec x = rng.normals(size_t(c.T) * c.H);
-    const Reference ref = reference(s, x, c.T, c.K, r.ids, r.weights);
-    const Vec got = DeviceExperts(s).run(x, c.T, c.K, r.ids, r.weights);
+    Reference ref = reference(s, x, c.T, c.K, r.ids, r.weights);
+    Vec shared, logit;
+    if (n++ % 2 == 1) {
+      shared = rng.normals(size_t(c.T) * c.H), logit = rng.normals(size_t(c.T), 3.0f);
+      for (size_t o = 0; o < ref.out.size(); ++o) {
+        const float term = 1.0f / (1.0f + std::exp(-logit[o / size_t(c.H)])) * shared[o];
+        ref.bound[o] += float(kTol * (std::abs(ref.out[o]) + std::abs(term)));
+        ref.out[o] += term;
+      }
+    }
+    const Vec got = DeviceExperts(s).run(x, c.T, c.K, r.ids, r.weights, shared, logit);
     double err = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       const double e = std::abs(double(got[i]) - ref.out[i]) / (ref.bound[i] + 1e-30);
       err = std::max(err, std::isnan(e) ? INFINITY : e);
     }
-    record("moe_experts", name(c) + " (err/bound)", err, 1.0);
+    record("moe_experts", name(c) + (shared.empty() ? "" : " shared") + " (err/bound)", err, 1.0);
     EXPECT_LE(err, 1.0) << name(c);
   }
 }
