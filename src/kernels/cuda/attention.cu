@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -20,6 +21,7 @@ constexpr int kMaxPerLane = 8;  // head_dim up to 256
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const float* q, const float* k, const float* v,
                                                                  int pos0, const int* pos_on_device, int n_heads,
                                                                  int n_kv, int hd, float* out) {
+  grid_dependency_wait();  // launched after the kernel before (launch_after)
   __shared__ float acc_s[kWarps][kMaxPerLane * 32];
   __shared__ float m_s[kWarps], l_s[kWarps];
   const int t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
@@ -78,7 +80,7 @@ void attention(const float* q, const float* k, const float* v, int T, int pos0, 
     arg_fail("cuda::attention: n_heads " + std::to_string(n_heads) + " is not a multiple of n_kv " +
              std::to_string(n_kv));
   if (T <= 0) return;
-  attention_kernel<<<unsigned(T * n_heads), kWarps * 32, 0, compute_stream()>>>(q, k, v, pos0, pos_on_device, n_heads, n_kv, hd, out);
+  launch_after(attention_kernel, unsigned(T * n_heads), kWarps * 32, 0, q, k, v, pos0, pos_on_device, n_heads, n_kv, hd, out);
   CUDA_CHECK_LAUNCH();
 }
 

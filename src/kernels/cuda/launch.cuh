@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/stream.h"
@@ -76,6 +77,24 @@ void launch_overlapped(void (*kernel)(Params...), bool overlap, dim3 grid, int t
   config.attrs = &attr;
   config.numAttrs = overlap ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, Params(args)...));
+}
+
+// Whether the kernel at `kernel` can overlap the one before it (can_overlap), asked once for each.
+inline bool overlaps(const void* kernel) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, bool>* known = new std::unordered_map<const void*, bool>;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known->find(kernel);
+  if (it == known->end()) it = known->emplace(kernel, can_overlap(kernel)).first;
+  return it->second;
+}
+
+// launch_overlapped for the small kernels of a decode step (norms, the rule's inputs, routing):
+// their launch, a few microseconds against their work's one or two, then overlaps the tail of the
+// kernel before. Such a kernel begins with grid_dependency_wait().
+template <class... Params, class... Args>
+void launch_after(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, Args... args) {
+  launch_overlapped(kernel, overlaps(reinterpret_cast<const void*>(kernel)), grid, threads, smem, args...);
 }
 
 // A kernel's launch bookkeeping: the device's shared memory opt-in, set once, and the blocks

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -23,12 +24,14 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
 }
 
 __global__ void sigmoid_mul_kernel(float* x, const float* gate, int64_t n) {
+  grid_dependency_wait();  // launched after the kernel before (launch_after)
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i < n) x[i] *= sigmoid(gate[i]);
 }
 
 // Block t: the gate's dot with x[t] (bf16 weights), then out[t] += sigmoid(dot) · s[t].
 __global__ void shared_gate_add_kernel(float* out, const float* s, const float* x, const uint16_t* w, int H) {
+  grid_dependency_wait();  // launched after the kernel before (launch_after)
   const float* xr = x + size_t(blockIdx.x) * H;
   float dot = 0.f;
 #pragma unroll 8
@@ -69,7 +72,7 @@ void add(float* x, const float* y, int64_t n) {
 
 void sigmoid_mul(float* x, const float* gate, int64_t n) {
   if (n <= 0) return;
-  sigmoid_mul_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(x, gate, n);
+  launch_after(sigmoid_mul_kernel, blocks_for(n), kThreads, 0, x, gate, n);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -78,7 +81,7 @@ void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate
     arg_fail("cuda::shared_gate_add: the gate must be a bf16 [1, " + std::to_string(H) +
              "] row (engine directories never quantize gates)");
   if (T <= 0) return;
-  shared_gate_add_kernel<<<unsigned(T), kThreads, 0, compute_stream()>>>(out, s, x, static_cast<const uint16_t*>(gate.data), H);
+  launch_after(shared_gate_add_kernel, unsigned(T), kThreads, 0, out, s, x, static_cast<const uint16_t*>(gate.data), H);
   CUDA_CHECK_LAUNCH();
 }
 

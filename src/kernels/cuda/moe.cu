@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/mma_dot.cuh"
 #include "kernels/cuda/ops.h"
@@ -86,6 +87,7 @@ __device__ void warp_route_top_k(const float* p, int E, int K, bool norm_topk, i
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, int K, bool norm_topk,
                                                               float* probs, int* ids, float* weights,
                                                               const uint8_t* const* table, const uint8_t** records) {
+  grid_dependency_wait();  // launched after the kernel before (launch_after)
   extern __shared__ __align__(16) float p[];  // [E], then taken flags [E]
   unsigned char* taken = reinterpret_cast<unsigned char*>(p + E);
   __shared__ float total;
@@ -418,8 +420,8 @@ void route_topk(const float* logits, int T, int E, int K, bool norm_topk, float*
   if (K < 1 || K > E) arg_fail("cuda::route_topk: top-k " + std::to_string(K) + " outside 1.." + std::to_string(E));
   if (T <= 0) return;
   if (table && !records) arg_fail("cuda::route_topk: a table of records and nowhere to put the routed ones");
-  route_kernel<<<unsigned(T), kRouteThreads, size_t(E) * (sizeof(float) + 1), compute_stream()>>>(logits, E, K, norm_topk, probs, ids,
-                                                                                 weights, table, records);
+  launch_after(route_kernel, unsigned(T), kRouteThreads, size_t(E) * (sizeof(float) + 1), logits, E, K, norm_topk, probs,
+               ids, weights, table, records);
   CUDA_CHECK_LAUNCH();
 }
 

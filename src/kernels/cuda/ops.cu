@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -30,6 +31,7 @@ __device__ __forceinline__ void rmsnorm_row(const float* xr, float ss, int dim, 
 }
 
 __global__ void rmsnorm_kernel(const float* x, int dim, const float* w, float offset, float eps, float* out) {
+  grid_dependency_wait();  // launched after the kernel before (launch_after)
   const float* xr = x + size_t(blockIdx.x) * dim;
   float ss = 0.f;
   for (int i = threadIdx.x; i < dim; i += kThreads) ss += xr[i] * xr[i];
@@ -39,6 +41,7 @@ __global__ void rmsnorm_kernel(const float* x, int dim, const float* w, float of
 // x += y, then rmsnorm_kernel's out of it: the residual add before a norm, in one launch.
 __global__ void add_rmsnorm_kernel(float* x, const float* y, int dim, const float* w, float offset, float eps,
                                    float* out) {
+  grid_dependency_wait();  // launched after the kernel before (launch_after)
   float* xr = x + size_t(blockIdx.x) * dim;
   const float* yr = y + size_t(blockIdx.x) * dim;
   float ss = 0.f;
@@ -54,6 +57,7 @@ __global__ void add_rmsnorm_kernel(float* x, const float* y, int dim, const floa
 // x / sqrt(mean(x²) + eps) · w · silu(z); the sum of squares in double as on the CPU.
 __global__ void rmsnorm_gated_kernel(const float* x, const float* z, const float* w, int dim, float eps,
                                      float* out) {
+  grid_dependency_wait();  // launched after the kernel before (launch_after)
   const float* xr = x + size_t(blockIdx.x) * dim;
   const float* zr = z + size_t(blockIdx.x) * dim;
   float* o = out + size_t(blockIdx.x) * dim;
@@ -71,6 +75,7 @@ __global__ void rmsnorm_gated_kernel(const float* x, const float* z, const float
 // rounded to float, the angle in float), q's to q and its gate half to gate where the layer is
 // gated, k's to the cache row of position pos + t; past them a head of v, copied to its row.
 __global__ void __launch_bounds__(kThreads) attention_prepare_kernel(const AttentionPrep a) {
+  grid_dependency_wait();  // launched after the kernel before (launch_after)
   extern __shared__ float normed[];  // [hd]: the head before its rotation
   const int head = blockIdx.x, t = blockIdx.y, hd = a.hd;
   const int pos = (a.pos_on_device ? *a.pos_on_device : a.pos0) + t;
@@ -137,19 +142,19 @@ __global__ void top_k_kernel(const float* x, int n, int k, int* idx) {
 
 void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) {
   if (rows <= 0) return;
-  rmsnorm_kernel<<<rows, kThreads, 0, compute_stream()>>>(x, dim, w, offset, eps, out);
+  launch_after(rmsnorm_kernel, rows, kThreads, 0, x, dim, w, offset, eps, out);
   CUDA_CHECK_LAUNCH();
 }
 
 void add_rmsnorm(float* x, const float* y, int rows, int dim, const float* w, float offset, float eps, float* out) {
   if (rows <= 0) return;
-  add_rmsnorm_kernel<<<rows, kThreads, 0, compute_stream()>>>(x, y, dim, w, offset, eps, out);
+  launch_after(add_rmsnorm_kernel, rows, kThreads, 0, x, y, dim, w, offset, eps, out);
   CUDA_CHECK_LAUNCH();
 }
 
 void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) {
   if (rows <= 0) return;
-  rmsnorm_gated_kernel<<<rows, kThreads, 0, compute_stream()>>>(x, z, w, dim, eps, out);
+  launch_after(rmsnorm_gated_kernel, rows, kThreads, 0, x, z, w, dim, eps, out);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -160,7 +165,7 @@ void attention_prepare(const AttentionPrep& p) {
   if (p.gated && !p.gate) arg_fail("cuda::attention_prepare: a gated layer and nowhere to put its gate");
   if (p.T <= 0) return;
   const dim3 grid(unsigned(p.nh + 2 * p.nkv), unsigned(p.T));
-  attention_prepare_kernel<<<grid, kThreads, size_t(p.hd) * sizeof(float), compute_stream()>>>(p);
+  launch_after(attention_prepare_kernel, grid, kThreads, size_t(p.hd) * sizeof(float), p);
   CUDA_CHECK_LAUNCH();
 }
 

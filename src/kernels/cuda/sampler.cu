@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/ops.h"
 
@@ -53,6 +54,7 @@ struct MinOp {
 };
 
 __global__ void __launch_bounds__(kBlock) argmax_kernel(const float* x, int n, int* token) {
+  grid_dependency_wait();  // launched after the kernel before (launch_after)
   using Reduce = cub::BlockReduce<Best, kBlock>;
   __shared__ typename Reduce::TempStorage tmp;
   Best b{x[0], 0};
@@ -211,7 +213,7 @@ int sample(const float* logits, int vocab, const int* penalty_tokens, const int*
   }
   int* token = ws.token.as<int>();
   if (a.temperature == 0.f) {
-    argmax_kernel<<<1, kBlock, 0, compute_stream()>>>(x, vocab, token);
+    launch_after(argmax_kernel, 1, kBlock, 0, x, vocab, token);
     CUDA_CHECK_LAUNCH();
   } else {
     size_t bytes = ws.cub_temp.size();
