@@ -83,9 +83,7 @@ struct CpuBackend {
   }
 
   // The CPU has no decode-only MoE path: ffn_block's grouping serves every T.
-  bool moe_on_device(const ModelConfig&, const FfnWeights&, const float*, int, const float*, float*, int*, float*) const {
-    return false;
-  }
+  bool moe_on_device(const ModelConfig&, const FfnWeights&, const float*, int, float*, int*, float*) const { return false; }
   void finish() const {}
 
   void add(float* x, const float* y, size_t n) const {

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -339,14 +340,30 @@ void CudaBackend::matmul_stack(const float* x, int T, std::initializer_list<cons
   }
 }
 
-bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, const float* shared,
-                                float* out, int* routes, float* router_probs) const {
+bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out,
+                                int* routes, float* router_probs) const {
   if (T != 1 || w.store_layer < 0 || !experts) return false;
+  // The shared expert's buffers live past the join: taken and given back on the compute stream.
+  const bool has_shared = cfg.shared_inter > 0;
+  const size_t shared_inter = has_shared ? size_t(w.shared_expert.gate.rows) : 0;
+  Buf shared = alloc(has_shared ? size_t(cfg.hidden) : 0), shared_h = alloc(shared_inter), shared_u = alloc(shared_inter);
+  std::optional<cuda::SideStream> side;
+  if (has_shared) {
+    side.emplace();
+    const MlpWeights m = mlp(w.shared_expert);
+    if (!fused_gate_up(x, 1, m.gate, m.up, shared_h.data())) {
+      matmul(x, 1, m.gate, shared_h.data());
+      matmul(x, 1, m.up, shared_u.data());
+      silu_mul(shared_h.data(), shared_u.data(), shared_h.data(), int64_t(shared_inter));
+    }
+    matmul(shared_h.data(), 1, m.down, shared.data());
+    side->end();
+  }
   const int E = cfg.n_experts, K = cfg.top_k, layer = w.store_layer;
   if ((size_t(layer) + 1) * size_t(K) > state.route_ids.size())
     fail("expert layer {} is past the {} layers of routes a forward keeps", layer, state.route_ids.size() / size_t(K));
   // The shared expert gate's logit after the router's, where its row was copied with theirs.
-  const bool gate_with_router = shared && weights.stacked({&w.router, &w.shared_expert_gate});
+  const bool gate_with_router = has_shared && weights.stacked({&w.router, &w.shared_expert_gate});
   Buf logits = alloc(size_t(E) + 1), weights = alloc(size_t(K));
   int* ids = state.route_ids.data() + size_t(layer) * size_t(K);
   float* probs = state.route_probs.data() + size_t(layer) * size_t(E);
@@ -367,9 +384,10 @@ bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, con
       {p[1].bits, p[1].group, p[1].rows, p[1].cols, p[1].q_offset, p[1].scales_offset, p[1].biases_offset},
       {p[2].bits, p[2].group, p[2].rows, p[2].cols, p[2].q_offset, p[2].scales_offset, p[2].biases_offset}};
   Buf scratch = alloc(cuda::moe_scratch_floats(1, K, proj));
+  if (side) side->join();
   cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data(),
-                    gate_with_router ? shared : nullptr, logits.data() + E);
-  if (shared && !gate_with_router) shared_gate_add(out, shared, x, mat(w.shared_expert_gate), 1, cfg.hidden);
+                    gate_with_router ? shared.data() : nullptr, logits.data() + E);
+  if (has_shared && !gate_with_router) shared_gate_add(out, shared.data(), x, mat(w.shared_expert_gate), 1, cfg.hidden);
   // Slots held until the kernels are queued: the copy stream orders any refill after them.
   if (!table) experts->release(layer);
   if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});

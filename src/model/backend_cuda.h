@@ -250,12 +250,13 @@ struct CudaBackend {
   // GPU, then cuda::moe_experts over the routed records. The routed ids come to the host only
   // when the layer's pool streams (to read its misses); they and the router probabilities go to
   // state.route_ids and route_probs, and at finish() to `routes` and `router_probs` where given.
-  // Where `shared` (the shared expert's output) is given, out also gets its gated add
-  // (shared_gate_add's), in the down kernel where the gate's row was copied with the router's
-  // (DeviceWeights::stacked): its logit comes with the router's. False, doing nothing, where this
-  // does not apply (T > 1, a checkpoint's experts).
-  bool moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, const float* shared,
-                     float* out, int* routes, float* router_probs) const;
+  // With a shared expert, out gets its gated add too (shared_gate_add's): the expert runs on a
+  // SideStream beside the router and the routing, and its add is in the down kernel where the
+  // gate's row was copied with the router's (DeviceWeights::stacked), the gate's logit then one
+  // of the router's. False, doing nothing, where this does not apply (T > 1, a checkpoint's
+  // experts).
+  bool moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
+                     float* router_probs) const;
   // Copies what moe_on_device left for the host: state.route_ids and route_probs in one copy each.
   void finish() const;
   struct PendingRoutes {

@@ -101,6 +101,8 @@ void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool mo
     mlp_forward(be, be.mlp(w.dense), x, T, out);
     return;
   }
+  // The shared expert's gated add included (on the GPU, for a decode token's routed experts).
+  if (be.moe_on_device(cfg, w, x, T, out, routes, router_probs)) return;
   // The shared expert before the routed ones: on the GPU it runs while the host reads the
   // layer's missing experts.
   typename B::Buf shared;
@@ -108,7 +110,6 @@ void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool mo
     shared = be.alloc(size_t(T) * size_t(cfg.hidden));
     mlp_forward(be, be.mlp(w.shared_expert), x, T, shared.data());
   }
-  if (be.moe_on_device(cfg, w, x, T, cfg.shared_inter > 0 ? shared.data() : nullptr, out, routes, router_probs)) return;
   Routing r = route(be, cfg, w.router, x, T, router_probs);
   if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
   routed_experts(be, cfg, w, r, x, T, out);

@@ -23,13 +23,65 @@ bool cuda_available() {
   return n > 0;
 }
 
-cudaStream_t compute_stream() {
-  static const cudaStream_t s = [] {
-    cudaStream_t created;
-    CUDA_CHECK(cudaStreamCreate(&created));  // never destroyed: work may be queued at exit
-    return created;
-  }();
+namespace {
+cudaStream_t new_stream() {
+  cudaStream_t created;
+  CUDA_CHECK(cudaStreamCreate(&created));  // never destroyed: work may be queued at exit
+  return created;
+}
+
+cudaEvent_t new_event() {
+  cudaEvent_t e;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+// This thread's side stream and the events that fork it from the compute stream and join it back.
+struct Side {
+  cudaStream_t stream = new_stream();
+  cudaEvent_t forked = new_event(), done = new_event();
+};
+
+Side& side() {
+  thread_local Side* s = new Side;  // never destroyed, as the streams
+  return *s;
+}
+
+thread_local bool t_on_side = false;  // a SideStream of this thread redirects compute_stream()
+
+cudaStream_t main_stream() {
+  static const cudaStream_t s = new_stream();
   return s;
+}
+}  // namespace
+
+cudaStream_t compute_stream() { return t_on_side ? side().stream : main_stream(); }
+
+SideStream::SideStream() {
+  if (t_on_side) fail("a SideStream inside another");
+  Side& s = side();
+  CUDA_CHECK(cudaEventRecord(s.forked, main_stream()));
+  CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.forked, 0));
+  t_on_side = true;
+}
+
+void SideStream::end() {
+  if (!t_on_side) return;
+  t_on_side = false;
+  CUDA_CHECK(cudaEventRecord(side().done, side().stream));
+}
+
+void SideStream::join() {
+  end();
+  if (joined_) return;
+  joined_ = true;
+  CUDA_CHECK(cudaStreamWaitEvent(main_stream(), side().done, 0));
+}
+
+SideStream::~SideStream() {
+  // No throwing from a destructor: a failure here shows at the next check.
+  if (t_on_side) t_on_side = false, cudaEventRecord(side().done, side().stream);
+  if (!joined_) cudaStreamWaitEvent(main_stream(), side().done, 0);
 }
 
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
