@@ -234,7 +234,6 @@ struct CudaBackend {
   void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) const {
     cuda::rmsnorm_gated(x, z, w, rows, dim, eps, out);
   }
-  void add(float* x, const float* y, size_t n) const { cuda::add(x, y, int64_t(n)); }
   void sigmoid_mul(float* x, const float* gate, size_t n) const { cuda::sigmoid_mul(x, gate, int64_t(n)); }
   void deltanet_prepare(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, const float* conv_w,
                         int conv_k, float* conv_state, const float* A_log, const float* dt_bias, float eps,

@@ -1,4 +1,4 @@
-// The small glue kernels of the model's forward on the GPU: residual adds, gates, and the
+// The small glue kernels of the model's forward on the GPU: gates, and the
 // gather/scatter around the routed experts. Each follows the loop it replaces in src/model/
 // (formulas in ops.h); elementwise, so results match the CPU's up to expf.
 #include <cuda_runtime.h>
@@ -17,11 +17,6 @@ constexpr int kThreads = 256;
 unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
 
 __device__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
-
-__global__ void add_kernel(float* x, const float* y, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (i < n) x[i] += y[i];
-}
 
 __global__ void sigmoid_mul_kernel(float* x, const float* gate, int64_t n) {
   grid_dependency_wait();  // launched after the kernel before (launch_after)
@@ -63,12 +58,6 @@ __global__ void sum_slots_kernel(const float* partial, int K, int H, float* out)
 }
 
 }  // namespace
-
-void add(float* x, const float* y, int64_t n) {
-  if (n <= 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, compute_stream()>>>(x, y, n);
-  CUDA_CHECK_LAUNCH();
-}
 
 void sigmoid_mul(float* x, const float* gate, int64_t n) {
   if (n <= 0) return;

@@ -1,7 +1,6 @@
 // Row-wise and elementwise kernels: norms, an attention layer's q/k norms and RoPE, SiLU·up,
-// softmax, top-k. One block per row for
-// the row-wise ones (rows are a few thousand values at most); results follow the CPU kernels'
-// formulas, sums reduced in a tree rather than in order.
+// softmax, top-k. One block per row for the row-wise ones (rows are a few thousand values at
+// most); results follow the CPU kernels' formulas, sums reduced in a tree rather than in order.
 #include <cuda_runtime.h>
 
 #include <cmath>

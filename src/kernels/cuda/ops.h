@@ -111,7 +111,6 @@ void gated_delta_rule(const float* q, const float* k, const float* v, const floa
 void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out);
 
 // The model's glue (model_ops.cu), each the loop of src/model/ it stands for.
-void add(float* x, const float* y, int64_t n);                 // x += y
 void sigmoid_mul(float* x, const float* gate, int64_t n);      // x *= sigmoid(gate)
 // out[t] += sigmoid(gate · x[t]) * s[t], rows of H: the shared expert's gate (a bf16 [1, H] row)
 // and gated add in one launch.
