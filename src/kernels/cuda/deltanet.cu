@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kInputThreads) deltanet_prepare_kernel(const D
       const float* bt = a.ba + size_t(t) * 2 * a.nv + size_t(h) * 2 * r;
       const float v = bt[r + j] + a.dt_bias[hv];
       const float softplus = v > 20.f ? v : log1pf(expf(v));
-      a.beta[size_t(t) * a.nv + hv] = 1.0f / (1.0f + expf(-bt[j]));
+      a.beta[size_t(t) * a.nv + hv] = sigmoid(bt[j]);
       a.g[size_t(t) * a.nv + hv] = -expf(a.A_log[hv]) * softplus;
     }
   }

@@ -16,8 +16,6 @@ constexpr int kThreads = 256;
 
 unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
 
-__device__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
-
 __global__ void sigmoid_mul_kernel(float* x, const float* gate, int64_t n) {
   grid_dependency_wait();  // launched after the kernel before (launch_after)
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;

@@ -149,8 +149,7 @@ struct SharedTerm {
 
 __device__ __forceinline__ float plus_shared(float o, const SharedTerm& sh, int t, int H, int row) {
   if (!sh.s) return o;
-  const float gate = 1.0f / (1.0f + expf(-sh.logit[t]));
-  return o + gate * sh.s[size_t(t) * H + row];
+  return o + sigmoid(sh.logit[t]) * sh.s[size_t(t) * H + row];
 }
 
 // A projection's place in a record, as the kernels take it.

@@ -93,6 +93,8 @@ __device__ __forceinline__ void load_then_store(int n, Load&& load, Store&& stor
 
 __device__ __forceinline__ float bf16_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 
+__device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+
 // silu(x) = x * sigmoid(x), from e = exp(-|x|) so that nothing overflows (as the CPU kernels).
 __device__ __forceinline__ float silu(float x) {
   const float e = expf(-fabsf(x));
