@@ -34,22 +34,6 @@ void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, i
   }
 }
 
-// The conv's output [T][q, k, v] split, q and k L2-normalised per head, q then scaled.
-void deltanet_qkv(const float* mixed, int T, int nk, int nv, int dk, int dv, float eps, float q_scale, float* q, float* k,
-                  float* v) {
-  const size_t key_dim = size_t(nk) * size_t(dk), value_dim = size_t(nv) * size_t(dv);
-  const size_t conv_dim = 2 * key_dim + value_dim;
-  for (size_t t = 0; t < size_t(T); ++t) {
-    const float* row = mixed + t * conv_dim;
-    std::copy_n(row, key_dim, q + t * key_dim);
-    std::copy_n(row + key_dim, key_dim, k + t * key_dim);
-    std::copy_n(row + 2 * key_dim, value_dim, v + t * value_dim);
-  }
-  cpu::l2norm_heads(q, T * nk, dk, eps);
-  cpu::l2norm_heads(k, T * nk, dk, eps);
-  for (size_t i = 0; i < size_t(T) * key_dim; ++i) q[i] *= q_scale;
-}
-
 void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
                     float* beta) {
   for (size_t i = 0; i < size_t(T) * size_t(nv); ++i) {
@@ -65,11 +49,18 @@ void CpuBackend::deltanet_prepare(const float* qkvz, const float* ba, int T, int
                                   const float* conv_w, int conv_k, float* conv_state, const float* A_log,
                                   const float* dt_bias, float eps, float q_scale, float* q, float* k, float* v,
                                   float* z, float* g, float* beta) const {
-  const size_t tokens = size_t(T), conv_dim = 2 * size_t(nk) * size_t(dk) + size_t(nv) * size_t(dv);
+  const size_t tokens = size_t(T), key_dim = size_t(nk) * size_t(dk), value_dim = size_t(nv) * size_t(dv);
+  const size_t conv_dim = 2 * key_dim + value_dim;
   Buf qkv(tokens * conv_dim), mixed(qkv.size()), b(tokens * size_t(nv)), a(b.size());
   deltanet_split(qkvz, ba, T, nk, nv, dk, dv, qkv.data(), z, b.data(), a.data());
   cpu::causal_conv1d_silu(qkv.data(), T, int(conv_dim), conv_w, conv_k, conv_state, mixed.data());
-  deltanet_qkv(mixed.data(), T, nk, nv, dk, dv, eps, q_scale, q, k, v);
+  // The conv's output [T][q, k, v] split, q and k L2-normalised per head, q then scaled.
+  copy_rows(q, key_dim, mixed.data(), conv_dim, key_dim, tokens);
+  copy_rows(k, key_dim, mixed.data() + key_dim, conv_dim, key_dim, tokens);
+  copy_rows(v, value_dim, mixed.data() + 2 * key_dim, conv_dim, value_dim, tokens);
+  cpu::l2norm_heads(q, T * nk, dk, eps);
+  cpu::l2norm_heads(k, T * nk, dk, eps);
+  for (size_t i = 0; i < tokens * key_dim; ++i) q[i] *= q_scale;
   deltanet_gates(b.data(), a.data(), A_log, dt_bias, T, nv, g, beta);
 }
 
