@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/stream.h"
+#include "model/blocks.h"
 #include "util/error.h"
 
 namespace ms {
@@ -350,13 +351,7 @@ bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, con
   std::optional<cuda::SideStream> side;
   if (has_shared) {
     side.emplace();
-    const MlpWeights m = mlp(w.shared_expert);
-    if (!fused_gate_up(x, 1, m.gate, m.up, shared_h.data())) {
-      matmul(x, 1, m.gate, shared_h.data());
-      matmul(x, 1, m.up, shared_u.data());
-      silu_mul(shared_h.data(), shared_u.data(), shared_h.data(), int64_t(shared_inter));
-    }
-    matmul(shared_h.data(), 1, m.down, shared.data());
+    mlp_forward(*this, mlp(w.shared_expert), x, 1, shared_h.data(), shared_u.data(), shared.data());
     side->end();
   }
   const int E = cfg.n_experts, K = cfg.top_k, layer = w.store_layer;

@@ -31,5 +31,9 @@ void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool mo
 // out[T, inter -> hidden] = down(silu(gate x) * up x); w as the backend's kernels take it (be.mlp).
 template <class B>
 void mlp_forward(const B& be, const MlpWeights& w, const float* x, int T, float* out);
+// The same in the caller's h and u ([T, inter] each; u unused where the backend fuses gate and
+// up), for work that may not take memory (a cuda::SideStream's).
+template <class B>
+void mlp_forward(const B& be, const MlpWeights& w, const float* x, int T, float* h, float* u, float* out);
 
 }  // namespace ms

@@ -10,16 +10,20 @@
 namespace ms {
 
 template <class B>
+void mlp_forward(const B& be, const MlpWeights& w, const float* x, int T, float* h, float* u, float* out) {
+  if (!be.fused_gate_up(x, T, w.gate, w.up, h)) {
+    be.matmul(x, T, w.gate, h);
+    be.matmul(x, T, w.up, u);
+    be.silu_mul(h, u, h, int64_t(T) * w.gate.rows);
+  }
+  be.matmul(h, T, w.down, out);
+}
+
+template <class B>
 void mlp_forward(const B& be, const MlpWeights& w, const float* x, int T, float* out) {
   const size_t n = size_t(T) * size_t(w.gate.rows);
-  typename B::Buf h = be.alloc(n);
-  if (!be.fused_gate_up(x, T, w.gate, w.up, h.data())) {
-    typename B::Buf u = be.alloc(n);
-    be.matmul(x, T, w.gate, h.data());
-    be.matmul(x, T, w.up, u.data());
-    be.silu_mul(h.data(), u.data(), h.data(), int64_t(n));
-  }
-  be.matmul(h.data(), T, w.down, out);
+  typename B::Buf h = be.alloc(n), u = be.alloc(n);
+  mlp_forward(be, w, x, T, h.data(), u.data(), out);
 }
 
 namespace {
@@ -121,6 +125,7 @@ template void ffn_block(const CpuBackend&, const ModelConfig&, const FfnWeights&
 #if MOESTREAM_CUDA
 template void ffn_block(const CudaBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*, int*,
                         float*);
+template void mlp_forward(const CudaBackend&, const MlpWeights&, const float*, int, float*, float*, float*);
 #endif
 
 }  // namespace ms
