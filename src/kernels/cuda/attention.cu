@@ -21,7 +21,7 @@ constexpr int kMaxPerLane = 8;  // head_dim up to 256
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const float* q, const float* k, const float* v,
                                                                  int pos0, const int* pos_on_device, int n_heads,
                                                                  int n_kv, int hd, float* out) {
-  grid_dependency_wait();  // launched after the kernel before (launch_after)
+  start_after_kernel_before();  // launched by launch_after
   __shared__ float acc_s[kWarps][kMaxPerLane * 32];
   __shared__ float m_s[kWarps], l_s[kWarps];
   const int t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;

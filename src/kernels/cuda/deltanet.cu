@@ -46,7 +46,7 @@ __device__ void conv_channel(const float* x, size_t stride, const float* w, int 
 // conv and L2-normalised per token, then scaled, and the gates of the r value heads; part 1 the k
 // head, as q unscaled; parts 2.. kInputThreads channels of v each, through the conv, and those of z.
 __global__ void __launch_bounds__(kInputThreads) deltanet_prepare_kernel(const DeltaNetPrep a, int tokens_per_block) {
-  grid_dependency_wait();  // launched after the kernel before (launch_after)
+  start_after_kernel_before();  // launched by launch_after
   const int h = blockIdx.x, part = blockIdx.y, t0 = int(blockIdx.z) * tokens_per_block;
   const int t1 = min(a.T, t0 + tokens_per_block), dk = a.dk, r = a.nv / a.nk, vw = r * a.dv;
   const size_t key_dim = size_t(a.nk) * dk, value_dim = size_t(a.nv) * a.dv, row = size_t(a.nk) * (2 * dk + 2 * vw);
@@ -107,7 +107,7 @@ template <int R>
 __global__ void __launch_bounds__(1024)
     delta_rule_kernel(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
                       int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out) {
-  grid_dependency_wait();  // launched after the kernel before (launch_after)
+  start_after_kernel_before();  // launched by launch_after
   extern __shared__ float sm[];
   const int G = int(blockDim.x) / 32;
   float* qs = sm;                    // q_t [dk]

@@ -53,6 +53,15 @@ __device__ __forceinline__ void grid_dependents_may_start() {
 #endif
 }
 
+// How a kernel launched by launch_after begins: it lets the kernel after it launch at once, so that
+// a matvec there is resident and asks for its first weights (prefetch_rows) while this one runs,
+// then waits for the kernel before. Every kernel waits before it ends, so that a kernel's wait
+// covers all those before it, however early they let it launch.
+__device__ __forceinline__ void start_after_kernel_before() {
+  grid_dependents_may_start();
+  grid_dependency_wait();
+}
+
 // Whether `kernel` was compiled for sm_90 or newer (its PTX, which a newer device may compile for
 // itself, holds the waits only then) and the device can overlap it.
 template <class Kernel>
@@ -91,7 +100,7 @@ inline bool overlaps(const void* kernel) {
 
 // launch_overlapped for the small kernels of a decode step (norms, the rule's inputs, routing):
 // their launch, a few microseconds against their work's one or two, then overlaps the tail of the
-// kernel before. Such a kernel begins with grid_dependency_wait().
+// kernel before. Such a kernel begins with start_after_kernel_before().
 template <class... Params, class... Args>
 void launch_after(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, Args... args) {
   launch_overlapped(kernel, overlaps(reinterpret_cast<const void*>(kernel)), grid, threads, smem, args...);

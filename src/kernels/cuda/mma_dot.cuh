@@ -197,7 +197,9 @@ __device__ __forceinline__ float pow2f(int e) {
 }
 
 // The 8 values of a chunk of x that step j of its MMAs puts in the B registers: a[r][m] is the
-// value of code code_of<BITS>(j, r, m). At 2 to 4 bits r = 0 and 1 are adjacent values.
+// value of code code_of<BITS>(j, r, m). At 8 and 4 bits they are values 8j .. 8j + 7, read as two
+// 16-byte loads (at 4 bits, against four 8-byte ones, that took the dense 4096² from 7.13 to 6.55 us
+// and the dense 8192² from 16.25 to 15.78 on the H200); at 2 and 3 bits r = 0 and 1 are adjacent.
 template <int BITS>
 __device__ __forceinline__ void load_step(const float* __restrict__ chunk, int j, float (&a)[2][4]) {
   if constexpr (BITS == 8) {
@@ -205,6 +207,13 @@ __device__ __forceinline__ void load_step(const float* __restrict__ chunk, int j
     for (int r = 0; r < 2; ++r) {
       const float4 f = __ldg(reinterpret_cast<const float4*>(chunk + code_of<BITS>(j, r, 0)));
       a[r][0] = f.x, a[r][1] = f.y, a[r][2] = f.z, a[r][3] = f.w;
+    }
+  } else if constexpr (BITS == 4) {  // code 8j + 2m + r
+    const float4* p = reinterpret_cast<const float4*>(chunk + code_of<BITS>(j, 0, 0));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float4 f = __ldg(p + h);
+      a[0][2 * h] = f.x, a[1][2 * h] = f.y, a[0][2 * h + 1] = f.z, a[1][2 * h + 1] = f.w;
     }
   } else {
 #pragma unroll

@@ -17,14 +17,14 @@ constexpr int kThreads = 256;
 unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
 
 __global__ void sigmoid_mul_kernel(float* x, const float* gate, int64_t n) {
-  grid_dependency_wait();  // launched after the kernel before (launch_after)
+  start_after_kernel_before();  // launched by launch_after
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i < n) x[i] *= sigmoid(gate[i]);
 }
 
 // Block t: the gate's dot with x[t] (bf16 weights), then out[t] += sigmoid(dot) · s[t].
 __global__ void shared_gate_add_kernel(float* out, const float* s, const float* x, const uint16_t* w, int H) {
-  grid_dependency_wait();  // launched after the kernel before (launch_after)
+  start_after_kernel_before();  // launched by launch_after
   const float* xr = x + size_t(blockIdx.x) * H;
   float dot = 0.f;
 #pragma unroll 8

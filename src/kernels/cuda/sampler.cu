@@ -54,7 +54,7 @@ struct MinOp {
 };
 
 __global__ void __launch_bounds__(kBlock) argmax_kernel(const float* x, int n, int* token) {
-  grid_dependency_wait();  // launched after the kernel before (launch_after)
+  start_after_kernel_before();  // launched by launch_after
   using Reduce = cub::BlockReduce<Best, kBlock>;
   __shared__ typename Reduce::TempStorage tmp;
   Best b{x[0], 0};

@@ -148,7 +148,7 @@ TEST(CudaDeltaNet, GatedRmsNorm) {
   MS_REQUIRE_CUDA();
   constexpr double kTol = 1e-6;  // relative per element: both sum squares in double
   Rng rng(11);
-  for (auto [rows, dim] : {std::pair{1, 128}, {64, 128}, {5, 2048}, {3, 77}}) {
+  for (auto [rows, dim] : {std::pair{1, 128}, {64, 128}, {5, 2048}, {3, 77}, {2, 4096}}) {
     const Vec x = rng.normals(size_t(rows) * dim, 3.0f), z = rng.normals(x.size(), 2.0f),
               w = rng.normals(size_t(dim), 0.5f);
     Vec want_g(x.size());
@@ -162,6 +162,8 @@ TEST(CudaDeltaNet, GatedRmsNorm) {
       err_g = std::max(err_g, std::abs(double(got_g[i]) - want_g[i]) / (std::abs(want_g[i]) + 1e-30));
     record("rmsnorm_gated", what, err_g, kTol);
     EXPECT_LE(err_g, kTol) << what;
+    rmsnorm_gated(dx.as<float>(), dz.as<float>(), dw.as<float>(), rows, dim, 1e-6f, dx.as<float>());
+    EXPECT_EQ(host(dx), got_g) << what << " in place, as the layer runs it";
   }
 }
 
