@@ -134,7 +134,7 @@ struct SampleArgs {
 // sample()'s device scratch: sized on the first call, re-sized when the vocabulary changes.
 struct SamplerWorkspace {
   int vocab = 0;
-  DeviceBuffer penalized, sorted, ids, order, probs, cub_temp, token;
+  DeviceBuffer penalized, sorted, ids, order, probs, cub_temp, token, argmax_partial, argmax_done;
   DeviceBuffer staging;  // free for the caller to stage sample()'s penalty arrays in
 };
 

@@ -2,10 +2,12 @@
 // the same tokens for the same logits, seen tokens and seed, draw after draw.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -152,6 +154,22 @@ TEST(CudaSampler, TiesGoToTheLowestIndex) {
                            SamplingParams{.temperature = 1.0f, .top_p = 1e-6f}}) {
     Sampler s(p);
     EXPECT_EQ(s.sample_on_device(d.as<float>(), 5000, {}, ws), 0) << describe(p);
+  }
+}
+
+// Greedy splits the vocabulary over blocks: the first maximum wins wherever the blocks' shares
+// fall, call after call on one workspace.
+TEST(CudaSampler, GreedyFindsTheFirstMaximumAcrossBlocks) {
+  MS_REQUIRE_CUDA();
+  constexpr int kVocab = 151936;
+  SamplerWorkspace ws;
+  Sampler s({});
+  Rng rng(12);
+  for (auto [first, second] : {std::pair{kVocab - 1, kVocab - 1}, {150000, 7}, {5, 140000}, {0, 100}, {3000, 3001}}) {
+    Vec v = rng.normals(size_t(kVocab));
+    v[size_t(first)] = v[size_t(second)] = 50.0f;
+    DeviceBuffer d = dev(v);
+    EXPECT_EQ(s.sample_on_device(d.as<float>(), kVocab, {}, ws), std::min(first, second)) << first << ", " << second;
   }
 }
 
