@@ -58,13 +58,13 @@ struct CpuBackend {
   void attention(const float* q, const float* k, const float* v, int T, int pos0, int nh, int nkv, int hd, float* out) const {
     cpu::attention(q, k, v, T, pos0, nh, nkv, hd, out);
   }
-  // k and v [T, n_kv * head_dim] into the cache at positions pos0..
   // q and the caches' k and v of an attention layer from its projections
   // (cuda::attention_prepare's formulas): the split of a gated q_raw, the norms, RoPE and the
   // store of k and v at positions pos0.., in turn.
   void attention_prepare(const float* q_raw, const float* k, const float* v, int T, int nh, int nkv, int hd, bool gated,
                          const float* q_norm, const float* k_norm, float offset, float eps, int rot_dim, int pos0,
                          double theta, float* q, float* gate, KV& cache) const;
+  // k and v [T, n_kv * head_dim] into the cache at positions pos0..
   void store_kv(KV& cache, int pos0, int T, const float* k, const float* v) const {
     const size_t n = size_t(T) * size_t(cache.n_kv) * size_t(cache.head_dim);
     std::copy_n(k, n, cache.k_at(pos0));

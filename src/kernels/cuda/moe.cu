@@ -88,7 +88,7 @@ __device__ void warp_route_top_k(const float* p, int E, int K, bool norm_topk, i
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, int K, bool norm_topk,
                                                               float* probs, int* ids, float* weights,
                                                               const uint8_t* const* table, const uint8_t** records) {
-  grid_dependency_wait();  // launched after the kernel before (launch_after)
+  start_after_kernel_before();  // launched by launch_after
   extern __shared__ __align__(16) float p[];  // [E], then taken flags [E]
   unsigned char* taken = reinterpret_cast<unsigned char*>(p + E);
   __shared__ float total;
