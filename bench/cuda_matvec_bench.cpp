@@ -3,8 +3,10 @@
 // dense-sized, against the HBM bandwidth measured in the same run by a device-to-device copy.
 // Each shape is replicated over enough copies that their sum is well past the L2 cache, and the
 // calls cycle over the copies, as a decode step's experts and layers do. Bytes counted: weights,
-// scales and biases, x read and y written. With --floor, beside each the same bytes read by the
-// simplest streaming kernel launched as the matvecs are (bench::stream_read), and the matvec's
+// scales and biases, x read and y written. Each is timed launched one by one and, as a decode step
+// runs them, as 100 calls in a CUDA graph (where a launch costs the host nothing, so that the GPU
+// time shows for the smaller ones). With --floor, beside each the same bytes read by the simplest
+// streaming kernel launched as the matvecs are (bench::stream_read), both ways, and the matvec's
 // time as a share of its time: below a few tens of MB a launch's ramp and the memory's latency,
 // not its bandwidth, bound both.
 // Then the routed experts of a decode step at Qwen3-Next-80B's shape: cuda::moe_experts against
@@ -118,14 +120,16 @@ Copies make_copies(const Config& c, int group) {
 }
 
 // Milliseconds per call of the floor under a matvec of `bytes` bytes of weights: bench::stream_read
-// of as many bytes, over `copies` copies cycled as run() cycles the weights.
-double stream_read_ms(size_t bytes, int copies, int rounds) {
+// of as many bytes, over `copies` copies cycled as run() cycles the weights, launched one by one
+// or in a graph.
+double stream_read_ms(size_t bytes, int copies, int rounds, bool graphed) {
   const size_t span = (bytes + 15) / 16 * 16;
   cuda::DeviceBuffer flat(span * size_t(copies)), sink(4);
   CUDA_CHECK(cudaMemset(flat.data(), 0x5a, flat.size()));
-  return time_ms(rounds, [&](int i) {
+  auto read = [&](int i) {
     bench::stream_read(flat.as<uint8_t>() + span * size_t(i % copies), bytes / 16 * 16, sink.as<uint32_t>());
-  });
+  };
+  return graphed ? graph_ms(std::max(1, rounds / 100), read) : time_ms(rounds, read);
 }
 
 void run(const Config& c, int group, int T, double hbm, const std::string& filter, bool with_floor) {
@@ -138,15 +142,18 @@ void run(const Config& c, int group, int T, double hbm, const std::string& filte
   cuda::DeviceBuffer x(size_t(T) * c.cols * 4), y(size_t(T) * c.rows * 4);
   CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.size()));
   const int rounds = std::max(copies, std::min(2000, int(20e9 / double(w.per_copy))));
-  const double ms = time_ms(rounds, [&](int i) { cuda::matmul(x.as<float>(), T, w.mats[size_t(i % copies)], y.as<float>()); });
+  auto matvec = [&](int i) { cuda::matmul(x.as<float>(), T, w.mats[size_t(i % copies)], y.as<float>()); };
+  const double ms = time_ms(rounds, matvec), graphed = graph_ms(std::max(1, rounds / 100), matvec);
   const double bytes = double(w.per_copy) + 4.0 * T * (c.cols + c.rows);
-  const double gbps = bytes / (ms * 1e6);
-  std::printf("%-22s %6d x %-6d %-8s T=%-2d %9.2f us %8.0f GB/s %5.1f%% of copy", c.name, c.rows, c.cols,
-              type.c_str(), T, ms * 1e3, gbps, 100.0 * gbps / hbm);
+  auto of_copy = [&](double t) { return 100.0 * bytes / (t * 1e6) / hbm; };
+  std::printf("%-22s %6d x %-6d %-8s T=%-2d %9.2f us %8.0f GB/s %5.1f%% of copy | graph %7.2f us %5.1f%%", c.name,
+              c.rows, c.cols, type.c_str(), T, ms * 1e3, bytes / (ms * 1e6), of_copy(ms), graphed * 1e3, of_copy(graphed));
   if (with_floor) {
-    const double floor_ms = stream_read_ms(w.per_copy, copies, rounds);
-    std::printf(" | stream read %7.2f us %5.1f%% of copy, matvec %5.1f%% of it", floor_ms * 1e3,
-                100.0 * double(w.per_copy) / (floor_ms * 1e6) / hbm, 100.0 * floor_ms / ms);
+    const double floor_ms = stream_read_ms(w.per_copy, copies, rounds, false);
+    const double floor_graphed = stream_read_ms(w.per_copy, copies, rounds, true);
+    std::printf(" | stream read %7.2f us, matvec %5.1f%% of it | graphed %7.2f us %5.1f%% of copy, matvec %5.1f%% of it",
+                floor_ms * 1e3, 100.0 * floor_ms / ms, floor_graphed * 1e3,
+                100.0 * double(w.per_copy) / (floor_graphed * 1e6) / hbm, 100.0 * floor_graphed / graphed);
   }
   std::printf("\n");
 }

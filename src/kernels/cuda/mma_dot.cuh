@@ -262,35 +262,36 @@ __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT,
       const int i = base + k * THREADS + int(threadIdx.x), j = i % kMmaSteps;
       const int t = i / kMmaSteps / padded, c = i / kMmaSteps % padded;
       float mx = 0.f, sum = 0.f;
-      int finite = 1;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         mx = fmaxf(mx, fmaxf(fmaxf(fabsf(a[k][r][0]), fabsf(a[k][r][1])), fmaxf(fabsf(a[k][r][2]), fabsf(a[k][r][3]))));
         sum += (a[k][r][0] + a[k][r][1]) + (a[k][r][2] + a[k][r][3]);
-#pragma unroll
-        for (int m = 0; m < 4; ++m) finite = finite && isfinite(a[k][r][m]);  // fmaxf drops NaNs
       }
 #pragma unroll
       for (int o = 1; o < kMmaSteps * G; o *= 2) {  // the unit's other steps are the neighbouring lanes'
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        finite &= __shfl_xor_sync(0xffffffffu, finite, o);
       }
-      finite = finite && isfinite(sum);
+      // An infinity makes the maximum infinite and a NaN the sum NaN (fmaxf drops NaNs).
+      const bool finite = isfinite(mx) && isfinite(sum);
       if (i >= n) continue;
-      const int e = mx > 0.f ? max(ilogbf(mx) - 29, -149) : 0;
+      // ilogb(mx) − 29, from the exponent bits: a subnormal mx (bits 0) gives −156, clamped as ilogb's would be.
+      const int e = mx > 0.f ? max(int(__float_as_uint(mx) >> 23) - 127 - 29, -149) : 0;
       if (j == 0 && c % G == 0) {
         pow2[t * padded + c / G] = finite ? pow2f(e) : __int_as_float(0x7fc00000);
         xsum[t * padded + c / G] = sum;
       }
-      // X = x·2^-e by two exact power-of-two products (2^-e alone may not be a float).
-      const float s1 = pow2f(-e / 2), s2 = pow2f(-e - -e / 2);
+      // X = x·2^-e by two exact power-of-two products (2^-e alone may not be a float; its halves,
+      // −e/2 in [−50, 75], are normal). A unit that is not finite gets X = 0: x·0 is 0 or NaN, and
+      // NaN converts to 0.
+      const float s1 = finite ? __int_as_float((127 + -e / 2) << 23) : 0.f;
+      const float s2 = __int_as_float((127 + -e - -e / 2) << 23);
       uint32_t b[2][kMmaParts];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         uint32_t d[4];
 #pragma unroll
-        for (int m = 0; m < 4; ++m) d[m] = digits(finite ? __float2int_rn(a[k][r][m] * s1 * s2) : 0);
+        for (int m = 0; m < 4; ++m) d[m] = digits(__float2int_rn(a[k][r][m] * s1 * s2));
         transpose_bytes(d, b[r]);
       }
       // Chunk c is lane (c % 4L) / L's of quad (c / 4L)·L + c % L (chunk_of's inverse). The step's

@@ -258,17 +258,42 @@ TEST(CudaMatmul, AffineKeepsSmallValuesBesideLargeOnes) {
   }
 }
 
-// A NaN in x makes every output NaN, as on the CPU.
-TEST(CudaMatmul, AffineCarriesNaN) {
+// Chunks of x from 2^-100 to 2^100 in size: each chunk's power of two comes from the exponent bits
+// of its largest value and is applied as two halves, which must hold at both ends.
+TEST(CudaMatmul, AffineMatchesCpuAcrossExponents) {
+  MS_REQUIRE_CUDA();
+  Rng rng(13);
+  const int rows = 96, cols = 1024, exponents[] = {-100, -60, -20, 0, 20, 60, 100};
+  for (int bits : {2, 3, 4, 8})
+    for (int group : {32, 64}) {
+      QuantBuffer qb;
+      const TestWeights tw = affine_weights(rng, rows, cols, bits, group, qb);
+      Vec x = rng.normals(size_t(cols));
+      for (int c = 0; c < cols; ++c) x[size_t(c)] = std::ldexp(x[size_t(c)], exponents[(c / 32) % std::size(exponents)]);
+      Vec y_cpu(size_t(rows));
+      cpu::matmul(x.data(), 1, tw.host, y_cpu.data());
+      DeviceBuffer dx = dev(x), dy(y_cpu.size() * sizeof(float));
+      matmul(dx.as<float>(), 1, tw.device, dy.as<float>());
+      const std::string what = "q" + std::to_string(bits) + " g" + std::to_string(group);
+      const double err = rel_error(host(dy), y_cpu, magnitudes(x, 1, tw.a, rows, cols));
+      record("matmul affine, chunks of 2^-100 to 2^100", what, err, kTol);
+      EXPECT_LE(err, kTol) << what;
+    }
+}
+
+// A NaN or an infinity in x makes every output NaN (on the CPU NaN or infinite).
+TEST(CudaMatmul, AffineCarriesNaNAndInfinity) {
   MS_REQUIRE_CUDA();
   Rng rng(11);
   QuantBuffer qb;
   const TestWeights tw = affine_weights(rng, 40, 256, 4, 64, qb);
-  Vec x = rng.normals(256);
-  x[77] = std::nanf("");
-  DeviceBuffer dx = dev(x), dy(40 * sizeof(float));
-  matmul(dx.as<float>(), 1, tw.device, dy.as<float>());
-  for (float v : host(dy)) EXPECT_TRUE(std::isnan(v));
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    Vec x = rng.normals(256);
+    x[77] = bad;
+    DeviceBuffer dx = dev(x), dy(40 * sizeof(float));
+    matmul(dx.as<float>(), 1, tw.device, dy.as<float>());
+    for (float v : host(dy)) EXPECT_TRUE(std::isnan(v)) << "x[77] = " << bad;
+  }
 }
 
 // Back-to-back calls start overlapped (launch_overlapped): each must still read all of the output
