@@ -270,7 +270,7 @@ TEST(CudaMatmul, AffineMatchesCpuAcrossExponents) {
       const TestWeights tw = affine_weights(rng, rows, cols, bits, group, qb);
       Vec x = rng.normals(size_t(cols));
       for (int c = 0; c < cols; ++c) x[size_t(c)] = std::ldexp(x[size_t(c)], exponents[(c / 32) % std::size(exponents)]);
-      Vec y_cpu(size_t(rows));
+      Vec y_cpu(static_cast<size_t>(rows));
       cpu::matmul(x.data(), 1, tw.host, y_cpu.data());
       DeviceBuffer dx = dev(x), dy(y_cpu.size() * sizeof(float));
       matmul(dx.as<float>(), 1, tw.device, dy.as<float>());
