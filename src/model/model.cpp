@@ -388,14 +388,15 @@ std::vector<float> Model::mtp_forward_on(const B& be, const float* hidden, const
   embed(next_ids, T, embedded.data());
   typename B::Buf e = be.upload(std::move(embedded)), hid = be.upload(std::vector<float>(hidden, hidden + n));
   typename B::Buf cat = be.alloc(2 * n), x = be.alloc(n);
+  const float offset = norm_offset();
   for (int t = 0; t < T; ++t) {  // concat(norm(embedding), norm(hidden)) per row
     float* row = cat.data() + size_t(t) * 2 * size_t(H);
-    be.rmsnorm(e.data() + size_t(t) * size_t(H), 1, H, be.vec(m.pre_fc_norm_embedding), 1.f, cfg_.rms_eps, row);
-    be.rmsnorm(hid.data() + size_t(t) * size_t(H), 1, H, be.vec(m.pre_fc_norm_hidden), 1.f, cfg_.rms_eps, row + H);
+    be.rmsnorm(e.data() + size_t(t) * size_t(H), 1, H, be.vec(m.pre_fc_norm_embedding), offset, cfg_.rms_eps, row);
+    be.rmsnorm(hid.data() + size_t(t) * size_t(H), 1, H, be.vec(m.pre_fc_norm_hidden), offset, cfg_.rms_eps, row + H);
   }
   be.matmul(cat.data(), T, be.mat(m.fc), x.data());
   typename B::Buf xn = be.alloc(n);
-  be.rmsnorm(x.data(), T, H, be.vec(m.layer.input_norm), norm_offset(), cfg_.rms_eps, xn.data());
+  be.rmsnorm(x.data(), T, H, be.vec(m.layer.input_norm), offset, cfg_.rms_eps, xn.data());
   decoder_layer(be, m.layer, T, be.mtp_kv(), nullptr, pos0, x.data(), xn.data(), m.norm, nullptr, nullptr);
   typename B::Buf logits = be.alloc(size_t(T) * size_t(cfg_.vocab));
   be.matmul(xn.data(), T, be.mat(w_.lm_head), logits.data());
