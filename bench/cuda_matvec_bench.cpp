@@ -147,11 +147,13 @@ void run(const Config& c, int group, int T, double hbm, const std::string& filte
   const double bytes = double(w.per_copy) + 4.0 * T * (c.cols + c.rows);
   auto of_copy = [&](double t) { return 100.0 * bytes / (t * 1e6) / hbm; };
   std::printf("%-22s %6d x %-6d %-8s T=%-2d %9.2f us %8.0f GB/s %5.1f%% of copy | graph %7.2f us %5.1f%%", c.name,
-              c.rows, c.cols, type.c_str(), T, ms * 1e3, bytes / (ms * 1e6), of_copy(ms), graphed * 1e3, of_copy(graphed));
+              c.rows, c.cols, type.c_str(), T, ms * 1e3, bytes / (ms * 1e6), of_copy(ms), graphed * 1e3,
+              of_copy(graphed));
   if (with_floor) {
     const double floor_ms = stream_read_ms(w.per_copy, copies, rounds, false);
     const double floor_graphed = stream_read_ms(w.per_copy, copies, rounds, true);
-    std::printf(" | stream read %7.2f us, matvec %5.1f%% of it | graphed %7.2f us %5.1f%% of copy, matvec %5.1f%% of it",
+    std::printf(" | stream read %7.2f us, matvec %5.1f%% of it"
+                " | graphed %7.2f us %5.1f%% of copy, matvec %5.1f%% of it",
                 floor_ms * 1e3, 100.0 * floor_ms / ms, floor_graphed * 1e3,
                 100.0 * double(w.per_copy) / (floor_graphed * 1e6) / hbm, 100.0 * floor_graphed / graphed);
   }
