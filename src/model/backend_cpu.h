@@ -55,8 +55,13 @@ struct CpuBackend {
   void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta) const {
     cpu::rope(x, T, heads, head_dim, rot_dim, pos0, theta);
   }
-  void attention(const float* q, const float* k, const float* v, int T, int pos0, int nh, int nkv, int hd, float* out) const {
+  // out *= sigmoid(gate) elementwise after the attention where gate is given (a gated layer's).
+  void attention(const float* q, const float* k, const float* v, int T, int pos0, int nh, int nkv, int hd,
+                 const float* gate, float* out) const {
     cpu::attention(q, k, v, T, pos0, nh, nkv, hd, out);
+    if (!gate) return;
+    const size_t n = size_t(T) * size_t(nh) * size_t(hd);
+    for (size_t i = 0; i < n; ++i) out[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
   }
   // q and the caches' k and v of an attention layer from its projections
   // (cuda::attention_prepare's formulas): the split of a gated q_raw, the norms, RoPE and the
@@ -74,12 +79,12 @@ struct CpuBackend {
   // mlp_forward's gate and up run as two matmuls and silu_mul on the CPU.
   bool fused_gate_up(const float*, int, const Mat&, const Mat&, float*) const { return false; }
   void softmax(float* x, int rows, int n) const { cpu::softmax(x, rows, n); }
-  void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T, int nk,
-                        int nv, int dk, int dv, float* st, float* out) const {
+  // The gated delta rule, then its output's gated RMSNorm (rmsnorm_gated by value head, z the gate).
+  void gated_delta_rule_norm(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
+                             int nk, int nv, int dk, int dv, float* st, const float* z, const float* norm_w, float eps,
+                             float* out) const {
     cpu::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);
-  }
-  void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) const {
-    cpu::rmsnorm_gated(x, z, w, rows, dim, eps, out);
+    cpu::rmsnorm_gated(out, z, norm_w, T * nv, dv, eps, out);
   }
 
   // The CPU has no decode-only MoE path: ffn_block's grouping serves every T.
@@ -88,9 +93,6 @@ struct CpuBackend {
 
   void add(float* x, const float* y, size_t n) const {
     for (size_t i = 0; i < n; ++i) x[i] += y[i];
-  }
-  void sigmoid_mul(float* x, const float* gate, size_t n) const {
-    for (size_t i = 0; i < n; ++i) x[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
   }
   void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t width, size_t rows) const {
     for (size_t r = 0; r < rows; ++r) std::copy_n(src + r * src_stride, width, dst + r * dst_stride);

@@ -215,8 +215,9 @@ struct CudaBackend {
     cuda::attention_prepare({q_raw, k, v, q_norm, k_norm, q, gate, cache.k.data(), cache.v.data(), step_pos, theta,
                              offset, eps, T, nh, nkv, hd, rot_dim, pos0, gated});
   }
-  void attention(const float* q, const float* k, const float* v, int T, int pos0, int nh, int nkv, int hd, float* out) const {
-    cuda::attention(q, k, v, T, pos0, nh, nkv, hd, out, step_pos);
+  void attention(const float* q, const float* k, const float* v, int T, int pos0, int nh, int nkv, int hd,
+                 const float* gate, float* out) const {
+    cuda::attention(q, k, v, T, pos0, nh, nkv, hd, out, step_pos, gate);
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) const { cuda::silu_mul(gate, up, out, n); }
   // h = silu(x · gateᵀ) * (x · upᵀ) in one launch for a decode token's affine gate and up; false,
@@ -227,14 +228,12 @@ struct CudaBackend {
     return true;
   }
   void softmax(float* x, int rows, int n) const { cuda::softmax(x, rows, n); }
-  void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T, int nk,
-                        int nv, int dk, int dv, float* st, float* out) const {
-    cuda::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);
+  // One launch for a decode token (cuda::gated_delta_rule_norm).
+  void gated_delta_rule_norm(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
+                             int nk, int nv, int dk, int dv, float* st, const float* z, const float* norm_w, float eps,
+                             float* out) const {
+    cuda::gated_delta_rule_norm(q, k, v, g, beta, T, nk, nv, dk, dv, st, z, norm_w, eps, out);
   }
-  void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) const {
-    cuda::rmsnorm_gated(x, z, w, rows, dim, eps, out);
-  }
-  void sigmoid_mul(float* x, const float* gate, size_t n) const { cuda::sigmoid_mul(x, gate, int64_t(n)); }
   void deltanet_prepare(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, const float* conv_w,
                         int conv_k, float* conv_state, const float* A_log, const float* dt_bias, float eps,
                         float q_scale, float* q, float* k, float* v, float* z, float* g, float* beta) const {

@@ -1,5 +1,5 @@
 // The CUDA backend's glue (model/backend_cuda.h) against the CPU backend's loops on random
-// inputs: the elementwise gates, the attention and Gated DeltaNet inputs and the expert
+// inputs: the gated attention, the attention and Gated DeltaNet inputs and the expert
 // gather/scatter/sum.
 // Built with MOESTREAM_CUDA; skipped where no GPU is present.
 #if MOESTREAM_CUDA
@@ -28,12 +28,6 @@ std::vector<float> random_vec(size_t n, uint32_t seed, float lo = -3.f, float hi
   return v;
 }
 
-// Elementwise results differ from the CPU's by expf's last bits at most.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-6f * (1.f + std::abs(want[i]))) << i;
-}
-
 class CudaBackendGlue : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -51,14 +45,23 @@ class CudaBackendGlue : public ::testing::Test {
   std::unique_ptr<DeviceState> device_state;
 };
 
-TEST_F(CudaBackendGlue, SigmoidGate) {
-  const size_t n = 3000;
-  const auto x = random_vec(n, 1), y = random_vec(n, 2);
-  std::vector<float> want = x;
-  auto d = up(x), dy = up(y);
-  cpu.sigmoid_mul(want.data(), y.data(), n);
-  gpu().sigmoid_mul(d.data(), dy.data(), n);
-  expect_close(d.to_vector(), want);
+// The backends' attention with and without a gate (Qwen3-Next's sigmoid-gated output). Tolerance
+// 1e-5 of max|v|, tests/kernels/cuda/ops_test.cpp's for the kernel: the output is a convex mix of
+// v rows, times a sigmoid.
+TEST_F(CudaBackendGlue, AttentionGatedAndNot) {
+  const int T = 3, pos0 = 5, nh = 4, nkv = 2, hd = 64, len = pos0 + T;
+  const size_t nq = size_t(T) * nh * hd, nkvs = size_t(len) * nkv * hd;
+  const auto q = random_vec(nq, 1), k = random_vec(nkvs, 2), v = random_vec(nkvs, 3), gate = random_vec(nq, 4);
+  auto dq = up(q), dk = up(k), dv = up(v), dgate = up(gate);
+  const float tol = 1e-5f * 3.0f;  // max|v| <= 3
+  for (const bool gated : {false, true}) {
+    std::vector<float> want(nq);
+    cpu.attention(q.data(), k.data(), v.data(), T, pos0, nh, nkv, hd, gated ? gate.data() : nullptr, want.data());
+    DeviceArray<float> d(nq);
+    gpu().attention(dq.data(), dk.data(), dv.data(), T, pos0, nh, nkv, hd, gated ? dgate.data() : nullptr, d.data());
+    const std::vector<float> got = d.to_vector();
+    for (size_t i = 0; i < nq; ++i) ASSERT_NEAR(got[i], want[i], tol) << (gated ? "gated " : "") << i;
+  }
 }
 
 // The largest |got - want| / max(1, |want|).

@@ -1,4 +1,4 @@
-// The small glue kernels of the model's forward on the GPU: gates, and the
+// The small glue kernels of the model's forward on the GPU: the shared expert's gate, and the
 // gather/scatter around the routed experts. Each follows the loop it replaces in src/model/
 // (formulas in ops.h); elementwise, so results match the CPU's up to expf.
 #include <cuda_runtime.h>
@@ -15,12 +15,6 @@ namespace {
 constexpr int kThreads = 256;
 
 unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
-
-__global__ void sigmoid_mul_kernel(float* x, const float* gate, int64_t n) {
-  start_after_kernel_before();  // launched by launch_after
-  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (i < n) x[i] *= sigmoid(gate[i]);
-}
 
 // Block t: the gate's dot with x[t] (bf16 weights), then out[t] += sigmoid(dot) · s[t].
 __global__ void shared_gate_add_kernel(float* out, const float* s, const float* x, const uint16_t* w, int H) {
@@ -56,12 +50,6 @@ __global__ void sum_slots_kernel(const float* partial, int K, int H, float* out)
 }
 
 }  // namespace
-
-void sigmoid_mul(float* x, const float* gate, int64_t n) {
-  if (n <= 0) return;
-  launch_after(sigmoid_mul_kernel, blocks_for(n), kThreads, 0, x, gate, n);
-  CUDA_CHECK_LAUNCH();
-}
 
 void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate, int T, int H) {
   if (gate.type != WeightType::BF16 || gate.rows != 1 || gate.cols != H)

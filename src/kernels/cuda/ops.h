@@ -44,9 +44,10 @@ struct AttentionPrep {
 // halves to gate [T, nh·hd] where gated. The CPU backend's attention_prepare
 // (src/model/attention_block.cpp) is the reference: its split, norms, rope and store in turn.
 void attention_prepare(const AttentionPrep& p);
-// pos0 as for attention_prepare.
+// pos0 as for attention_prepare. Where gate [T, n_heads·hd] is given (a gated layer's, from
+// attention_prepare), out is multiplied by sigmoid(gate) elementwise.
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
-               float* out, const int* pos_on_device = nullptr);
+               float* out, const int* pos_on_device = nullptr, const float* gate = nullptr);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void softmax(float* x, int rows, int n);
 // Per row of x [rows, n]: the indices of the k largest values, largest first, ties to the lower
@@ -109,9 +110,17 @@ void deltanet_prepare(const DeltaNetPrep& p);
 void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
                       int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out);
 void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out);
+// gated_delta_rule, then rmsnorm_gated(out, z, norm_w, T·nv, dv, eps, out): in one launch where
+// the recurrence runs (short T) and a block can hold a value head's whole state ((dk / 32 rounded
+// up)·(dv / 32 rounded up) ≤ 16, Qwen3-Next's 128 by 128 included), so that a
+// decode token's rule and norm are one kernel; the two in turn otherwise.
+// fused_rule_rows(dk, dv): the state rows a thread holds in that kernel, 0 where it does not apply.
+void gated_delta_rule_norm(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
+                           int n_k_heads, int n_v_heads, int dk, int dv, float* state, const float* z,
+                           const float* norm_w, float eps, float* out);
+int fused_rule_rows(int dk, int dv);
 
 // The model's glue (model_ops.cu), each the loop of src/model/ it stands for.
-void sigmoid_mul(float* x, const float* gate, int64_t n);      // x *= sigmoid(gate)
 // out[t] += sigmoid(gate · x[t]) * s[t], rows of H: the shared expert's gate (a bf16 [1, H] row)
 // and gated add in one launch.
 void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate, int T, int H);

@@ -88,6 +88,16 @@ TEST(CudaOps, AttentionGqaDecodeAndPrefill) {
     attention(dq.as<float>(), dk.as<float>(), dv.as<float>(), c.T, -1, c.n_heads, c.n_kv, c.hd, dout_at.as<float>(),
               dpos.as<int>());
     EXPECT_EQ(host(dout_at), host(dout)) << what << ", position on the device";
+    // Gated (Qwen3-Next): the same output times sigmoid(gate), applied as it is stored.
+    const Vec gate = rng.normals(q.size(), 3.0f);
+    Vec want_gated = want;
+    for (size_t i = 0; i < gate.size(); ++i) want_gated[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+    DeviceBuffer dgate = dev(gate), dout_gated(q.size() * sizeof(float));
+    attention(dq.as<float>(), dk.as<float>(), dv.as<float>(), c.T, c.pos0, c.n_heads, c.n_kv, c.hd,
+              dout_gated.as<float>(), nullptr, dgate.as<float>());
+    const double err_gated = max_abs_diff(host(dout_gated), want_gated) / max_abs(v);
+    record("attention", what + " gated", err_gated, kTol);
+    EXPECT_LE(err_gated, kTol) << what << ", gated";
   }
 }
 
