@@ -303,20 +303,6 @@ void run_delta_rule(const std::string& filter) {
                 });
     std::printf("  T=%-5d recurrent %10.1f us  chunked %10.1f us  (%.2fx)\n", T, us[0], us[1], us[0] / us[1]);
   }
-  // A decode token's rule and its gated norm, in a graph: the two launches against the one.
-  std::vector<float> z(size_t(hv) * d), w(size_t(d), 1.0f);
-  for (float& x : z) x = normal(rng);
-  cuda::DeviceBuffer dz = cuda::DeviceBuffer::from(z), dw = cuda::DeviceBuffer::from(w);
-  const double two = 1e3 * graph_ms(20, [&](int) {
-    cuda::gated_delta_rule_recurrent(dq.as<float>(), dk.as<float>(), dv.as<float>(), dg.as<float>(), db.as<float>(), 1,
-                                     hk, hv, d, d, dst.as<float>(), dout.as<float>());
-    cuda::rmsnorm_gated(dout.as<float>(), dz.as<float>(), dw.as<float>(), hv, d, 1e-6f, dout.as<float>());
-  });
-  const double one = 1e3 * graph_ms(20, [&](int) {
-    cuda::gated_delta_rule_norm(dq.as<float>(), dk.as<float>(), dv.as<float>(), dg.as<float>(), db.as<float>(), 1, hk,
-                                hv, d, d, dst.as<float>(), dz.as<float>(), dw.as<float>(), 1e-6f, dout.as<float>());
-  });
-  std::printf("  T=1 rule + gated norm in a graph: two launches %.2f us, fused %.2f us\n", two, one);
 }
 
 }  // namespace

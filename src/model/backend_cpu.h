@@ -79,12 +79,12 @@ struct CpuBackend {
   // mlp_forward's gate and up run as two matmuls and silu_mul on the CPU.
   bool fused_gate_up(const float*, int, const Mat&, const Mat&, float*) const { return false; }
   void softmax(float* x, int rows, int n) const { cpu::softmax(x, rows, n); }
-  // The gated delta rule, then its output's gated RMSNorm (rmsnorm_gated by value head, z the gate).
-  void gated_delta_rule_norm(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
-                             int nk, int nv, int dk, int dv, float* st, const float* z, const float* norm_w, float eps,
-                             float* out) const {
+  void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T, int nk,
+                        int nv, int dk, int dv, float* st, float* out) const {
     cpu::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);
-    cpu::rmsnorm_gated(out, z, norm_w, T * nv, dv, eps, out);
+  }
+  void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) const {
+    cpu::rmsnorm_gated(x, z, w, rows, dim, eps, out);
   }
 
   // The CPU has no decode-only MoE path: ffn_block's grouping serves every T.

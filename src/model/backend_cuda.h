@@ -228,11 +228,12 @@ struct CudaBackend {
     return true;
   }
   void softmax(float* x, int rows, int n) const { cuda::softmax(x, rows, n); }
-  // One launch for a decode token (cuda::gated_delta_rule_norm).
-  void gated_delta_rule_norm(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
-                             int nk, int nv, int dk, int dv, float* st, const float* z, const float* norm_w, float eps,
-                             float* out) const {
-    cuda::gated_delta_rule_norm(q, k, v, g, beta, T, nk, nv, dk, dv, st, z, norm_w, eps, out);
+  void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T, int nk,
+                        int nv, int dk, int dv, float* st, float* out) const {
+    cuda::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);
+  }
+  void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) const {
+    cuda::rmsnorm_gated(x, z, w, rows, dim, eps, out);
   }
   void deltanet_prepare(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, const float* conv_w,
                         int conv_k, float* conv_state, const float* A_log, const float* dt_bias, float eps,

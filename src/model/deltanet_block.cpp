@@ -83,8 +83,9 @@ void deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& 
                       v.data(), z.data(), g.data(), beta.data());
 
   typename B::Buf o = be.alloc(tokens * value_dim);
-  be.gated_delta_rule_norm(q.data(), k.data(), v.data(), g.data(), beta.data(), T, nk, nv, dk, dv,
-                           state.recurrent.data(), z.data(), be.vec(w.norm), cfg.rms_eps, o.data());
+  be.gated_delta_rule(q.data(), k.data(), v.data(), g.data(), beta.data(), T, nk, nv, dk, dv, state.recurrent.data(),
+                      o.data());
+  be.rmsnorm_gated(o.data(), z.data(), be.vec(w.norm), T * nv, dv, cfg.rms_eps, o.data());
   be.matmul(o.data(), T, be.mat(w.out_proj), out);
 }
 

@@ -96,42 +96,28 @@ __global__ void __launch_bounds__(kInputThreads) deltanet_prepare_kernel(const D
   }
 }
 
-// The recurrence, one block per (value head, C groups of 32 state columns j): the G warps of a
-// column group hold rows w, w + G, ... (R rows each) of its columns in registers for all T tokens,
-// so that the state is read and written once a call, coalesced (a warp reads 32 consecutive
-// columns of a row). Per token, in the reference's order: S *= exp(g); kv = kᵀS; delta = (v -
-// kv)·beta; S += k deltaᵀ; o = qᵀS; the sums over rows are each warp's share, then the G shares
-// of a column group added through shared memory.
+// The recurrence, one block per (value head, 32 state columns j): warp w of the block holds rows
+// w, w + G, ... (G warps, R rows each) of those columns in registers for all T tokens, so that the
+// state is read and written once a call, coalesced (a warp reads 32 consecutive columns of a row).
+// Per token, in the reference's order: S *= exp(g); kv = kᵀS; delta = (v - kv)·beta; S += k deltaᵀ;
+// o = qᵀS; the sums over rows are each warp's share, then the G shares added through shared memory.
 constexpr int kRecCols = 32;
 
-// Where the rule's output is gated and normalised in the same launch (C groups cover the head):
-// out = rmsnorm_gated(o, z, w) per (token, value head), rmsnorm_gated_kernel's formula.
-struct RuleNorm {
-  const float *z, *w;
-  float eps;
-};
-
-// With a norm, blocks of up to kNormRuleThreads: their registers hold up to 32 rows without spilling.
-constexpr int kNormRuleThreads = 512;
-
-template <int R, bool NORM>
-__global__ void __launch_bounds__(NORM ? kNormRuleThreads : 1024)
+template <int R>
+__global__ void __launch_bounds__(1024)
     delta_rule_kernel(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
-                      int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out, int G, RuleNorm norm) {
+                      int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out) {
   start_after_kernel_before();  // launched by launch_after
   extern __shared__ float sm[];
-  const int C = int(blockDim.x) / 32 / G;
-  float* qs = sm;                        // q_t [dk]
-  float* ks = qs + dk;                   // k_t [dk]
-  float* kv_part = ks + dk;              // [C][G][32]: each warp's share of kᵀS
-  float* o_part = kv_part + C * G * 32;  // [C][G][32]: of qᵀS
-  double* ss_part = reinterpret_cast<double*>(o_part + C * G * 32);  // [C]: Σo² by group (an even float offset)
+  const int G = int(blockDim.x) / 32;
+  float* qs = sm;                    // q_t [dk]
+  float* ks = qs + dk;               // k_t [dk]
+  float* kv_part = ks + dk;          // [G][32]: each warp's share of kᵀS
+  float* o_part = kv_part + G * 32;  // [G][32]: of qᵀS
   const int h = blockIdx.x, kh = h / (n_v_heads / n_k_heads);
-  const int lane = threadIdx.x % 32, w = threadIdx.x / 32 % G, cg = threadIdx.x / 32 / G;
-  const int j = (int(blockIdx.y) * C + cg) * kRecCols + lane;
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  const int j = blockIdx.y * kRecCols + lane;
   const bool col_in = j < dv;
-  float* kv_mine = kv_part + cg * G * 32;
-  float* o_mine = o_part + cg * G * 32;
   float* S = state + size_t(h) * dk * dv + j;
   float s[R];
 #pragma unroll
@@ -157,10 +143,10 @@ __global__ void __launch_bounds__(NORM ? kNormRuleThreads : 1024)
         kv = fmaf(ks[i], s[r], kv);
       }
     }
-    kv_mine[w * 32 + lane] = kv;
+    kv_part[w * 32 + lane] = kv;
     __syncthreads();
     kv = 0.f;
-    for (int p = 0; p < G; ++p) kv += kv_mine[p * 32 + lane];  // every warp the same sum, in the same order
+    for (int p = 0; p < G; ++p) kv += kv_part[p * 32 + lane];  // every warp the same sum, in the same order
     const float delta = (vj - kv) * b;
     float o = 0.f;
 #pragma unroll
@@ -171,25 +157,11 @@ __global__ void __launch_bounds__(NORM ? kNormRuleThreads : 1024)
         o = fmaf(qs[i], s[r], o);
       }
     }
-    o_mine[w * 32 + lane] = o;
+    o_part[w * 32 + lane] = o;
     __syncthreads();  // also: q_t, k_t and kv_part are read, the next token may replace them
-    if (w == 0) {
+    if (w == 0 && col_in) {
       o = 0.f;
-      for (int p = 0; p < G; ++p) o += o_mine[p * 32 + lane];
-    }
-    if constexpr (NORM) {
-      if (w == 0) {
-        const double ss = warp_sum(col_in ? double(o) * o : 0.0);
-        if (lane == 0) ss_part[cg] = ss;
-      }
-      __syncthreads();  // every column group's Σo² is in
-      if (w == 0 && col_in) {
-        double ss = 0.0;
-        for (int c = 0; c < C; ++c) ss += ss_part[c];
-        const float inv = float(1.0 / sqrt(ss / dv + double(norm.eps)));
-        out[hv * dv + j] = silu(norm.z[hv * dv + j]) * (norm.w[j] * (o * inv));
-      }
-    } else if (w == 0 && col_in) {
+      for (int p = 0; p < G; ++p) o += o_part[p * 32 + lane];
       out[hv * dv + j] = o;
     }
   }
@@ -200,16 +172,13 @@ __global__ void __launch_bounds__(NORM ? kNormRuleThreads : 1024)
   }
 }
 
-// G warps of R rows for each of `groups` column groups a block; with a norm, every group of the head.
-template <int R, bool NORM>
+template <int R>
 void launch_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
-                       int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out, RuleNorm norm = {}) {
-  const int G = (dk + R - 1) / R, col_groups = (dv + kRecCols - 1) / kRecCols, C = NORM ? col_groups : 1;
-  const dim3 grid(unsigned(n_v_heads), unsigned(col_groups / C));
-  const size_t cells = size_t(C) * G * 32;
-  const size_t smem = sizeof(float) * (2 * size_t(dk) + 2 * cells) + sizeof(double) * size_t(C);
-  launch_after(delta_rule_kernel<R, NORM>, grid, 32 * G * C, smem, q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv,
-               state, out, G, norm);
+                       int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out) {
+  const int warps = (dk + R - 1) / R;
+  const dim3 grid(unsigned(n_v_heads), unsigned((dv + kRecCols - 1) / kRecCols));
+  const size_t smem = sizeof(float) * (2 * size_t(dk) + 2 * size_t(warps) * 32);
+  launch_after(delta_rule_kernel<R>, grid, 32 * warps, smem, q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -544,9 +513,9 @@ void gated_delta_rule_recurrent(const float* q, const float* k, const float* v, 
   if (T <= 0) return;
   // Rows a thread holds: 8 for dk up to 256 (16 warps at dk = 128), else 32.
   if (dk <= 32 * 8)
-    launch_delta_rule<8, false>(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
+    launch_delta_rule<8>(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
   else
-    launch_delta_rule<32, false>(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
+    launch_delta_rule<32>(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
 }
 
 bool chunked_delta_rule_fits(const float* k, int dk, int dv, const float* state, const float* out) {
@@ -599,30 +568,6 @@ void gated_delta_rule(const float* q, const float* k, const float* v, const floa
     gated_delta_rule_chunked(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
   else
     gated_delta_rule_recurrent(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
-}
-
-int fused_rule_rows(int dk, int dv) {
-  if (dk <= 0 || dv <= 0) return 0;
-  const int col_groups = (dv + kRecCols - 1) / kRecCols;
-  for (int R : {8, 16, 32})
-    if ((dk + R - 1) / R * col_groups * 32 <= kNormRuleThreads) return R;
-  return 0;
-}
-
-void gated_delta_rule_norm(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
-                           int n_k_heads, int n_v_heads, int dk, int dv, float* state, const float* z,
-                           const float* norm_w, float eps, float* out) {
-  const bool chunked = T >= kDeltaChunkedMinTokens && chunked_delta_rule_fits(k, dk, dv, state, out);
-  const RuleNorm norm{z, norm_w, eps};
-  check_heads(n_k_heads, n_v_heads);
-  if (T <= 0) return;
-  switch (chunked ? 0 : fused_rule_rows(dk, dv)) {
-    case 8: return launch_delta_rule<8, true>(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out, norm);
-    case 16: return launch_delta_rule<16, true>(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out, norm);
-    case 32: return launch_delta_rule<32, true>(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out, norm);
-  }
-  gated_delta_rule(q, k, v, g, beta, T, n_k_heads, n_v_heads, dk, dv, state, out);
-  rmsnorm_gated(out, z, norm_w, T * n_v_heads, dv, eps, out);
 }
 
 }  // namespace ms::cuda

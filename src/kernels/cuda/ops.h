@@ -110,15 +110,6 @@ void deltanet_prepare(const DeltaNetPrep& p);
 void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
                       int n_k_heads, int n_v_heads, int dk, int dv, float* state, float* out);
 void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out);
-// gated_delta_rule, then rmsnorm_gated(out, z, norm_w, T·nv, dv, eps, out): in one launch where
-// the recurrence runs (short T) and a block can hold a value head's whole state ((dk / 32 rounded
-// up)·(dv / 32 rounded up) ≤ 16, Qwen3-Next's 128 by 128 included), so that a
-// decode token's rule and norm are one kernel; the two in turn otherwise.
-// fused_rule_rows(dk, dv): the state rows a thread holds in that kernel, 0 where it does not apply.
-void gated_delta_rule_norm(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
-                           int n_k_heads, int n_v_heads, int dk, int dv, float* state, const float* z,
-                           const float* norm_w, float eps, float* out);
-int fused_rule_rows(int dk, int dv);
 
 // The model's glue (model_ops.cu), each the loop of src/model/ it stands for.
 // out[t] += sigmoid(gate · x[t]) * s[t], rows of H: the shared expert's gate (a bf16 [1, H] row)
