@@ -26,7 +26,7 @@ void CpuBackend::attention_prepare(const float* q_raw, const float* k, const flo
 
 template <class B>
 void attention_block(const B& be, const ModelConfig& cfg, const AttentionWeights& w, const float* x, int T,
-                     typename B::KV& cache, int pos0, float* out, const ResidualNorm& then) {
+                     typename B::KV& cache, int pos0, float* out) {
   const int nh = cfg.n_heads, nkv = cfg.n_kv_heads, hd = cfg.head_dim;
   const bool gated = cfg.arch == Arch::Qwen3Next;
   const float norm_offset = cfg.zero_centred_norms() ? 1.f : 0.f;
@@ -48,14 +48,14 @@ void attention_block(const B& be, const ModelConfig& cfg, const AttentionWeights
   typename B::Buf attn = be.alloc(size_t(T) * q_width);
   be.attention(q.data(), cache.k_at(0), cache.v_at(0), T, pos0, nh, nkv, hd, gated ? gate.data() : nullptr,
                attn.data());
-  be.matmul_then(attn.data(), T, be.mat(w.o_proj), out, then);
+  be.matmul(attn.data(), T, be.mat(w.o_proj), out);
 }
 
 template void attention_block(const CpuBackend&, const ModelConfig&, const AttentionWeights&, const float*, int,
-                              KVCache&, int, float*, const ResidualNorm&);
+                              KVCache&, int, float*);
 #if MOESTREAM_CUDA
 template void attention_block(const CudaBackend&, const ModelConfig&, const AttentionWeights&, const float*, int,
-                              DeviceKV&, int, float*, const ResidualNorm&);
+                              DeviceKV&, int, float*);
 #endif
 
 }  // namespace ms

@@ -9,7 +9,6 @@
 #include "kernels/cpu/deltanet.h"
 #include "kernels/cpu/ops.h"
 #include "experts/expert_store.h"
-#include "model/residual.h"
 #include "model/state.h"
 #include "model/weights.h"
 
@@ -53,11 +52,6 @@ struct CpuBackend {
     add(x, y, size_t(rows) * size_t(dim));
     rmsnorm(x, rows, dim, w, offset, eps, out);
   }
-  // A block's last product, then its residual add and norm (model/residual.h).
-  void matmul_then(const float* x, int T, const Mat& W, float* y, const ResidualNorm& then) const {
-    matmul(x, T, W, y);
-    add_rmsnorm(then.x, y, T, W.rows, then.w, then.offset, then.eps, then.normed);
-  }
   void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, double theta) const {
     cpu::rope(x, T, heads, head_dim, rot_dim, pos0, theta);
   }
@@ -94,10 +88,7 @@ struct CpuBackend {
   }
 
   // The CPU has no decode-only MoE path: ffn_block's grouping serves every T.
-  bool moe_on_device(const ModelConfig&, const FfnWeights&, const float*, int, float*, const ResidualNorm&, int*,
-                     float*) const {
-    return false;
-  }
+  bool moe_on_device(const ModelConfig&, const FfnWeights&, const float*, int, float*, int*, float*) const { return false; }
   void finish() const {}
 
   void add(float* x, const float* y, size_t n) const {

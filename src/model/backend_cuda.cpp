@@ -342,7 +342,7 @@ void CudaBackend::matmul_stack(const float* x, int T, std::initializer_list<cons
 }
 
 bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out,
-                                const ResidualNorm& then, int* routes, float* router_probs) const {
+                                int* routes, float* router_probs) const {
   if (T != 1 || w.store_layer < 0 || !experts) return false;
   // The shared expert's buffers live past the join: taken and given back on the compute stream.
   const bool has_shared = cfg.shared_inter > 0;
@@ -380,15 +380,9 @@ bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, con
       {p[2].bits, p[2].group, p[2].rows, p[2].cols, p[2].q_offset, p[2].scales_offset, p[2].biases_offset}};
   Buf scratch = alloc(cuda::moe_scratch_floats(1, K, proj));
   if (side) side->join();
-  // `then` in the down kernel, but after the shared expert's gated add where that takes a launch of its own.
-  const bool add_apart = has_shared && !gate_with_router;
-  const cuda::AddNorm add_norm{then.x, then.w, then.offset, then.eps, then.normed};
   cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data(),
-                    gate_with_router ? shared.data() : nullptr, logits.data() + E, add_apart ? nullptr : &add_norm);
-  if (add_apart) {
-    shared_gate_add(out, shared.data(), x, mat(w.shared_expert_gate), 1, cfg.hidden);
-    add_rmsnorm(then.x, out, 1, cfg.hidden, then.w, then.offset, then.eps, then.normed);
-  }
+                    gate_with_router ? shared.data() : nullptr, logits.data() + E);
+  if (has_shared && !gate_with_router) shared_gate_add(out, shared.data(), x, mat(w.shared_expert_gate), 1, cfg.hidden);
   // Slots held until the kernels are queued: the copy stream orders any refill after them.
   if (!table) experts->release(layer);
   if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});

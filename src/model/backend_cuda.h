@@ -15,7 +15,6 @@
 
 #include "experts/device_store.h"
 #include "kernels/cuda/ops.h"
-#include "model/residual.h"
 #include "model/state.h"
 #include "model/weights.h"
 
@@ -210,11 +209,6 @@ struct CudaBackend {
                    float* out) const {
     cuda::add_rmsnorm(x, y, rows, dim, w, offset, eps, out);
   }
-  // A block's last product, then its residual add and norm (model/residual.h): for a decode
-  // token in the product's launch (cuda::matmul_add_rmsnorm).
-  void matmul_then(const float* x, int T, const Mat& W, float* y, const ResidualNorm& then) const {
-    cuda::matmul_add_rmsnorm(x, T, W, y, {then.x, then.w, then.offset, then.eps, then.normed});
-  }
   void attention_prepare(const float* q_raw, const float* k, const float* v, int T, int nh, int nkv, int hd, bool gated,
                          const float* q_norm, const float* k_norm, float offset, float eps, int rot_dim, int pos0,
                          double theta, float* q, float* gate, KV& cache) const {
@@ -260,8 +254,8 @@ struct CudaBackend {
   // gate's row was copied with the router's (DeviceWeights::stacked), the gate's logit then one
   // of the router's. False, doing nothing, where this does not apply (T > 1, a checkpoint's
   // experts).
-  bool moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out,
-                     const ResidualNorm& then, int* routes, float* router_probs) const;
+  bool moe_on_device(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
+                     float* router_probs) const;
   // Copies what moe_on_device left for the host: state.route_ids and route_probs in one copy each.
   void finish() const;
   struct PendingRoutes {

@@ -66,7 +66,7 @@ void CpuBackend::deltanet_prepare(const float* qkvz, const float* ba, int T, int
 
 template <class B>
 void deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& w, const float* x, int T,
-                    typename B::Linear& state, float* out, const ResidualNorm& then) {
+                    typename B::Linear& state, float* out) {
   const int nk = cfg.lin_k_heads, nv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
   const size_t key_dim = size_t(nk) * size_t(dk), value_dim = size_t(nv) * size_t(dv);
   const size_t tokens = size_t(T);
@@ -86,14 +86,14 @@ void deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& 
   be.gated_delta_rule(q.data(), k.data(), v.data(), g.data(), beta.data(), T, nk, nv, dk, dv, state.recurrent.data(),
                       o.data());
   be.rmsnorm_gated(o.data(), z.data(), be.vec(w.norm), T * nv, dv, cfg.rms_eps, o.data());
-  be.matmul_then(o.data(), T, be.mat(w.out_proj), out, then);
+  be.matmul(o.data(), T, be.mat(w.out_proj), out);
 }
 
 template void deltanet_block(const CpuBackend&, const ModelConfig&, const DeltaNetWeights&, const float*, int,
-                             LinearState&, float*, const ResidualNorm&);
+                             LinearState&, float*);
 #if MOESTREAM_CUDA
 template void deltanet_block(const CudaBackend&, const ModelConfig&, const DeltaNetWeights&, const float*, int,
-                             DeviceLinear&, float*, const ResidualNorm&);
+                             DeviceLinear&, float*);
 #endif
 
 }  // namespace ms

@@ -100,14 +100,13 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
 
 template <class B>
 void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool moe, const float* x, int T, float* out,
-               const ResidualNorm& then, int* routes, float* router_probs) {
-  auto add_and_norm = [&] { be.add_rmsnorm(then.x, out, T, cfg.hidden, then.w, then.offset, then.eps, then.normed); };
+               int* routes, float* router_probs) {
   if (!moe) {
     mlp_forward(be, be.mlp(w.dense), x, T, out);
-    return add_and_norm();
+    return;
   }
-  // The shared expert's gated add and `then` included (on the GPU, for a decode token's routed experts).
-  if (be.moe_on_device(cfg, w, x, T, out, then, routes, router_probs)) return;
+  // The shared expert's gated add included (on the GPU, for a decode token's routed experts).
+  if (be.moe_on_device(cfg, w, x, T, out, routes, router_probs)) return;
   // The shared expert before the routed ones: on the GPU it runs while the host reads the
   // layer's missing experts.
   typename B::Buf shared;
@@ -119,14 +118,13 @@ void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool mo
   if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
   routed_experts(be, cfg, w, r, x, T, out);
   if (cfg.shared_inter > 0) be.shared_gate_add(out, shared.data(), x, be.mat(w.shared_expert_gate), T, cfg.hidden);
-  add_and_norm();
 }
 
-template void ffn_block(const CpuBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*,
-                        const ResidualNorm&, int*, float*);
+template void ffn_block(const CpuBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*, int*,
+                        float*);
 #if MOESTREAM_CUDA
-template void ffn_block(const CudaBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*,
-                        const ResidualNorm&, int*, float*);
+template void ffn_block(const CudaBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*, int*,
+                        float*);
 template void mlp_forward(const CudaBackend&, const MlpWeights&, const float*, int, float*, float*, float*);
 #endif
 

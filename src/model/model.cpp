@@ -208,11 +208,11 @@ void Model::decoder_layer(const B& be, const LayerWeights& lw, int T, typename B
   const size_t n = size_t(T) * size_t(cfg_.hidden);
   const float offset = norm_offset();
   typename B::Buf y = be.alloc(n);
-  const ResidualNorm after_attention{x, be.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h};
-  if (lw.type == LayerType::FullAttention) attention_block(be, cfg_, lw.attn, h, T, kv, pos0, y.data(), after_attention);
-  else deltanet_block(be, cfg_, lw.linear, h, T, *lin, y.data(), after_attention);
-  ffn_block(be, cfg_, lw.ffn, lw.moe, h, T, y.data(), {x, be.vec(next_norm), offset, cfg_.rms_eps, h}, routes,
-            router_probs);
+  if (lw.type == LayerType::FullAttention) attention_block(be, cfg_, lw.attn, h, T, kv, pos0, y.data());
+  else deltanet_block(be, cfg_, lw.linear, h, T, *lin, y.data());
+  be.add_rmsnorm(x, y.data(), T, cfg_.hidden, be.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h);
+  ffn_block(be, cfg_, lw.ffn, lw.moe, h, T, y.data(), routes, router_probs);
+  be.add_rmsnorm(x, y.data(), T, cfg_.hidden, be.vec(next_norm), offset, cfg_.rms_eps, h);
 }
 
 ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardOptions& opt) const {

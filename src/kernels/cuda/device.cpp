@@ -1,6 +1,5 @@
 #include "kernels/cuda/device.h"
 
-#include <atomic>
 #include <utility>
 
 #include "kernels/cuda/check.h"
@@ -50,32 +49,13 @@ Side& side() {
 
 thread_local bool t_on_side = false;  // a SideStream of this thread redirects compute_stream()
 
-constexpr unsigned kCompletionCounters = 4096;
-
-unsigned* counter_pool() {
-  static unsigned* const pool = [] {
-    void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, kCompletionCounters * sizeof(unsigned)));  // never freed, as the streams
-    CUDA_CHECK(cudaMemset(p, 0, kCompletionCounters * sizeof(unsigned)));
-    return static_cast<unsigned*>(p);
-  }();
-  return pool;
-}
-
 cudaStream_t main_stream() {
-  // The counters first: zeroed by a synchronous memset, which no capture on the stream may see.
-  static const cudaStream_t s = (counter_pool(), new_stream());
+  static const cudaStream_t s = new_stream();
   return s;
 }
 }  // namespace
 
 cudaStream_t compute_stream() { return t_on_side ? side().stream : main_stream(); }
-
-unsigned* completion_counter() {
-  static std::atomic<unsigned> next{0};
-  main_stream();
-  return counter_pool() + next.fetch_add(1) % kCompletionCounters;
-}
 
 SideStream::SideStream() {
   if (t_on_side) fail("a SideStream inside another");

@@ -16,7 +16,6 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/mma_dot.cuh"
-#include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/weight_dot.cuh"
 
 namespace ms::cuda {
@@ -29,8 +28,7 @@ constexpr int kBatch = 4;  // tokens per block when T > 1
 // matvec (the router's shape) went from 5.6 to 4.2 us and the 4096² from 13.9 to 11.7 us.
 template <int TT>
 __global__ void __launch_bounds__(kThreads) bf16_matmul_kernel(const float* __restrict__ x, int T, WeightArgs W,
-                                                               float* __restrict__ y, int split_log2,
-                                                               AddNormArgs then) {
+                                                               float* __restrict__ y, int split_log2) {
   constexpr int R = kBf16Rows;
   extern __shared__ float4 xs[];  // [TT][nchunks][kChunkSlots]
   const int t0 = blockIdx.y * TT;
@@ -57,7 +55,6 @@ __global__ void __launch_bounds__(kThreads) bf16_matmul_kernel(const float* __re
           if (r0 + r < W.rows && t0 + t < T) y[size_t(t0 + t) * W.rows + size_t(r0 + r)] = acc[0][r][t];
     }
   }
-  add_rmsnorm_when_done<kThreads>(then, y, W.rows);
   grid_dependents_may_start();
 }
 
@@ -101,8 +98,7 @@ struct WeightSet {
 template <int BITS, int L, int G, int TT, int M>
 __global__ void __launch_bounds__(kMatvecWarps<BITS, L, G, TT, M> * 32,
                                   kMatvecBlocksPerSm<BITS, L, G, TT, M> * kMmaWarps / kMatvecWarps<BITS, L, G, TT, M>)
-    matvec_mma_kernel(const float* __restrict__ x, int T, WeightSet<M> W, float* __restrict__ y, int ks_log2,
-                      AddNormArgs then) {
+    matvec_mma_kernel(const float* __restrict__ x, int T, WeightSet<M> W, float* __restrict__ y, int ks_log2) {
   constexpr int U = M == 1 ? kMatvecAtOnce<BITS, L, G, TT> : kBlocksAtOnce<BITS, L>;
   constexpr int WARPS = kMatvecWarps<BITS, L, G, TT, M>;
   extern __shared__ __align__(16) uint2 smem[];
@@ -120,7 +116,6 @@ __global__ void __launch_bounds__(kMatvecWarps<BITS, L, G, TT, M> * 32,
                                                   y[size_t(t0 + tt) * rows + row] =
                                                       M == 1 ? v[0] : v[0] / (1.0f + expf(-v[0])) * v[M - 1];
                                                 });
-  add_rmsnorm_when_done<WARPS * 32>(then, y, rows);
   grid_dependents_may_start();
 }
 
@@ -133,7 +128,7 @@ void check_token_blocks(int T, int TT) {
 }
 
 template <int TT>
-void launch_bf16(const float* x, int T, const WeightArgs& W, float* y, const AddNormArgs& then = {}) {
+void launch_bf16(const float* x, int T, const WeightArgs& W, float* y) {
   constexpr int R = kBf16Rows;
   auto kernel = bf16_matmul_kernel<TT>;
   static KernelLimits lim;
@@ -144,18 +139,18 @@ void launch_bf16(const float* x, int T, const WeightArgs& W, float* y, const Add
   const int nsets = (W.rows + rows_per_set - 1) / rows_per_set;
   check_token_blocks(T, TT);
   const dim3 grid(unsigned(std::min(nsets, resident)), unsigned((T + TT - 1) / TT));
-  launch_overlapped(kernel, lim.overlap, grid, kThreads, smem, x, T, W, y, split_log2, then);
+  launch_overlapped(kernel, lim.overlap, grid, kThreads, smem, x, T, W, y, split_log2);
 }
 
-void launch_bf16_tokens(const float* x, int T, const WeightArgs& W, float* y, const AddNormArgs& then) {
+void launch_bf16_tokens(const float* x, int T, const WeightArgs& W, float* y) {
   if (T > 1 && staged_bytes(kBatch, W.cols) <= size_t(optin_smem()))
     launch_bf16<kBatch>(x, T, W, y);
   else
-    launch_bf16<1>(x, T, W, y, then);
+    launch_bf16<1>(x, T, W, y);
 }
 
 template <int BITS, int L, int G, int TT, int M>
-void launch_mma(const float* x, int T, const WeightSet<M>& W, float* y, const AddNormArgs& then = {}) {
+void launch_mma(const float* x, int T, const WeightSet<M>& W, float* y) {
   auto kernel = matvec_mma_kernel<BITS, L, G, TT, M>;
   constexpr int warps = kMatvecWarps<BITS, L, G, TT, M>;
   static KernelLimits lim;
@@ -166,19 +161,19 @@ void launch_mma(const float* x, int T, const WeightSet<M>& W, float* y, const Ad
   const int ks_log2 = mma_split_log2(rows, quads_of(cols, L) / L, token_blocks, resident, warps);
   check_token_blocks(T, TT);
   const dim3 grid(unsigned(std::min(mma_sets(rows, warps, ks_log2), resident)), unsigned(token_blocks));
-  launch_overlapped(kernel, lim.overlap, grid, warps * 32, smem, x, T, W, y, ks_log2, then);
+  launch_overlapped(kernel, lim.overlap, grid, warps * 32, smem, x, T, W, y, ks_log2);
 }
 
 bool scales_fit(const WeightArgs& W) { return aligned(W.scales, 8) && aligned(W.biases, 8); }
 
 // Affine weights on the tensor cores, in the lane layout their rows allow.
 template <int BITS>
-void launch_affine(const float* x, int T, const WeightArgs& W, float* y, const AddNormArgs& then) {
+void launch_affine(const float* x, int T, const WeightArgs& W, float* y) {
   with_lane_layout<BITS>(W.cols, W.chunks_per_group_log2, scales_fit(W), [&](auto L, auto G) {
     if (T > 1 && mma_smem_bytes(kBatch, W.cols, L, 1, kMatvecWarps<BITS, L, G, kBatch, 1>) <= size_t(optin_smem()))
       launch_mma<BITS, L, G, kBatch, 1>(x, T, WeightSet<1>{{W}}, y);
-    else  // rows too wide to stage are refused (resident_blocks)
-      launch_mma<BITS, L, G, 1, 1>(x, T, WeightSet<1>{{W}}, y, then);
+    else
+      launch_mma<BITS, L, G, 1, 1>(x, T, WeightSet<1>{{W}}, y);  // rows too wide to stage are refused (resident_blocks)
   });
 }
 
@@ -210,35 +205,22 @@ void check_matmul_args(const float* x, const Mat& W, const float* y) {
     arg_fail("cuda::matmul: affine bits " + std::to_string(W.bits) + " is not 2, 3, 4 or 8");
 }
 
-namespace {
-// matmul_direct, with `then` done by the last block at T = 1 (T > 1 gives none).
-void direct(const float* x, int T, const Mat& W, float* y, const AddNormArgs& then) {
+void matmul_direct(const float* x, int T, const Mat& W, float* y) {
   if (T <= 0 || W.rows <= 0) return;
   check_matmul_args(x, W, y);
   const WeightArgs args = weight_args(W);
-  if (W.type == WeightType::BF16) return launch_bf16_tokens(x, T, args, y, then);
+  if (W.type == WeightType::BF16) return launch_bf16_tokens(x, T, args, y);
   switch (W.bits) {
-    case 2: return launch_affine<2>(x, T, args, y, then);
-    case 3: return launch_affine<3>(x, T, args, y, then);
-    case 4: return launch_affine<4>(x, T, args, y, then);
-    default: return launch_affine<8>(x, T, args, y, then);
+    case 2: return launch_affine<2>(x, T, args, y);
+    case 3: return launch_affine<3>(x, T, args, y);
+    case 4: return launch_affine<4>(x, T, args, y);
+    default: return launch_affine<8>(x, T, args, y);
   }
 }
-}  // namespace
-
-void matmul_direct(const float* x, int T, const Mat& W, float* y) { direct(x, T, W, y, {}); }
 
 void matmul(const float* x, int T, const Mat& W, float* y) {
   if (T >= gemm_min_tokens(W)) return matmul_gemm(x, T, W, y);
   matmul_direct(x, T, W, y);
-}
-
-void matmul_add_rmsnorm(const float* x, int T, const Mat& W, float* y, const AddNorm& then) {
-  if (T != 1 || W.rows <= 0) {
-    matmul(x, T, W, y);
-    return add_rmsnorm(then.x, y, T, W.rows, then.w, then.offset, then.eps, then.out);
-  }
-  direct(x, 1, W, y, {then.x, then.w, then.offset, then.eps, then.out, completion_counter()});
 }
 
 bool gate_up_fuses(const Mat& gate, const Mat& up, int T) {

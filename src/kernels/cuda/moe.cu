@@ -14,7 +14,6 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/mma_dot.cuh"
-#include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/weight_dot.cuh"
 
@@ -198,7 +197,7 @@ __global__ void __launch_bounds__(kDownThreads) down_sum_bf16_kernel(const float
                                                                 const uint8_t* const* records,
                                                                 const float* __restrict__ weights, ProjArgs down,
                                                                 int quads, SharedTerm shared, float* __restrict__ out,
-                                                                int split_log2, AddNormArgs then) {
+                                                                int split_log2) {
   constexpr int R = kBf16Rows;
   extern __shared__ float4 xs[];  // [K][nchunks][kChunkSlots], then ys
   const int I = down.cols, H = down.rows, nchunks = I / kChunk, t = blockIdx.y;
@@ -228,7 +227,6 @@ __global__ void __launch_bounds__(kDownThreads) down_sum_bf16_kernel(const float
     for (int k = 0; k < K; ++k) o = __fadd_rn(o, __fmul_rn(weights[size_t(t) * K + k], ys[k * block_rows + i]));
     out[size_t(t) * H + size_t(row0 + i)] = plus_shared(o, shared, t, H, row0 + i);
   }
-  add_rmsnorm_when_done<kDownThreads>(then, out, H);
 }
 
 // gate and up of record j = blockIdx.y on x[j / K] on the tensor cores, both loaded together
@@ -266,8 +264,7 @@ template <int BITS, int L, int G>
 __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const float* __restrict__ h, int K,
                                                                     const uint8_t* const* records,
                                                                     const float* __restrict__ weights, ProjArgs down,
-                                                                    SharedTerm shared, float* __restrict__ out,
-                                                                    AddNormArgs then) {
+                                                                    SharedTerm shared, float* __restrict__ out) {
   extern __shared__ __align__(16) uint2 smem[];
   const int I = down.cols, H = down.rows, t = blockIdx.y, r0 = blockIdx.x * 16;
   const SplitSmem s = split_smem<L>(smem, K, I);
@@ -301,7 +298,6 @@ __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const floa
     }
     out[size_t(t) * H + size_t(r0 + i)] = plus_shared(o, shared, t, H, r0 + i);
   }
-  add_rmsnorm_when_done<kDownMmaWarps * 32>(then, out, H);
   grid_dependents_may_start();
 }
 
@@ -325,7 +321,7 @@ void launch_gate_up_bf16(const float* x, int n, int K, const uint8_t* const* rec
 }
 
 void launch_down_bf16(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
-                      const ProjArgs& down, const SharedTerm& shared, float* out, const AddNormArgs& then) {
+                      const ProjArgs& down, const SharedTerm& shared, float* out) {
   constexpr int R = kBf16Rows;
   static const int max_smem = allow_max_smem(down_sum_bf16_kernel);
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
@@ -340,7 +336,7 @@ void launch_down_bf16(const float* h, int T, int K, const uint8_t* const* record
   check_smem(smem, max_smem, "down");
   const dim3 grid(unsigned((down.rows + quads * R - 1) / (quads * R)), unsigned(T));
   down_sum_bf16_kernel<<<grid, kDownThreads, smem, compute_stream()>>>(h, K, records, weights, down, quads, shared, out,
-                                                                          split_log2, then);
+                                                                          split_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -364,14 +360,14 @@ void launch_gate_up_mma(const float* x, int n, int K, const uint8_t* const* reco
 
 template <int BITS, int L, int G>
 void launch_down_mma(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
-                     const ProjArgs& down, const SharedTerm& shared, float* out, const AddNormArgs& then) {
+                     const ProjArgs& down, const SharedTerm& shared, float* out) {
   auto kernel = down_mma_kernel<BITS, L, G>;
   static KernelLimits lim;
   const size_t smem = down_mma_smem(K, down.cols, L);
   resident_blocks(kernel, kDownMmaWarps * 32, smem, lim, "cuda::moe_experts: down", down.cols);
   const dim3 grid(unsigned((down.rows + 15) / 16), unsigned(T));
   launch_overlapped(kernel, lim.overlap, grid, kDownMmaWarps * 32, smem, h, K, records, weights, down, shared,
-                    out, then);
+                    out);
 }
 
 // Whether a lane may load several of a projection's scales (and biases) at once: records are
@@ -390,9 +386,9 @@ void gate_up(const float* x, int n, int K, const uint8_t* const* records, const 
 
 template <int BITS>
 void down_sum(const float* h, int T, int K, const uint8_t* const* records, const float* weights, const ProjArgs& down,
-              const SharedTerm& shared, float* out, const AddNormArgs& then) {
+              const SharedTerm& shared, float* out) {
   with_lane_layout<BITS>(down.cols, down.chunks_per_group_log2, scales_fit(down), [&](auto L, auto G) {
-    launch_down_mma<BITS, L, G>(h, T, K, records, weights, down, shared, out, then);
+    launch_down_mma<BITS, L, G>(h, T, K, records, weights, down, shared, out);
   });
 }
 
@@ -435,7 +431,7 @@ size_t moe_scratch_floats(int T, int K, const RecordMat (&proj)[3]) {
 
 void moe_experts(const float* x, int T, int K, const uint8_t* const* records, const float* weights,
                  const RecordMat (&proj)[3], float* out, float* scratch, const float* shared,
-                 const float* shared_logit, const AddNorm* then) {
+                 const float* shared_logit) {
   if (T <= 0) return;
   if (K < 1 || int64_t(T) * K > 65535)
     arg_fail("cuda::moe_experts: T " + std::to_string(T) + " x K " + std::to_string(K) +
@@ -461,17 +457,13 @@ void moe_experts(const float* x, int T, int K, const uint8_t* const* records, co
     case 4: gate_up<4>(x, n, K, records, gate, up, scratch); break;
     case 8: gate_up<8>(x, n, K, records, gate, up, scratch); break;
   }
-  // `then` by the down kernel's last block for one token, by add_rmsnorm after it for more.
-  AddNormArgs last{};
-  if (then && T == 1) last = {then->x, then->w, then->offset, then->eps, then->out, completion_counter()};
   switch (proj[2].bits) {
-    case 16: launch_down_bf16(scratch, T, K, records, weights, down, sh, out, last); break;
-    case 2: down_sum<2>(scratch, T, K, records, weights, down, sh, out, last); break;
-    case 3: down_sum<3>(scratch, T, K, records, weights, down, sh, out, last); break;
-    case 4: down_sum<4>(scratch, T, K, records, weights, down, sh, out, last); break;
-    case 8: down_sum<8>(scratch, T, K, records, weights, down, sh, out, last); break;
+    case 16: return launch_down_bf16(scratch, T, K, records, weights, down, sh, out);
+    case 2: return down_sum<2>(scratch, T, K, records, weights, down, sh, out);
+    case 3: return down_sum<3>(scratch, T, K, records, weights, down, sh, out);
+    case 4: return down_sum<4>(scratch, T, K, records, weights, down, sh, out);
+    case 8: return down_sum<8>(scratch, T, K, records, weights, down, sh, out);
   }
-  if (then && T > 1) add_rmsnorm(then->x, out, T, H, then->w, then->offset, then->eps, then->out);
 }
 
 }  // namespace ms::cuda

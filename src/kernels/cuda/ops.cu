@@ -8,7 +8,6 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -17,30 +16,79 @@ namespace ms::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kBatch = 8;  // loads a thread issues at once in the row kernels: a 2048-wide row in one go
 
 unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
+
+// o = x / sqrt(mean(x²) + eps) · (offset + w) for a row of x whose Σx² this thread's share of is ss.
+__device__ __forceinline__ void rmsnorm_row(const float* xr, float ss, int dim, const float* w, float offset,
+                                            float eps, float* o) {
+  ss = block_reduce<kThreads, false>(ss);
+  const float inv = 1.0f / sqrtf(ss / float(dim) + eps);
+  load_then_store<kThreads, kBatch>(
+      dim, [&](int i) { return make_float2(xr[i], w[i]); }, [&](int i, float2 v) { o[i] = v.x * inv * (offset + v.y); });
+}
+
+// Rows of up to kRowInRegisters values are held in registers, kBatch a thread (f(u, i) for its
+// values i = threadIdx.x + u·kThreads), between the sum of squares and the output: each value is
+// read once and all of a thread's loads are in flight together (the two-pass form reads x again
+// after the block's sum, one more memory latency in a decode step's chain).
+constexpr int kRowInRegisters = kThreads * kBatch;
+
+template <class F>
+__device__ __forceinline__ void for_row_values(int dim, F&& f) {
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u)
+    if (int(threadIdx.x) + u * kThreads < dim) f(u, int(threadIdx.x) + u * kThreads);
+}
+
+// rmsnorm_row for a row held in registers: v its values, w the norm's weights at them.
+__device__ __forceinline__ void rmsnorm_held_row(const float (&v)[kBatch], const float (&w)[kBatch], float ss, int dim,
+                                                 float offset, float eps, float* o) {
+  ss = block_reduce<kThreads, false>(ss);
+  const float inv = 1.0f / sqrtf(ss / float(dim) + eps);
+  for_row_values(dim, [&](int u, int i) { o[i] = v[u] * inv * (offset + w[u]); });
+}
 
 __global__ void rmsnorm_kernel(const float* x, int dim, const float* w, float offset, float eps, float* out) {
   start_after_kernel_before();  // launched by launch_after
   const float* xr = x + size_t(blockIdx.x) * dim;
   float* o = out + size_t(blockIdx.x) * dim;
   float ss = 0.f;
-  if (dim <= row_in_registers<kThreads>) {
-    float v[kRowBatch] = {}, wv[kRowBatch] = {};
-    for_row_values<kThreads>(dim, [&](int u, int i) { v[u] = xr[i], wv[u] = w[i]; });
-    for_row_values<kThreads>(dim, [&](int u, int) { ss += v[u] * v[u]; });
-    return rmsnorm_held_row<kThreads>(v, wv, ss, dim, offset, eps, o);
+  if (dim <= kRowInRegisters) {
+    float v[kBatch] = {}, wv[kBatch] = {};
+    for_row_values(dim, [&](int u, int i) { v[u] = xr[i], wv[u] = w[i]; });
+    for_row_values(dim, [&](int u, int) { ss += v[u] * v[u]; });
+    return rmsnorm_held_row(v, wv, ss, dim, offset, eps, o);
   }
   for (int i = threadIdx.x; i < dim; i += kThreads) ss += xr[i] * xr[i];
-  rmsnorm_row<kThreads>(xr, ss, dim, w, offset, eps, o);
+  rmsnorm_row(xr, ss, dim, w, offset, eps, o);
 }
 
 // x += y, then rmsnorm_kernel's out of it: the residual add before a norm, in one launch.
 __global__ void add_rmsnorm_kernel(float* x, const float* y, int dim, const float* w, float offset, float eps,
                                    float* out) {
   start_after_kernel_before();  // launched by launch_after
-  const size_t row = size_t(blockIdx.x) * dim;
-  add_rmsnorm_row<kThreads>(x + row, y + row, dim, w, offset, eps, out + row);
+  float* xr = x + size_t(blockIdx.x) * dim;
+  const float* yr = y + size_t(blockIdx.x) * dim;
+  float* o = out + size_t(blockIdx.x) * dim;
+  float ss = 0.f;
+  if (dim <= kRowInRegisters) {
+    float v[kBatch] = {}, wv[kBatch] = {};
+    for_row_values(dim, [&](int u, int i) { v[u] = xr[i] + yr[i], wv[u] = w[i]; });
+    for_row_values(dim, [&](int u, int i) {
+      xr[i] = v[u];
+      ss += v[u] * v[u];
+    });
+    return rmsnorm_held_row(v, wv, ss, dim, offset, eps, o);
+  }
+  load_then_store<kThreads, kBatch>(
+      dim, [&](int i) { return xr[i] + yr[i]; },
+      [&](int i, float v) {
+        xr[i] = v;
+        ss += v * v;
+      });
+  rmsnorm_row(xr, ss, dim, w, offset, eps, o);
 }
 
 // x / sqrt(mean(x²) + eps) · w · silu(z); the sum of squares in double as on the CPU.
@@ -53,17 +101,17 @@ __global__ void rmsnorm_gated_kernel(const float* x, const float* z, const float
   auto gated = [&](float xv, float zv, float wv, float inv) { return silu(zv) * (wv * (xv * inv)); };
   auto inverse_rms = [&](double ss) { return float(1.0 / sqrt(block_reduce<kThreads, false>(ss) / dim + double(eps))); };
   double ss = 0.0;
-  if (dim <= row_in_registers<kThreads>) {
-    float v[kRowBatch] = {}, zv[kRowBatch] = {}, wv[kRowBatch] = {};
-    for_row_values<kThreads>(dim, [&](int u, int i) { v[u] = xr[i], zv[u] = zr[i], wv[u] = w[i]; });
-    for_row_values<kThreads>(dim, [&](int u, int) { ss += double(v[u]) * v[u]; });
+  if (dim <= kRowInRegisters) {
+    float v[kBatch] = {}, zv[kBatch] = {}, wv[kBatch] = {};
+    for_row_values(dim, [&](int u, int i) { v[u] = xr[i], zv[u] = zr[i], wv[u] = w[i]; });
+    for_row_values(dim, [&](int u, int) { ss += double(v[u]) * v[u]; });
     const float inv = inverse_rms(ss);
-    for_row_values<kThreads>(dim, [&](int u, int i) { o[i] = gated(v[u], zv[u], wv[u], inv); });
+    for_row_values(dim, [&](int u, int i) { o[i] = gated(v[u], zv[u], wv[u], inv); });
     return;
   }
   for (int i = threadIdx.x; i < dim; i += kThreads) ss += double(xr[i]) * xr[i];
   const float inv = inverse_rms(ss);
-  load_then_store<kThreads, kRowBatch>(
+  load_then_store<kThreads, kBatch>(
       dim, [&](int i) { return make_float3(xr[i], zr[i], w[i]); },
       [&](int i, float3 v) { o[i] = gated(v.x, v.y, v.z, inv); });
 }

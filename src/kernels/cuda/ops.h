@@ -16,17 +16,6 @@ namespace ms::cuda {
 // matvec; larger T reuses each weight chunk for 4 tokens at a time, and from gemm_min_tokens(W) on
 // (kernels/cuda/gemm.h) W is dequantized to float32 for a cuBLAS FP32 SGEMM.
 void matmul(const float* x, int T, const Mat& W, float* y);
-// The residual add and norm after a layer's last product: x += y, then out = rmsnorm(x) with w,
-// offset and eps (add_rmsnorm's formula; x, out [T, y's width]). For a decode token (T = 1) the
-// product's last block to finish does it, so that it takes no launch of its own.
-struct AddNorm {
-  float* x;
-  const float* w;
-  float offset, eps;
-  float* out;
-};
-// matmul, then `then` over y.
-void matmul_add_rmsnorm(const float* x, int T, const Mat& W, float* y, const AddNorm& then);
 // h[rows] = silu(gate · x) * (up · x) for one token: an MLP's gate and up read in one launch,
 // each row's sums those matmul computes (its split of a row among warps may differ, so the last
 // bits may too). Where gate_up_fuses(gate, up, 1): affine, of one shape, bits and group.
@@ -93,10 +82,9 @@ struct RecordMat {
 // and the result deterministic. Rows too wide to stage in shared memory are refused. Where
 // shared is given, out[t] += sigmoid(shared_logit[t]) · shared[t] after the sum (shared_gate_add's
 // formula): the shared expert's output [T, H] and its gate's logit [T], added in the same launch.
-// Where `then` is given, it follows over out (in the down kernel for one token).
 void moe_experts(const float* x, int T, int K, const uint8_t* const* records, const float* weights,
                  const RecordMat (&proj)[3], float* out, float* scratch, const float* shared = nullptr,
-                 const float* shared_logit = nullptr, const AddNorm* then = nullptr);
+                 const float* shared_logit = nullptr);
 // Floats of scratch moe_experts needs: h, [T·K, I].
 size_t moe_scratch_floats(int T, int K, const RecordMat (&proj)[3]);
 

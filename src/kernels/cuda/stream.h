@@ -8,12 +8,6 @@
 namespace ms::cuda {
 cudaStream_t compute_stream();
 
-// A device counter at zero, for a kernel whose blocks count themselves done so that the last can
-// finish the work (AddNormArgs, kernels/cuda/norm.cuh) and which leaves it at zero. Taken in turn
-// from a pool of 4096: one comes back to a launch only after 4095 others have taken theirs, long
-// after its last kernel ended (the two never overlap on a stream).
-unsigned* completion_counter();
-
 // Work beside the compute stream's: from a SideStream's making to its end(), compute_stream() on
 // this thread is a second stream, which first waits for all the compute stream has queued, so
 // that what is queued meanwhile may run beside what the compute stream queues after end(); join()

@@ -337,55 +337,6 @@ TEST(CudaMatmul, ChainedCallsWaitForEachOther) {
   }
 }
 
-// matmul_add_rmsnorm against matmul then add_rmsnorm (tested against the CPU above and in
-// ops_test.cpp): for a decode token the product's last block does the add and norm with
-// add_rmsnorm's block size, so y, x and the norm are bit-identical; for T > 1 it is those two
-// calls. Rows of one block to many (bf16 and affine), and the fused call captured in a graph and
-// replayed, so that each replay finds its completion counter back at zero.
-TEST(CudaMatmul, AddRmsNormAfterTheProductIsTheTwoCalls) {
-  MS_REQUIRE_CUDA();
-  Rng rng(13);
-  std::vector<uint16_t> bf16;
-  QuantBuffer qb;
-  struct Case {
-    const char* type;
-    int rows, cols, T;
-  };
-  for (const Case& c : {Case{"bf16", 2048, 512, 1}, Case{"bf16", 64, 256, 1}, Case{"q4", 2048, 4096, 1},
-                        Case{"q8", 96, 512, 1}, Case{"q4", 2048, 1024, 3}}) {
-    const TestWeights tw = std::string(c.type) == "bf16" ? bf16_weights(rng, c.rows, c.cols, bf16)
-                                                         : affine_weights(rng, c.rows, c.cols, c.type[1] - '0', 64, qb);
-    const size_t n = size_t(c.T) * c.rows;
-    const Vec in = rng.normals(size_t(c.T) * c.cols), x0 = rng.normals(n), w = rng.normals(size_t(c.rows), 0.3f);
-    DeviceBuffer din = dev(in), dw = dev(w);
-    auto run = [&](bool fused, DeviceBuffer& x, DeviceBuffer& y, DeviceBuffer& out) {
-      if (fused)
-        return matmul_add_rmsnorm(din.as<float>(), c.T, tw.device, y.as<float>(),
-                                  {x.as<float>(), dw.as<float>(), 1.0f, 1e-6f, out.as<float>()});
-      matmul(din.as<float>(), c.T, tw.device, y.as<float>());
-      add_rmsnorm(x.as<float>(), y.as<float>(), c.T, c.rows, dw.as<float>(), 1.0f, 1e-6f, out.as<float>());
-    };
-    DeviceBuffer x2 = dev(x0), y2(n * sizeof(float)), out2(n * sizeof(float));
-    run(false, x2, y2, out2);
-    const std::string what = std::string(c.type) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
-                             " T=" + std::to_string(c.T);
-    DeviceBuffer x1 = dev(x0), y1(n * sizeof(float)), out1(n * sizeof(float));
-    run(true, x1, y1, out1);
-    EXPECT_EQ(host(y1), host(y2)) << what << ": y";
-    EXPECT_EQ(host(x1), host(x2)) << what << ": x";
-    EXPECT_EQ(host(out1), host(out2)) << what << ": the norm";
-    Graph graph;
-    graph.begin_capture();
-    run(true, x1, y1, out1);
-    graph.end_capture();
-    for (int replay = 0; replay < 3; ++replay) {
-      x1.upload(x0.data(), n * sizeof(float));
-      graph.launch();
-      EXPECT_EQ(host(out1), host(out2)) << what << ": the norm, graph replay " << replay;
-    }
-  }
-}
-
 // matmul_gemm against cpu::matmul for each T, tiles of tile_rows rows (0: the default scratch).
 void check_gemm(const std::string& kernel, const std::string& what, const TestWeights& tw, int tile_rows, Rng& rng) {
   const int rows = tw.host.rows, cols = tw.host.cols;

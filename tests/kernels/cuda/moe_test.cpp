@@ -267,10 +267,9 @@ struct DeviceExperts {
         proj{record_mat(s.layout.proj[0]), record_mat(s.layout.proj[1]), record_mat(s.layout.proj[2])},
         stride(s.layout.stride) {}
 
-  // With `shared` (and its gate's logits), the shared expert's gated output added too; with
-  // `then`, its add and norm after (its pointers device memory).
+  // With `shared` (and its gate's logits), the shared expert's gated output added too.
   Vec run(const Vec& x, int T, int K, const std::vector<int>& ids, const Vec& wt, const Vec& shared = {},
-          const Vec& shared_logit = {}, const AddNorm* then = nullptr) const {
+          const Vec& shared_logit = {}) const {
     const int H = proj[0].cols;
     std::vector<const uint8_t*> records;
     for (int e : ids) records.push_back(blob.as<uint8_t>() + size_t(e) * stride);
@@ -278,7 +277,7 @@ struct DeviceExperts {
     DeviceBuffer dr = DeviceBuffer::from(records), dx = dev(x), dw = dev(wt), dout = dev(Vec(size_t(T) * H, NAN)),
                  scratch(moe_scratch_floats(T, K, proj) * 4), ds = dev(shared), dl = dev(shared_logit);
     moe_experts(dx.as<float>(), T, K, dr.as<const uint8_t*>(), dw.as<float>(), proj, dout.as<float>(),
-                scratch.as<float>(), shared.empty() ? nullptr : ds.as<float>(), dl.as<float>(), then);
+                scratch.as<float>(), shared.empty() ? nullptr : ds.as<float>(), dl.as<float>());
     return host(dout);
   }
 
@@ -391,39 +390,6 @@ TEST(CudaMoe, TwoCallsBitIdentical) {
     const DeviceExperts d(s);
     const Vec a = d.run(x, c.T, c.K, r.ids, r.weights), b = d.run(x, c.T, c.K, r.ids, r.weights);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << name(c);
-  }
-}
-
-// moe_experts with `then` against moe_experts, then add_rmsnorm (each tested against the CPU): the
-// same out and x; for one token the down kernel's last block norms with its own block size, so
-// the norm may differ by the rounding of its sum of squares taken in another order (relative 1e-6,
-// as tests/kernels/cuda/ops_test.cpp's RmsNormBothOffsets against the CPU's).
-TEST(CudaMoe, AddRmsNormAfterTheSum) {
-  MS_REQUIRE_CUDA();
-  Rng rng(33);
-  for (const MoeCase& c : {MoeCase{2048, 512, 4, 4, 64, 1, 10, 16, false}, MoeCase{256, 64, 16, 16, 0, 1, 8, 8, false},
-                           MoeCase{2048, 512, 4, 8, 64, 2, 10, 12, false}}) {
-    const ExpertSet s = random_experts(rng, c.E, c.H, c.I, c.bits_gate_up, c.bits_down, c.group);
-    const Routed r = random_routes(rng, c.T, c.K, c.E, false);
-    const size_t n = size_t(c.T) * c.H;
-    const Vec x = rng.normals(n), resid = rng.normals(n), w = rng.normals(size_t(c.H), 0.3f);
-    const Vec shared = rng.normals(n), logit = rng.normals(size_t(c.T), 3.0f);
-    const DeviceExperts d(s);
-    DeviceBuffer dres = dev(resid), dw = dev(w), dnorm(n * sizeof(float));
-    const AddNorm then{dres.as<float>(), dw.as<float>(), 1.0f, 1e-6f, dnorm.as<float>()};
-    const Vec out = d.run(x, c.T, c.K, r.ids, r.weights, shared, logit, &then);
-    const Vec fused_resid = host(dres), fused_norm = host(dnorm);
-
-    const Vec want_out = d.run(x, c.T, c.K, r.ids, r.weights, shared, logit);
-    DeviceBuffer dres2 = dev(resid), dout = dev(want_out), dnorm2(n * sizeof(float));
-    add_rmsnorm(dres2.as<float>(), dout.as<float>(), c.T, c.H, dw.as<float>(), 1.0f, 1e-6f, dnorm2.as<float>());
-    EXPECT_EQ(out, want_out) << name(c) << ": out";
-    EXPECT_EQ(fused_resid, host(dres2)) << name(c) << ": x";
-    const Vec want_norm = host(dnorm2);
-    double err = 0;
-    for (size_t i = 0; i < n; ++i) err = std::max(err, rel_diff(fused_norm[i], want_norm[i]));
-    record("moe_experts", name(c) + " add+norm after", err, 1e-6);
-    EXPECT_LE(err, 1e-6) << name(c) << ": the norm";
   }
 }
 
