@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -75,12 +76,23 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+float warp_order_sum(const float* v, int n) {
+  std::array<float, 32> lane{};
+  for (int i = 0; i < n; ++i) lane[size_t(i % 32)] += v[i];
+  for (int o = 16; o > 0; o /= 2) {
+    std::array<float, 32> next;
+    for (int l = 0; l < 32; ++l) next[size_t(l)] = lane[size_t(l)] + lane[size_t(l ^ o)];
+    lane = next;
+  }
+  return lane[0];
+}
+
 void softmax(float* x, int rows, int n) {
   for (int r = 0; r < rows; ++r) {
     float* v = x + size_t(r) * size_t(n);
     const float mx = *std::max_element(v, v + n);
-    float sum = 0.f;
-    for (int i = 0; i < n; ++i) sum += (v[i] = std::exp(v[i] - mx));
+    for (int i = 0; i < n; ++i) v[i] = std::exp(v[i] - mx);
+    const float sum = warp_order_sum(v, n);
     for (int i = 0; i < n; ++i) v[i] /= sum;
   }
 }

@@ -25,8 +25,15 @@ void attention(const float* q, const float* k, const float* v, int T, int pos0, 
 // out[i] = silu(gate[i]) * up[i]
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 
-// In-place softmax over each row.
+// In-place softmax over each row, its sum taken in warp_order_sum's order.
 void softmax(float* x, int rows, int n);
+
+// Σ v[0..n) in the order one GPU warp sums it: lane l adds v[l], v[l + 32], ... in turn (from 0),
+// then the 32 partial sums combine pairwise as a butterfly of shuffles does (lane l adds lane
+// l xor 16's, then xor 8's, ... xor 1's). The router's softmax sums so on both CPU and GPU
+// (cuda::route_topk), so that its probabilities and the routed ids are the same bits, and the
+// GPU's sum is a few dozen adds deep instead of n.
+float warp_order_sum(const float* v, int n);
 
 // Indices of the k largest values of x[n], largest first (ties: lower index first).
 void top_k(const float* x, int n, int k, int* idx);

@@ -142,6 +142,25 @@ TEST(Softmax, RowsSumToOneAndMatchReference) {
   }
 }
 
+// warp_order_sum is a float sum of the values (within n ulps of the exact one), in its stated
+// order: for n <= 32 each lane holds one value, so the butterfly alone decides the rounding, and
+// a value that lane 0 would absorb in index order survives when its partners cancel first.
+TEST(WarpOrderSum, SumsInTheOrderOfAWarp) {
+  for (int n : {1, 7, 32, 33, 512, 1000}) {
+    const auto v = randn(size_t(n), 12, 3.f);
+    double exact = 0;
+    for (float x : v) exact += x;
+    ASSERT_NEAR(warp_order_sum(v.data(), n), exact, 1e-6 * n) << n;
+  }
+  // Lanes 0 and 16 cancel before anything meets lane 1's 1: index order would lose it.
+  std::vector<float> v(32, 0.f);
+  v[0] = 1e8f, v[1] = 1.f, v[16] = -1e8f;
+  EXPECT_EQ(warp_order_sum(v.data(), 32), 1.f);
+  float sequential = 0.f;
+  for (float x : v) sequential += x;
+  EXPECT_EQ(sequential, 0.f);
+}
+
 TEST(TopK, LargestFirstLowerIndexOnTies) {
   const float x[] = {0.1f, 0.5f, 0.3f, 0.5f, 0.9f, 0.0f};
   int idx[4];
