@@ -125,7 +125,9 @@ TEST_F(CudaBackendGlue, AttentionPrepareMatchesTheCpuSteps) {
       EXPECT_EQ(got.v.to_vector(), want.v) << at;
       const std::vector<float> gk = got.k.to_vector();
       for (size_t i = 0; i < gk.size(); ++i)
-        if (i / width < size_t(c.pos0) || i / width >= size_t(c.pos0 + c.T)) ASSERT_EQ(gk[i], 7.f) << at << ": " << i;
+        if (i / width < size_t(c.pos0) || i / width >= size_t(c.pos0 + c.T)) {
+          ASSERT_EQ(gk[i], 7.f) << at << ": " << i;
+        }
     }
   }
 }

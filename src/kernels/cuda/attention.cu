@@ -83,8 +83,8 @@ void attention(const float* q, const float* k, const float* v, int T, int pos0, 
     arg_fail("cuda::attention: n_heads " + std::to_string(n_heads) + " is not a multiple of n_kv " +
              std::to_string(n_kv));
   if (T <= 0) return;
-  launch_after(attention_kernel, unsigned(T * n_heads), kWarps * 32, 0, q, k, v, pos0, pos_on_device, n_heads, n_kv, hd, gate,
-               out);
+  launch_after(attention_kernel, unsigned(T * n_heads), kWarps * 32, 0, q, k, v, pos0, pos_on_device, n_heads, n_kv,
+               hd, gate, out);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -14,8 +14,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
-
 // Block t: the gate's dot with x[t] (bf16 weights), then out[t] += sigmoid(dot) · s[t].
 __global__ void shared_gate_add_kernel(float* out, const float* s, const float* x, const uint16_t* w, int H) {
   start_after_kernel_before();  // launched by launch_after

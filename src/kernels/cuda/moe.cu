@@ -53,10 +53,11 @@ __device__ __forceinline__ float butterfly_sum(float part) {
 }
 
 // route_kernel's top-k, weights and records for E <= kWarpTopExperts and K <= 32, by the block's
-// first warp: lane l holds p[l + 32s] in registers (p[s]), and a round is a warp max of the lanes' bests and a warp min of the indices
-// that hold it (ties to the lower index, as cpu::top_k); only the winning lane rescans its values.
-// On the H200 (512 experts, k = 10) that took the routing from 12.0 to 7.5 us (ncu) and from 9.8
-// to 5.4 us in a graph, against block_top_k's k rounds of block-wide argmaxes and barriers.
+// first warp: lane l holds p[l + 32s] in registers (p[s]), and a round is a warp max of the
+// lanes' bests and a warp min of the indices that hold it (ties to the lower index, as
+// cpu::top_k); only the winning lane rescans its values. On the H200 (512 experts, k = 10) that
+// took the routing from 12.0 to 7.5 us (ncu) and from 9.8 to 5.4 us in a graph, against
+// block_top_k's k rounds of block-wide argmaxes and barriers.
 __device__ void warp_route_top_k(const float (&p)[kWarpTopSlots], int E, int K, bool norm_topk, int* id, float* w,
                                  const uint8_t* const* table, const uint8_t** rec) {
   const int lane = threadIdx.x & 31;
