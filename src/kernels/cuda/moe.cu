@@ -53,17 +53,17 @@ __device__ __forceinline__ float butterfly_sum(float part) {
 }
 
 // route_kernel's top-k, weights and records for E <= kWarpTopExperts and K <= 32, by the block's
-// first warp: lane l holds p[l + 32s] in registers (p[s]), and a round is a warp max of the
-// lanes' bests and a warp min of the indices that hold it (ties to the lower index, as
-// cpu::top_k); only the winning lane rescans its values. On the H200 (512 experts, k = 10) that
-// took the routing from 12.0 to 7.5 us (ncu) and from 9.8 to 5.4 us in a graph, against
-// block_top_k's k rounds of block-wide argmaxes and barriers.
-__device__ void warp_route_top_k(const float (&p)[kWarpTopSlots], int E, int K, bool norm_topk, int* id, float* w,
+// first warp: lane l holds p[l + 32s] in registers, and a round is a warp max of the lanes' bests
+// and a warp min of the indices that hold it (ties to the lower index, as cpu::top_k); only the
+// winning lane rescans its values. On the H200 (512 experts, k = 10) that took the kernel from
+// 12.0 to 7.5 us (ncu) and from 9.8 to 5.4 us in a graph, against block_top_k's k rounds of
+// block-wide argmaxes and barriers.
+__device__ void warp_route_top_k(const float* p, int E, int K, bool norm_topk, int* id, float* w,
                                  const uint8_t* const* table, const uint8_t** rec) {
   const int lane = threadIdx.x & 31;
   int key[kWarpTopSlots];
 #pragma unroll
-  for (int s = 0; s < kWarpTopSlots; ++s) key[s] = lane + 32 * s < E ? rank_key(p[s]) : -2;
+  for (int s = 0; s < kWarpTopSlots; ++s) key[s] = lane + 32 * s < E ? rank_key(p[lane + 32 * s]) : -2;
   int best, slot;
   lane_best(key, best, slot);
   float sum = 0.f, picked = 0.f;
@@ -124,11 +124,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   float* w = weights + size_t(blockIdx.x) * K;
   const uint8_t** rec = table ? records + size_t(blockIdx.x) * K : nullptr;
   if (E <= kWarpTopExperts && K <= 32) {
-    if (threadIdx.x >= 32) return;
-    float pv[kWarpTopSlots];
-#pragma unroll
-    for (int s = 0; s < kWarpTopSlots; ++s) pv[s] = threadIdx.x + 32 * s < E ? p[threadIdx.x + 32 * s] : 0.f;
-    return warp_route_top_k(pv, E, K, norm_topk, id, w, table, rec);
+    if (threadIdx.x < 32) warp_route_top_k(p, E, K, norm_topk, id, w, table, rec);
+    return;
   }
   // Every thread sums the picked probabilities in round order (the same sum in each), and the
   // thread of a round writes its id, weight and record: no thread reads back what another wrote.
