@@ -3,13 +3,13 @@
 // runs every phase with a grid-wide barrier between them. Each phase is a matvec's memory
 // traffic without its arithmetic: every block reads its share of S bytes of weights (a fresh
 // copy each phase, cycled over far more than the L2 holds) and all of the vector x that the
-// phase before wrote (16 KB, from the L2), and writes its share of the next x. Three forms:
+// phase before wrote (16 KB, from the L2), and writes its share of the next x. Two forms:
 //   kernels     one kernel a phase, waiting (griddepcontrol.wait) before it reads anything
 //   persistent  one kernel, a barrier between phases, each phase's loads after its barrier
-//   early       the same, but a phase's weights (which no phase writes) are loaded into
-//               registers before its barrier, so that their latency overlaps the barrier's
-// beside the floor of bench_cuda_matvec: the same bytes read by the simplest streaming kernel,
-// in a graph. Times are microseconds a phase (medians of 5 runs of 64 phases).
+// and each of them early: a thread's first 128 bytes of the phase's weights (which no phase
+// writes) loaded into registers before the wait or the barrier, so that their latency overlaps it.
+// Beside them the floor of bench_cuda_matvec: the same bytes read by the simplest streaming
+// kernel, in a graph. Times are microseconds a phase (medians of 5 runs of 64 phases).
 //
 //   build/bench/bench_cuda_phase_boundary
 #include <cuda_runtime.h>
@@ -50,6 +50,8 @@ __device__ __forceinline__ const uint4* phase_weights(const Phases& ph, int p) {
 
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
+__device__ __forceinline__ size_t first_word() { return size_t(blockIdx.x) * kThreads + threadIdx.x; }
+
 // The rest of a phase once its weights up to `from` (a thread's first loads) are folded into acc:
 // the remaining weights, all of x (through the L2: another block wrote it), and this block's share
 // of the next x.
@@ -75,12 +77,43 @@ __device__ void finish_phase(const Phases& ph, int p, size_t from, uint32_t acc)
   if (threadIdx.x < per_block && out < kX) ph.x[(p + 1) % 2][out] = sum * 1e-30f + float(acc & 1u);
 }
 
-__device__ __forceinline__ size_t first_word() { return size_t(blockIdx.x) * kThreads + threadIdx.x; }
+// A thread's first kEarlyLoads words of phase p's weights (zeros past the end), folded: the loads
+// are in flight from here until the fold uses them.
+struct EarlyWords {
+  uint4 w[kEarlyLoads];
 
+  __device__ __forceinline__ EarlyWords(const Phases& ph, int p) {
+    const uint4* src = phase_weights(ph, p);
+    const size_t stride = size_t(gridDim.x) * kThreads, from = first_word();
+#pragma unroll
+    for (int k = 0; k < kEarlyLoads; ++k)
+      w[k] = from + k * stride < ph.w_words ? __ldcs(src + from + k * stride) : uint4{};
+  }
+  __device__ __forceinline__ uint32_t fold_all() const {
+    uint32_t acc = 0;
+#pragma unroll
+    for (int k = 0; k < kEarlyLoads; ++k) acc ^= fold(w[k]);
+    return acc;
+  }
+  __device__ __forceinline__ static size_t next_word() {
+    return first_word() + size_t(kEarlyLoads) * gridDim.x * kThreads;
+  }
+};
+
+// With TRIGGER_FIRST the next phase's kernel may launch as soon as every block of this one has
+// begun (else once each has done its work), so that its early loads overlap this one's.
+template <bool EARLY, bool TRIGGER_FIRST = false>
 __global__ void __launch_bounds__(kThreads) phase_kernel(Phases ph, int p) {
-  cuda::grid_dependency_wait();
-  finish_phase(ph, p, first_word(), 0);
-  cuda::grid_dependents_may_start();
+  if (TRIGGER_FIRST) cuda::grid_dependents_may_start();
+  if (EARLY) {
+    const EarlyWords early(ph, p);
+    cuda::grid_dependency_wait();
+    finish_phase(ph, p, EarlyWords::next_word(), early.fold_all());
+  } else {
+    cuda::grid_dependency_wait();
+    finish_phase(ph, p, first_word(), 0);
+  }
+  if (!TRIGGER_FIRST) cuda::grid_dependents_may_start();
 }
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
@@ -111,24 +144,15 @@ __device__ void grid_barrier(unsigned* b, unsigned& gen) {
 template <bool EARLY>
 __global__ void __launch_bounds__(kThreads) persistent_kernel(Phases ph) {
   unsigned gen = load_acquire(&ph.barrier[1]);
-  const size_t stride = size_t(gridDim.x) * kThreads;
   for (int p = 0; p < kPhases; ++p) {
-    uint32_t acc = 0;
-    size_t from = first_word();
     if (EARLY) {
-      const uint4* w = phase_weights(ph, p);
-      uint4 held[kEarlyLoads];
-#pragma unroll
-      for (int k = 0; k < kEarlyLoads; ++k)
-        held[k] = from + k * stride < ph.w_words ? __ldcs(w + from + k * stride) : uint4{};
+      const EarlyWords early(ph, p);
       if (p > 0) grid_barrier(ph.barrier, gen);
-#pragma unroll
-      for (int k = 0; k < kEarlyLoads; ++k) acc ^= fold(held[k]);
-      from += kEarlyLoads * stride;
-    } else if (p > 0) {
-      grid_barrier(ph.barrier, gen);
+      finish_phase(ph, p, EarlyWords::next_word(), early.fold_all());
+    } else {
+      if (p > 0) grid_barrier(ph.barrier, gen);
+      finish_phase(ph, p, first_word(), 0);
     }
-    finish_phase(ph, p, from, acc);
   }
 }
 
@@ -185,10 +209,14 @@ void run(size_t bytes, int sms, int max_per_sm, double copy_gbps) {
   const Phases ph{w.as<uint4>(), words, copies, {x.as<float>(), x.as<float>() + kX}, barrier.as<unsigned>()};
 
   static cuda::KernelLimits lim;
-  const int resident = cuda::resident_blocks(phase_kernel, kThreads, 0, lim, "phase_kernel", 0);
+  const int resident = cuda::resident_blocks(phase_kernel<false>, kThreads, 0, lim, "phase_kernel", 0);
   const int grid = int(std::min<size_t>(size_t(resident), (words + kThreads - 1) / kThreads));
-  const double kernels = graph_ms(
-      [&](int p) { cuda::launch_overlapped(phase_kernel, lim.overlap, dim3(unsigned(grid)), kThreads, 0, ph, p); });
+  auto kernels_ms = [&](auto kernel) {
+    return graph_ms(
+        [&](int p) { cuda::launch_overlapped(kernel, lim.overlap, dim3(unsigned(grid)), kThreads, 0, ph, p); });
+  };
+  const double kernels = kernels_ms(phase_kernel<false>), kernels_early = kernels_ms(phase_kernel<true>),
+               early_triggered = kernels_ms(phase_kernel<true, true>);
   const double floor = graph_ms([&](int p) {
     bench::stream_read(w.as<uint8_t>() + size_t(p % copies) * words * 16, words * 16, sink.as<uint32_t>());
   });
@@ -198,6 +226,8 @@ void run(size_t bytes, int sms, int max_per_sm, double copy_gbps) {
   };
   std::printf("%6.2f MB", double(bytes) / 1e6);
   column("kernels", kernels);
+  column("early", kernels_early);
+  column("+ trigger first", early_triggered);
   for (int per_sm = 1; per_sm <= std::min(2, max_per_sm); ++per_sm) {
     std::printf(" | %d a SM:", per_sm);
     column("persistent", persistent_ms<false>(ph, per_sm * sms));
