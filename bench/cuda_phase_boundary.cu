@@ -7,9 +7,11 @@
 //   kernels     one kernel a phase, waiting (griddepcontrol.wait) before it reads anything
 //   persistent  one kernel, a barrier between phases, each phase's loads after its barrier
 // and each of them early: a thread's first 128 bytes of the phase's weights (which no phase
-// writes) loaded into registers before the wait or the barrier, so that their latency overlaps it.
-// Beside them the floor of bench_cuda_matvec: the same bytes read by the simplest streaming
-// kernel, in a graph. Times are microseconds a phase (medians of 5 runs of 64 phases).
+// writes) loaded into registers before the wait or the barrier, so that their latency overlaps it,
+// and the kernels early once more with the next kernel let launch as soon as this one begins
+// ("+ trigger first"), so that its early loads overlap this one's work. Beside them the floor of
+// bench_cuda_matvec: the same bytes read by the simplest streaming kernel, in a graph. Times are
+// microseconds a phase (medians of 5 runs of 64 phases).
 //
 //   build/bench/bench_cuda_phase_boundary
 #include <cuda_runtime.h>
@@ -31,7 +33,7 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kPhases = 64;
 constexpr int kX = 4096;        // floats of x
-constexpr int kEarlyLoads = 8;  // 16-byte loads a thread holds across a barrier
+constexpr int kEarlyLoads = 8;  // 16-byte loads a thread holds across the wait or the barrier
 constexpr int kUnroll = 4;      // 16-byte loads a thread has in flight otherwise
 constexpr size_t kWorkingSet = size_t(1) << 30;
 
@@ -69,8 +71,8 @@ __device__ void finish_phase(const Phases& ph, int p, size_t from, uint32_t acc)
   for (; i < ph.w_words; i += stride) acc ^= fold(__ldcs(w + i));
   const float4* x = reinterpret_cast<const float4*>(ph.x[p % 2]);
   float sum = 0.f;
-  for (int i = threadIdx.x; i < kX / 4; i += kThreads) {
-    const float4 v = __ldcg(x + i);
+  for (int j = threadIdx.x; j < kX / 4; j += kThreads) {
+    const float4 v = __ldcg(x + j);
     sum += v.x + v.y + v.z + v.w;
   }
   const int per_block = (kX + gridDim.x - 1) / gridDim.x, out = blockIdx.x * per_block + threadIdx.x;
@@ -264,7 +266,7 @@ int main() {
   const double copy = copy_gbps();
   std::printf(
       "%d SMs, device-to-device copy %.0f GB/s (read + write); %d phases, x %d KB, early: %d bytes a thread "
-      "held across a barrier; us a phase and %% of the copy rate\n",
+      "held across the wait or the barrier; us a phase and %% of the copy rate\n",
       sms, copy, kPhases, int(kX * sizeof(float) / 1024), kEarlyLoads * 16);
   for (double mb : {0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0}) run(size_t(mb * 1024 * 1024), sms, per_sm, copy);
 }
