@@ -15,6 +15,7 @@
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/mma_dot.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/weight_dot.cuh"
 
 namespace ms::cuda {
@@ -42,14 +43,6 @@ __device__ __forceinline__ void lane_best(const int (&key)[kWarpTopSlots], int& 
 #pragma unroll
   for (int s = 0; s < kWarpTopSlots; ++s)
     if (key[s] > best) best = key[s], slot = s;
-}
-
-// The softmax's sum from each lane's partial sum of its values in index order:
-// cpu::warp_order_sum's butterfly, every lane left with the total.
-__device__ __forceinline__ float butterfly_sum(float part) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-  return part;
 }
 
 // route_kernel's top-k, weights and records for E <= kWarpTopExperts and K <= 32, by the block's
@@ -109,10 +102,10 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   mx = block_reduce<kRouteThreads, true>(mx);
   for (int i = threadIdx.x; i < E; i += kRouteThreads) p[i] = float(exp(double(x[i] - mx)));
   __syncthreads();
-  if (threadIdx.x < 32) {  // lane l's values l, l + 32, ... in turn
+  if (threadIdx.x < 32) {  // lane l's values l, l + 32, ... in turn, then warp_sum's xor 16, 8, ... 1
     float part = 0.f;
     for (int i = int(threadIdx.x); i < E; i += 32) part += p[i];
-    part = butterfly_sum(part);
+    part = warp_sum(part);
     if (threadIdx.x == 0) total = part;
   }
   __syncthreads();
