@@ -58,9 +58,9 @@ void top_k(const float* x, int rows, int n, int k, int* idx);
 // logits [T, E]; ids [T, K] its K largest, largest first, ties to the lower index; weights
 // [T, K] their probabilities, divided by their sum (taken in k order) when norm_topk. The same
 // arithmetic as cpu::softmax (exp correctly rounded, the sum in cpu::warp_order_sum's order),
-// cpu::top_k and src/model/ffn_block.cpp's route(), so that the routed ids are the CPU path's. E ≤ 8192. With a
-// layer's table of expert records (device pointers by expert id), also records[t, k] =
-// table[ids[t, k]]: the routed experts' records, for moe_experts.
+// cpu::top_k and src/model/ffn_block.cpp's route(), so that the routed ids are the CPU path's.
+// E ≤ 8192. With a layer's table of expert records (device pointers by expert id), also
+// records[t, k] = table[ids[t, k]]: the routed experts' records, for moe_experts.
 void route_topk(const float* logits, int T, int E, int K, bool norm_topk, float* probs, int* ids, float* weights,
                 const uint8_t* const* table = nullptr, const uint8_t** records = nullptr);
 
