@@ -70,15 +70,6 @@ double graph_ms(int rounds, F&& fn) {
   return time_ms(rounds, [&](int) { graph.launch(); }) / kCalls;
 }
 
-// Device-to-device copy bandwidth, counting bytes read and written.
-double copy_gbps() {
-  const size_t bytes = size_t(2) << 30;
-  cuda::DeviceBuffer src(bytes), dst(bytes);
-  CUDA_CHECK(cudaMemset(src.data(), 1, bytes));
-  const double ms = time_ms(10, [&](int) { CUDA_CHECK(cudaMemcpy(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice)); });
-  return 2.0 * double(bytes) / (ms * 1e6);
-}
-
 struct Config {
   const char* name;
   int rows, cols, bits;  // bits 16: bf16
@@ -325,7 +316,7 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  const double hbm = copy_gbps();
+  const double hbm = bench::copy_gbps();
   std::printf("%s, %d SMs, L2 %d MB; device-to-device copy %.0f GB/s (read + write)\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, hbm);
   const Config shapes[] = {{"expert gate/up", 512, 2048, 0},     {"expert down", 2048, 512, 0},

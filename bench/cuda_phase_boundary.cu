@@ -239,16 +239,6 @@ void run(size_t bytes, int sms, int max_per_sm, double copy_gbps) {
   std::printf(" of copy\n");
 }
 
-double copy_gbps() {
-  const size_t bytes = size_t(2) << 30;
-  cuda::DeviceBuffer src(bytes), dst(bytes);
-  CUDA_CHECK(cudaMemset(src.data(), 1, bytes));
-  const double ms = median_ms([&] {
-    CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, cuda::compute_stream()));
-  });
-  return 2.0 * double(bytes) / (ms * 1e6);
-}
-
 }  // namespace
 
 int main() {
@@ -263,7 +253,7 @@ int main() {
   const int sms = cuda::device_attribute(cudaDevAttrMultiProcessorCount);
   int per_sm = 0;  // the persistent forms' blocks must all be resident: a cooperative launch checks it
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel<true>, kThreads, 0));
-  const double copy = copy_gbps();
+  const double copy = bench::copy_gbps();
   std::printf(
       "%d SMs, device-to-device copy %.0f GB/s (read + write); %d phases, x %d KB, early: %d bytes a thread "
       "held across the wait or the barrier; us a phase and %% of the copy rate\n",

@@ -2,8 +2,13 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/stream.h"
 
 namespace ms::bench {
 namespace {
@@ -31,6 +36,29 @@ __global__ void __launch_bounds__(kThreads) stream_read_kernel(const uint4* __re
 }
 
 }  // namespace
+
+double copy_gbps() {
+  const size_t bytes = size_t(2) << 30;
+  cuda::DeviceBuffer src(bytes), dst(bytes);
+  CUDA_CHECK(cudaMemset(src.data(), 1, bytes));
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> runs;
+  for (int r = 0; r < 6; ++r) {  // the first warms up
+    CUDA_CHECK(cudaEventRecord(a, cuda::compute_stream()));
+    CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, cuda::compute_stream()));
+    CUDA_CHECK(cudaEventRecord(b, cuda::compute_stream()));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (r > 0) runs.push_back(ms);
+  }
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(runs.begin(), runs.end());
+  return 2.0 * double(bytes) / (double(runs[runs.size() / 2]) * 1e6);
+}
 
 void stream_read(const void* p, size_t bytes, uint32_t* out) {
   static cuda::KernelLimits lim;

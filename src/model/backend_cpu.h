@@ -61,7 +61,7 @@ struct CpuBackend {
     cpu::attention(q, k, v, T, pos0, nh, nkv, hd, out);
     if (!gate) return;
     const size_t n = size_t(T) * size_t(nh) * size_t(hd);
-    for (size_t i = 0; i < n; ++i) out[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+    for (size_t i = 0; i < n; ++i) out[i] *= cpu::sigmoid(gate[i]);
   }
   // q and the caches' k and v of an attention layer from its projections
   // (cuda::attention_prepare's formulas): the split of a gated q_raw, the norms, RoPE and the
@@ -107,7 +107,7 @@ struct CpuBackend {
     Buf g(static_cast<size_t>(T));
     matmul(x, T, gate_w, g.data());
     for (int t = 0; t < T; ++t) {
-      const float gate = 1.0f / (1.0f + std::exp(-g[size_t(t)]));
+      const float gate = cpu::sigmoid(g[size_t(t)]);
       for (int h = 0; h < H; ++h) out[size_t(t) * size_t(H) + size_t(h)] += gate * s[size_t(t) * size_t(H) + size_t(h)];
     }
   }

@@ -38,7 +38,7 @@ void deltanet_gates(const float* b, const float* a, const float* A_log, const fl
                     float* beta) {
   for (size_t i = 0; i < size_t(T) * size_t(nv); ++i) {
     const size_t h = i % size_t(nv);
-    beta[i] = 1.0f / (1.0f + std::exp(-b[i]));
+    beta[i] = cpu::sigmoid(b[i]);
     g[i] = -std::exp(A_log[h]) * softplus(a[i] + dt_bias[h]);
   }
 }

@@ -1,5 +1,6 @@
 #pragma once
 // CPU kernels: float32 activations, weights as stored. Row-major; T = tokens in the batch.
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/weights.h"
@@ -21,6 +22,9 @@ void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, doubl
 // positions 0..pos0+T-1. q [T, n_heads, hd]; k, v [>= pos0+T, n_kv, hd]; out [T, n_heads, hd].
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
                float* out);
+
+// 1 / (1 + exp(-v)), as the CUDA kernels' sigmoid (kernels/cuda/reduce.cuh) writes it.
+inline float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
 // out[i] = silu(gate[i]) * up[i]
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
