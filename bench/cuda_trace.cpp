@@ -1,7 +1,8 @@
 // A CUDA injection library (libms_cuda_trace.so) that records, through CUPTI's activity API, when
-// each kernel, copy and memset ran on the GPU (a CUDA graph's nodes each on their own), and at the
-// program's exit prints trace_summary's account of it to stderr: where a replayed decode step's
-// time goes, node by node, and the host's gap between steps. The program is not rebuilt:
+// each kernel, copy and memset ran on the GPU (a CUDA graph's nodes each on their own) and each
+// CUDA runtime call on the host, and at the program's exit prints trace_summary's account of it to
+// stderr: where a replayed decode step's time goes, node by node, and the host's gap between
+// steps. The program is not rebuilt:
 //
 //   export CUDA_INJECTION64_PATH=$PWD/build/bench/libms_cuda_trace.so  # MS_TRACE_OUT=trace.tsv too
 //   build/moestream generate --device cuda --model DIR --ids 1000,2000 --max-tokens 64 --ignore-eos
@@ -53,6 +54,11 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buf, size_t, size_t
       const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(a);
       r = {'C', c->start, c->end, c->streamId, c->graphId, c->graphNodeId, c->correlationId, 0, 0, c->bytes,
            copy_kind(c->copyKind)};
+    } else if (a->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+      const auto* c = reinterpret_cast<const CUpti_ActivityAPI*>(a);
+      const char* name = nullptr;
+      if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, c->cbid, &name) != CUPTI_SUCCESS || !name) name = "?";
+      r = {'A', c->start, c->end, c->threadId, 0, 0, c->correlationId, 0, 0, 0, name};
     } else if (a->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(a);
       r = {'S', m->start, m->end, m->streamId, m->graphId, m->graphNodeId, m->correlationId, 0, 0, m->bytes, "device"};
@@ -93,7 +99,8 @@ bool ok(CUptiResult r, const char* call) {
 extern "C" int InitializeInjection(void) {
   if (!ok(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks")) return 0;
   for (CUpti_ActivityKind k :
-       {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET})
+       {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+        CUPTI_ACTIVITY_KIND_RUNTIME})
     if (!ok(cuptiActivityEnable(k), "cuptiActivityEnable")) return 0;
   std::atexit(report_at_exit);
   return 1;

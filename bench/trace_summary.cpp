@@ -31,7 +31,24 @@ struct Replay {
 
 std::string label(const Record& r) {
   if (r.kind == 'K') return short_name(r.name);
+  if (r.kind == 'A') return r.name;
   return fmt::format("{} {} {} B", r.kind == 'C' ? "copy" : "memset", r.name, r.bytes);
+}
+
+// The host's calls that overlap [from, to), by name: count and time within it, in order of first
+// call (a call that waits for the GPU, begun while the replay ran, counts from the replay's end).
+void host_calls(const std::vector<Record>& records, uint64_t from, uint64_t to, FILE* out) {
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<int, uint64_t>> calls;
+  for (const Record& r : records)
+    if (r.kind == 'A' && r.end > from && r.start < to) {
+      auto [it, fresh] = calls.try_emplace(r.name);
+      if (fresh) order.push_back(r.name);
+      ++it->second.first, it->second.second += std::min(r.end, to) - std::max(r.start, from);
+    }
+  for (const std::string& name : order)
+    fmt::print(out, "  host between replays: {} x{}, {:.2f} us of the gap\n", name, calls[name].first,
+               us(calls[name].second));
 }
 
 // Time covered by at least one of the records, in [from, to).
@@ -58,11 +75,13 @@ void by_kernel(const std::map<std::string, std::pair<int, uint64_t>>& totals, ui
 void summarize_kernels(const std::vector<Record>& records, FILE* out) {
   std::map<std::string, std::pair<int, uint64_t>> totals;
   uint64_t all = 0;
+  size_t gpu = 0;
   for (const Record& r : records) {
+    if (r.kind == 'A') continue;
     auto& t = totals[label(r)];
-    ++t.first, t.second += r.end - r.start, all += r.end - r.start;
+    ++t.first, t.second += r.end - r.start, all += r.end - r.start, ++gpu;
   }
-  fmt::print(out, "no graph replayed three times: {} records, {:.1f} us of GPU work\n", records.size(), us(all));
+  fmt::print(out, "no graph replayed three times: {} GPU records, {:.1f} us of GPU work\n", gpu, us(all));
   by_kernel(totals, std::max<uint64_t>(all, 1), out);
 }
 
@@ -85,7 +104,7 @@ std::vector<Record> read_tsv(FILE* f, const std::string& what) {
     int grid, block, used = 0;
     if (std::sscanf(line, "%c\t%llu\t%llu\t%u\t%u\t%llu\t%u\t%d\t%d\t%llu\t%n", &kind, &start, &end, &stream, &graph,
                     &node, &corr, &grid, &block, &bytes, &used) != 10 ||
-        used == 0 || (kind != 'K' && kind != 'C' && kind != 'S') || end < start)
+        used == 0 || (kind != 'K' && kind != 'C' && kind != 'S' && kind != 'A') || end < start)
       fail("{}: line {} is not a trace record (kind, start, end, stream, graph, node, correlation, grid, block, "
            "bytes, name, tab-separated)",
            what, n);
@@ -155,11 +174,21 @@ void summarize(std::vector<Record> records, FILE* out) {
 
   // What ran between the typical replay and the next: the host's part of a step.
   const auto next = std::find(steps.begin(), steps.end(), typical) + 1;
-  if (next != steps.end())
+  if (next != steps.end()) {
+    const uint64_t from = typical->end, to = (*next)->start;
     for (const Record& r : records)
-      if (r.graph == 0 && r.start >= typical->end && r.start < (*next)->start)
-        fmt::print(out, "  between replays: +{:.2f} us {:.2f} us  {}\n", us(r.start - typical->end), us(r.end - r.start),
+      if (r.kind != 'A' && r.graph == 0 && r.start >= from && r.start < to)
+        fmt::print(out, "  between replays: +{:.2f} us {:.2f} us  {}\n", us(r.start - from), us(r.end - r.start),
                    label(r));
+    host_calls(records, from, to, out);
+    const Record* launch = nullptr;  // the call that launched the next replay: the last launch before it
+    for (const Record& r : records)
+      if (r.kind == 'A' && r.name.rfind("cudaGraphLaunch", 0) == 0 && r.start < to) launch = &r;
+    if (launch && launch->start >= from)
+      fmt::print(out, "  the next replay's launch began +{:.2f} us, took {:.2f} us; its first node began {:.2f} us after "
+                      "the call did\n",
+                 us(launch->start - from), us(launch->end - launch->start), us(to - launch->start));
+  }
 
   struct Node {
     std::vector<int64_t> starts;
