@@ -8,8 +8,8 @@
 //   build/moestream generate --device cuda --model DIR --ids 1000,2000 --max-tokens 64 --ignore-eos
 //
 // MS_TRACE_OUT keeps the records (bench_trace_summary reads them back). Tracing costs the host
-// time at each CUDA call, so the gaps between steps come out longer than untraced; the GPU's
-// times of the nodes within a step are its own.
+// time at each CUDA call, so the gaps between steps come out longer than untraced; the nodes'
+// times within a step are the GPU's own timestamps (CUPTI may add a little to each).
 #include <cupti.h>
 
 #include <cstdio>
