@@ -97,7 +97,8 @@ bool ok(CUptiResult r, const char* call) {
 
 // Called by the CUDA driver at its initialisation where CUDA_INJECTION64_PATH names this library.
 extern "C" int InitializeInjection(void) {
-  if (!ok(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks")) return 0;
+  if (!ok(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks"))
+    return 0;
   for (CUpti_ActivityKind k :
        {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
         CUPTI_ACTIVITY_KIND_RUNTIME})

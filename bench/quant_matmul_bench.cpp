@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "bench/cpu_memory.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant_matmul.h"
 #include "util/half.h"
@@ -19,41 +20,11 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using ms::bench::kRuns;
+using ms::bench::median_seconds;
+using ms::bench::stream_read_gbs;
 
 constexpr size_t kColdBytes = size_t(256) << 20;
-constexpr int kRuns = 7;
-
-template <class Fn>
-double median_seconds(Fn&& fn) {
-  std::vector<double> t;
-  for (int i = 0; i < kRuns; ++i) {
-    auto t0 = Clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-// Streaming read over the same threads the kernel uses: the bandwidth ceiling for "cold".
-double stream_read_gbs(const std::vector<uint64_t>& buf) {
-  std::vector<uint64_t> sums(buf.size() / 4096 + 1);
-  double s = median_seconds([&] {
-    ms::ThreadPool::global().parallel_for(
-        buf.size() / 4096,
-        [&](size_t b, size_t e) {
-          for (size_t blk = b; blk < e; ++blk) {
-            const uint64_t* p = buf.data() + blk * 4096;
-            uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-            for (size_t i = 0; i < 4096; i += 4) a0 += p[i], a1 += p[i + 1], a2 += p[i + 2], a3 += p[i + 3];
-            sums[blk] = a0 + a1 + a2 + a3;
-          }
-        },
-        16);
-  });
-  return double(buf.size() * 8) / s / 1e9;
-}
 
 double memcpy_gbs(std::vector<uint64_t>& dst, const std::vector<uint64_t>& src) {
   double s = median_seconds([&] { std::memcpy(dst.data(), src.data(), src.size() * 8); });

@@ -68,8 +68,8 @@ void by_kernel(const std::map<std::string, std::pair<int, uint64_t>>& totals, ui
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
   fmt::print(out, "  {:>5} {:>10} {:>6}  kernel (time summed, overlaps counted twice)\n", "count", "us", "share");
   for (const auto& [name, ct] : rows)
-    fmt::print(out, "  {:>5} {:>10.2f} {:>5.1f}%  {}\n", ct.first, us(ct.second), 100.0 * double(ct.second) / double(whole),
-               name);
+    fmt::print(out, "  {:>5} {:>10.2f} {:>5.1f}%  {}\n", ct.first, us(ct.second),
+               100.0 * double(ct.second) / double(whole), name);
 }
 
 void summarize_kernels(const std::vector<Record>& records, FILE* out) {
@@ -166,8 +166,9 @@ void summarize(std::vector<Record> records, FILE* out) {
   const Replay* typical = steps[0];
   for (const Replay* p : steps)
     if (p->end - p->start == span) typical = p;
-  fmt::print(out, "graph {}: {} replays of {} nodes; median span {:.1f} us, GPU busy {:.1f} us of it; median gap to the "
-                  "next replay {:.1f} us ({:.1f} % of a step)\n",
+  fmt::print(out,
+             "graph {}: {} replays of {} nodes; median span {:.1f} us, GPU busy {:.1f} us of it; median gap to "
+             "the next replay {:.1f} us ({:.1f} % of a step)\n",
              graph, steps.size() + 1, typical->records.size(), us(span),
              us(busy(typical->records, typical->start, typical->end)), us(gap),
              100.0 * double(gap) / double(std::max<uint64_t>(span + gap, 1)));
@@ -185,8 +186,9 @@ void summarize(std::vector<Record> records, FILE* out) {
     for (const Record& r : records)
       if (r.kind == 'A' && r.name.rfind("cudaGraphLaunch", 0) == 0 && r.start < to) launch = &r;
     if (launch && launch->start >= from)
-      fmt::print(out, "  the next replay's launch began +{:.2f} us, took {:.2f} us; its first node began {:.2f} us after "
-                      "the call did\n",
+      fmt::print(out,
+                 "  the next replay's launch began +{:.2f} us, took {:.2f} us; its first node began {:.2f} us "
+                 "after the call did\n",
                  us(launch->start - from), us(launch->end - launch->start), us(to - launch->start));
   }
 

@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
-#include "util/thread_pool.h"
 
 namespace ms::cpu {
 
@@ -37,39 +36,6 @@ void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, doubl
       }
     }
   }
-}
-
-void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
-               float* out) {
-  const int group = n_heads / n_kv;
-  const float scale = 1.0f / std::sqrt(float(hd));
-  ThreadPool::global().parallel_for(size_t(T) * size_t(n_heads), [&](size_t b, size_t e) {
-    std::vector<float> scores;
-    for (size_t job = b; job < e; ++job) {
-      const int t = int(job / size_t(n_heads)), h = int(job % size_t(n_heads));
-      const int kvh = h / group;
-      const int len = pos0 + t + 1;  // causal: positions 0..pos0+t
-      const float* qv = q + (size_t(t) * size_t(n_heads) + size_t(h)) * size_t(hd);
-      scores.resize(size_t(len));
-      float mx = -INFINITY;
-      for (int s = 0; s < len; ++s) {
-        const float* kv = k + (size_t(s) * size_t(n_kv) + size_t(kvh)) * size_t(hd);
-        float dot = 0.f;
-        for (int i = 0; i < hd; ++i) dot += qv[i] * kv[i];
-        scores[size_t(s)] = dot * scale;
-        mx = std::max(mx, scores[size_t(s)]);
-      }
-      float sum = 0.f;
-      for (auto& sc : scores) sum += (sc = std::exp(sc - mx));
-      float* o = out + (size_t(t) * size_t(n_heads) + size_t(h)) * size_t(hd);
-      std::fill(o, o + hd, 0.f);
-      for (int s = 0; s < len; ++s) {
-        const float p = scores[size_t(s)] / sum;
-        const float* vv = v + (size_t(s) * size_t(n_kv) + size_t(kvh)) * size_t(hd);
-        for (int i = 0; i < hd; ++i) o[i] += p * vv[i];
-      }
-    }
-  });
 }
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {

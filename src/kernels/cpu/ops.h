@@ -20,6 +20,8 @@ void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, doubl
 
 // Causal attention of T new queries (positions pos0..pos0+T-1) over a cache holding
 // positions 0..pos0+T-1. q [T, n_heads, hd]; k, v [>= pos0+T, n_kv, hd]; out [T, n_heads, hd].
+// A token's output is the same bits whatever T is and however many threads run it
+// (kernels/cpu/attention.cpp).
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
                float* out);
 
