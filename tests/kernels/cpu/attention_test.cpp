@@ -3,23 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "random.h"
 #include "util/thread_pool.h"
 
 namespace ms::cpu {
 namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 struct Case {
   int T, pos0, nh, nkv, hd;

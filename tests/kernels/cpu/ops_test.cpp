@@ -2,22 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "random.h"
 #include "util/half.h"
 
 namespace ms::cpu {
 namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // Tolerance for a float32 dot product of length K against a double reference: rounding grows
 // with K and with the magnitude of the terms (sum |x_i w_i|).
