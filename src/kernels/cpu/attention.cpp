@@ -182,11 +182,12 @@ void attention(const float* q, const float* k, const float* v, int T, int pos0, 
 
   // Few jobs (a decode token's): every chunk of every job in parallel, then each job's fold.
   ThreadPool& pool = ThreadPool::global();
-  std::vector<size_t> first_chunk{0};
-  for (size_t j = 0; j < jobs; ++j) first_chunk.push_back(first_chunk.back() + size_t(chunks_of(len_of(j))));
+  std::vector<size_t> first_chunk{0};  // where each job's chunks start, counted for few jobs only
+  if (jobs < 4 * size_t(pool.size()))
+    for (size_t j = 0; j < jobs; ++j) first_chunk.push_back(first_chunk.back() + size_t(chunks_of(len_of(j))));
   const size_t chunks = first_chunk.back();
   constexpr size_t kMaxPartialFloats = size_t(16) << 20;
-  if (jobs < 4 * size_t(pool.size()) && chunks > jobs && chunks * size_t(G) * size_t(hd + 2) <= kMaxPartialFloats) {
+  if (chunks > jobs && chunks * size_t(G) * size_t(hd + 2) <= kMaxPartialFloats) {
     Partials parts(chunks * size_t(G), hd);
     pool.parallel_for(chunks, [&](size_t b, size_t e) {
       std::vector<float> scores(size_t(G) * kChunk);
