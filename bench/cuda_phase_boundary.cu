@@ -158,35 +158,12 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(Phases ph) {
   }
 }
 
-// Milliseconds per call of fn(), median of 5 timed runs after a warm-up.
-template <class F>
-double median_ms(F&& fn) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  fn();
-  std::vector<double> runs;
-  for (int r = 0; r < 5; ++r) {
-    CUDA_CHECK(cudaEventRecord(a, cuda::compute_stream()));
-    fn();
-    CUDA_CHECK(cudaEventRecord(b, cuda::compute_stream()));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    runs.push_back(ms);
-  }
-  CUDA_CHECK(cudaEventDestroy(a));
-  CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(runs.begin(), runs.end());
-  return runs[2];
-}
-
 // One persistent launch of kPhases phases on `blocks` blocks, after the barrier's words were zeroed.
 template <bool EARLY>
 double persistent_ms(const Phases& ph, int blocks) {
   CUDA_CHECK(cudaMemset(ph.barrier, 0, 2 * sizeof(unsigned)));
   void* args[] = {const_cast<Phases*>(&ph)};
-  return median_ms([&] {
+  return bench::median_ms([&] {
     CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(persistent_kernel<EARLY>),
                                            dim3(unsigned(blocks)), dim3(kThreads), args, 0, cuda::compute_stream()));
   });
@@ -199,7 +176,7 @@ double graph_ms(F&& launch) {
   graph.begin_capture();
   for (int p = 0; p < kPhases; ++p) launch(p);
   graph.end_capture();
-  return median_ms([&] { graph.launch(); });
+  return bench::median_ms([&] { graph.launch(); });
 }
 
 void run(size_t bytes, int sms, int max_per_sm, double copy_gbps) {

@@ -5,8 +5,12 @@
 // must), a floor under one decode matvec's time.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace ms::bench {
+// Milliseconds of the GPU work fn() queues on the compute stream: the median of 5 timed runs after
+// a warm-up.
+double median_ms(const std::function<void()>& fn);
 // GB/s of a 2 GiB device-to-device copy on the compute stream, counting bytes read and written:
 // the median of 5 after a warm-up.
 double copy_gbps();
