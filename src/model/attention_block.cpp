@@ -46,8 +46,7 @@ void attention_block(const B& be, const ModelConfig& cfg, const AttentionWeights
   cache.length = pos0 + T;
 
   typename B::Buf attn = be.alloc(size_t(T) * q_width);
-  be.attention(q.data(), cache.k_at(0), cache.v_at(0), T, pos0, nh, nkv, hd, gated ? gate.data() : nullptr,
-               attn.data());
+  be.attention(q.data(), cache, T, pos0, nh, nkv, hd, gated ? gate.data() : nullptr, attn.data());
   be.matmul(attn.data(), T, be.mat(w.o_proj), out);
 }
 

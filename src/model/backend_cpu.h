@@ -56,9 +56,9 @@ struct CpuBackend {
     cpu::rope(x, T, heads, head_dim, rot_dim, pos0, theta);
   }
   // out *= sigmoid(gate) elementwise after the attention where gate is given (a gated layer's).
-  void attention(const float* q, const float* k, const float* v, int T, int pos0, int nh, int nkv, int hd,
-                 const float* gate, float* out) const {
-    cpu::attention(q, k, v, T, pos0, nh, nkv, hd, out);
+  void attention(const float* q, KV& cache, int T, int pos0, int nh, int nkv, int hd, const float* gate,
+                 float* out) const {
+    cpu::attention(q, cache.k_at(0), cache.v_at(0), T, pos0, nh, nkv, hd, out);
     if (!gate) return;
     const size_t n = size_t(T) * size_t(nh) * size_t(hd);
     for (size_t i = 0; i < n; ++i) out[i] *= cpu::sigmoid(gate[i]);

@@ -106,6 +106,7 @@ struct DeviceKV {
   void reserve(int n);  // kv_capacity's, keeping what is there
   float* k_at(int pos) const { return k.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
   float* v_at(int pos) const { return v.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
+  int capacity() const { return int(k.size() / std::max<size_t>(1, size_t(n_kv) * size_t(head_dim))); }
 };
 
 struct DeviceLinear {  // LinearState in device memory
@@ -215,9 +216,13 @@ struct CudaBackend {
     cuda::attention_prepare({q_raw, k, v, q_norm, k_norm, q, gate, cache.k.data(), cache.v.data(), step_pos, theta,
                              offset, eps, T, nh, nkv, hd, rot_dim, pos0, gated});
   }
-  void attention(const float* q, const float* k, const float* v, int T, int pos0, int nh, int nkv, int hd,
-                 const float* gate, float* out) const {
-    cuda::attention(q, k, v, T, pos0, nh, nkv, hd, out, step_pos, gate);
+  // A captured step's positions are bounded by its caches' rows; else they are pos0 + T.
+  void attention(const float* q, const KV& cache, int T, int pos0, int nh, int nkv, int hd, const float* gate,
+                 float* out) const {
+    const int positions = step_pos ? cache.capacity() : pos0 + T;
+    const Buf scratch = alloc(cuda::attention_scratch_floats(T, nh, hd, positions));
+    cuda::attention(q, cache.k_at(0), cache.v_at(0), T, pos0, nh, nkv, hd, out, scratch.data(), positions, step_pos,
+                    gate);
   }
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) const { cuda::silu_mul(gate, up, out, n); }
   // h = silu(x · gateᵀ) * (x · upᵀ) in one launch for a decode token's affine gate and up; false,

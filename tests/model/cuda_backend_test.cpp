@@ -52,13 +52,17 @@ TEST_F(CudaBackendGlue, AttentionGatedAndNot) {
   const int T = 3, pos0 = 5, nh = 4, nkv = 2, hd = 64, len = pos0 + T;
   const size_t nq = size_t(T) * nh * hd, nkvs = size_t(len) * nkv * hd;
   const auto q = random_vec(nq, 1), k = random_vec(nkvs, 2), v = random_vec(nkvs, 3), gate = random_vec(nq, 4);
-  auto dq = up(q), dk = up(k), dv = up(v), dgate = up(gate);
+  auto dq = up(q), dgate = up(gate);
+  KVCache host_kv;
+  host_kv.n_kv = nkv, host_kv.head_dim = hd, host_kv.k = k, host_kv.v = v;
+  DeviceKV device_kv;
+  device_kv.n_kv = nkv, device_kv.head_dim = hd, device_kv.k = up(k), device_kv.v = up(v);
   const float tol = 1e-5f * 3.0f;  // max|v| <= 3
   for (const bool gated : {false, true}) {
     std::vector<float> want(nq);
-    cpu.attention(q.data(), k.data(), v.data(), T, pos0, nh, nkv, hd, gated ? gate.data() : nullptr, want.data());
+    cpu.attention(q.data(), host_kv, T, pos0, nh, nkv, hd, gated ? gate.data() : nullptr, want.data());
     DeviceArray<float> d(nq);
-    gpu().attention(dq.data(), dk.data(), dv.data(), T, pos0, nh, nkv, hd, gated ? dgate.data() : nullptr, d.data());
+    gpu().attention(dq.data(), device_kv, T, pos0, nh, nkv, hd, gated ? dgate.data() : nullptr, d.data());
     const std::vector<float> got = d.to_vector();
     for (size_t i = 0; i < nq; ++i) ASSERT_NEAR(got[i], want[i], tol) << (gated ? "gated " : "") << i;
   }

@@ -1,8 +1,14 @@
-// Causal GQA attention over the KV cache: one block per (query token, head), its warps taking
-// the cache positions in turn with an online softmax each, merged at the end. Each lane holds
-// head_dim / 32 of the query and output dims (strided by 32, so cache rows load coalesced).
-// A gated layer's sigmoid(gate) multiplies the output as it is stored, instead of in a launch of
-// its own.
+// Causal GQA attention over the KV cache. Each (query token, head) row takes its cache positions
+// in chunks of kChunk: the block's warps take kGroup positions each, loading the group's key and
+// value rows at once so that their latencies overlap, and the block merges the warps into the
+// chunk's softmax (its max, sum and weighted values). The chunks are folded in position order,
+// each rescaled to the running max. Where rows are few (a decode token's heads), each chunk is a
+// block of its own, so that they spread over the device, and a second kernel folds them; else a
+// block takes a row's chunks in turn. The chunks depend only on the row's own positions and the
+// two forms fold them alike, so a token's output is the same bits whatever T is.
+// Each lane holds head_dim / 32 of the query and output dims (strided by 32, so cache rows load
+// coalesced). A gated layer's sigmoid(gate) multiplies the output as it is stored, instead of in
+// a launch of its own.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -19,72 +25,212 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kMaxPerLane = 8;  // head_dim up to 256
+constexpr int kGroup = 4;       // positions a warp loads at once
+constexpr int kChunk = kWarps * kGroup;
+// Chunks a row may take as blocks of their own: beyond this many floats of scratch a row's
+// block takes its chunks in turn (the same bits).
+constexpr size_t kMaxScratchFloats = size_t(16) << 20;
 
-__global__ void __launch_bounds__(kWarps * 32) attention_kernel(const float* q, const float* k, const float* v,
-                                                                 int pos0, const int* pos_on_device, int n_heads,
-                                                                 int n_kv, int hd, const float* gate,
-                                                                 float* out) {
-  start_after_kernel_before();  // launched by launch_after
-  __shared__ float acc_s[kWarps][kMaxPerLane * 32];
-  __shared__ float m_s[kWarps], l_s[kWarps];
-  const int t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
-  const int kvh = h / (n_heads / n_kv);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int per_lane = hd / 32, len = (pos_on_device ? *pos_on_device : pos0) + t + 1;
-  const float scale = 1.0f / sqrtf(float(hd));
-  const float* qv = q + (size_t(t) * n_heads + h) * hd;
-
-  float qr[kMaxPerLane], acc[kMaxPerLane];
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) qr[i] = i < per_lane ? qv[i * 32 + lane] : 0.f, acc[i] = 0.f;
+// A softmax over some positions: its max score m and the sum l of exp(score - m); with each
+// thread's acc (Σ exp(score - m)·v at its output dim) it is a chunk's or a row's partial result.
+struct Softmax {
   float m = -INFINITY, l = 0.f;
-  for (int s = warp; s < len; s += kWarps) {
-    const float* kr = k + (size_t(s) * n_kv + kvh) * hd;
-    const float* vr = v + (size_t(s) * n_kv + kvh) * hd;
+};
+
+int chunks_of(int positions) { return (positions + kChunk - 1) / kChunk; }
+
+__device__ __forceinline__ int row_length(int pos0, const int* pos_on_device, int t) {
+  return (pos_on_device ? *pos_on_device : pos0) + t + 1;
+}
+
+// The running softmax `run` (and this thread's acc) takes in chunk c: both rescaled to their
+// common max. The one fold of both forms, so that they give the same bits.
+__device__ __forceinline__ void fold(Softmax& run, float& acc, Softmax c, float c_acc) {
+  const float m = fmaxf(run.m, c.m);
+  const float a = expf(run.m - m), b = expf(c.m - m);  // a is 0 at the first chunk (run.m -inf)
+  run.l = run.l * a + c.l * b;
+  acc = acc * a + c_acc * b;
+  run.m = m;
+}
+
+struct ChunkSmem {
+  float acc[kWarps][kMaxPerLane * 32];
+  Softmax sm[kWarps];
+};
+
+// Positions [lo, hi) of one row (hi > lo), by every thread of the block: the chunk's softmax,
+// and in c_acc thread j's weighted value sum at output dim j (j = threadIdx.x < hd).
+__device__ Softmax chunk_softmax(const float (&qr)[kMaxPerLane], const float* k, const float* v, int n_kv, int kvh,
+                                 int hd, int lo, int hi, float scale, ChunkSmem& sh, float& c_acc) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per_lane = hd / 32;
+  const int s0 = lo + warp * kGroup;
+  float kr[kGroup][kMaxPerLane], vr[kGroup][kMaxPerLane];
+#pragma unroll
+  for (int u = 0; u < kGroup; ++u) {
+    const size_t at = (size_t(s0 + u) * n_kv + kvh) * hd + lane;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const bool in = s0 + u < hi && i < per_lane;
+      kr[u][i] = in ? k[at + i * 32] : 0.f;
+      vr[u][i] = in ? v[at + i * 32] : 0.f;
+    }
+  }
+  float score[kGroup], m = -INFINITY;
+#pragma unroll
+  for (int u = 0; u < kGroup; ++u) {
     float dot = 0.f;
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i)
-      if (i < per_lane) dot = fmaf(qr[i], kr[i * 32 + lane], dot);
-    const float score = warp_sum(dot) * scale;
-    const float m_new = fmaxf(m, score);
-    const float corr = expf(m - m_new), p = expf(score - m_new);
-    l = l * corr + p;
+    for (int i = 0; i < kMaxPerLane; ++i) dot = fmaf(qr[i], kr[u][i], dot);
+    score[u] = s0 + u < hi ? warp_sum(dot) * scale : -INFINITY;  // s0 + u < hi is the same in the warp
+    m = fmaxf(m, score[u]);
+  }
+  Softmax mine;  // a warp with no positions keeps m -inf, l 0, acc 0
+  float acc[kMaxPerLane] = {};
+  if (s0 < hi) {
+    mine.m = m;
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i)
-      if (i < per_lane) acc[i] = fmaf(p, vr[i * 32 + lane], acc[i] * corr);
-    m = m_new;
+    for (int u = 0; u < kGroup; ++u) {
+      const float p = s0 + u < hi ? expf(score[u] - m) : 0.f;
+      mine.l += p;
+#pragma unroll
+      for (int i = 0; i < kMaxPerLane; ++i) acc[i] = fmaf(p, vr[u][i], acc[i]);
+    }
   }
 #pragma unroll
   for (int i = 0; i < kMaxPerLane; ++i)
-    if (i < per_lane) acc_s[warp][i * 32 + lane] = acc[i];
-  if (lane == 0) m_s[warp] = m, l_s[warp] = l;
+    if (i < per_lane) sh.acc[warp][i * 32 + lane] = acc[i];
+  if (lane == 0) sh.sm[warp] = mine;
   __syncthreads();
 
-  float M = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w]);
-  float L = 0.f;
-  for (int w = 0; w < kWarps; ++w) L += l_s[w] * expf(m_s[w] - M);  // a warp with no positions: l 0
-  const size_t row = (size_t(t) * n_heads + h) * hd;
-  for (int j = threadIdx.x; j < hd; j += kWarps * 32) {
-    float sum = 0.f;
-    for (int w = 0; w < kWarps; ++w)
-      if (l_s[w] > 0.f) sum += acc_s[w][j] * expf(m_s[w] - M);
-    out[row + j] = gate ? sum / L * sigmoid(gate[row + j]) : sum / L;
+  Softmax all;
+  for (int w = 0; w < kWarps; ++w) all.m = fmaxf(all.m, sh.sm[w].m);
+  float weight[kWarps];  // of each warp's sums; 0 for a warp with no positions
+  for (int w = 0; w < kWarps; ++w) {
+    weight[w] = sh.sm[w].l > 0.f ? expf(sh.sm[w].m - all.m) : 0.f;
+    all.l += sh.sm[w].l * weight[w];
   }
+  c_acc = 0.f;
+  if (int(threadIdx.x) < hd)
+    for (int w = 0; w < kWarps; ++w) c_acc += sh.acc[w][threadIdx.x] * weight[w];
+  __syncthreads();  // before the next chunk writes sh
+  return all;
+}
+
+__device__ __forceinline__ void load_query(const float* qv, int hd, float (&qr)[kMaxPerLane]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) qr[i] = i < hd / 32 ? qv[i * 32 + lane] : 0.f;
+}
+
+__device__ __forceinline__ void store_row(const Softmax& run, float acc, int hd, size_t row, const float* gate,
+                                          float* out) {
+  if (int(threadIdx.x) >= hd) return;
+  const size_t at = row * hd + threadIdx.x;
+  out[at] = gate ? acc / run.l * sigmoid(gate[at]) : acc / run.l;
+}
+
+struct AttnArgs {
+  const float *q, *k, *v, *gate;
+  float* out;
+  const int* pos_on_device;
+  int pos0, n_heads, n_kv, hd;
+  float scale;
+};
+
+// A block per row, its chunks in turn.
+__global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(AttnArgs a) {
+  start_after_kernel_before();  // launched by launch_after
+  __shared__ ChunkSmem sh;
+  const int row = blockIdx.x, t = row / a.n_heads, kvh = row % a.n_heads / (a.n_heads / a.n_kv);
+  const int len = row_length(a.pos0, a.pos_on_device, t);
+  float qr[kMaxPerLane];
+  load_query(a.q + size_t(row) * a.hd, a.hd, qr);
+  Softmax run;
+  float acc = 0.f;
+  for (int lo = 0; lo < len; lo += kChunk) {
+    float c_acc;
+    const Softmax c = chunk_softmax(qr, a.k, a.v, a.n_kv, kvh, a.hd, lo, min(len, lo + kChunk), a.scale, sh, c_acc);
+    fold(run, acc, c, c_acc);
+  }
+  store_row(run, acc, a.hd, size_t(row), a.gate, a.out);
+}
+
+// A block per (row, chunk) of n_chunks a row (those past the row's positions end at once): the
+// chunk's softmax to part and part_acc, for fold_chunks_kernel.
+__global__ void __launch_bounds__(kWarps * 32) attention_chunks_kernel(AttnArgs a, int n_chunks, Softmax* part,
+                                                                       float* part_acc) {
+  start_after_kernel_before();  // launched by launch_after
+  __shared__ ChunkSmem sh;
+  const int row = blockIdx.x / n_chunks, c = blockIdx.x % n_chunks;
+  const int t = row / a.n_heads, kvh = row % a.n_heads / (a.n_heads / a.n_kv);
+  const int len = row_length(a.pos0, a.pos_on_device, t), lo = c * kChunk;
+  if (lo >= len) return;
+  float qr[kMaxPerLane];
+  load_query(a.q + size_t(row) * a.hd, a.hd, qr);
+  float c_acc;
+  const Softmax s = chunk_softmax(qr, a.k, a.v, a.n_kv, kvh, a.hd, lo, min(len, lo + kChunk), a.scale, sh, c_acc);
+  if (int(threadIdx.x) < a.hd) part_acc[size_t(blockIdx.x) * a.hd + threadIdx.x] = c_acc;
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+// A block per row: its chunks' results folded in order, as attention_rows_kernel folds them.
+__global__ void __launch_bounds__(kWarps * 32) fold_chunks_kernel(AttnArgs a, int n_chunks, const Softmax* part,
+                                                                  const float* part_acc) {
+  start_after_kernel_before();  // launched by launch_after
+  const int row = blockIdx.x;
+  const int len = row_length(a.pos0, a.pos_on_device, row / a.n_heads);
+  Softmax run;
+  float acc = 0.f;
+  for (int c = 0; c < n_chunks && c * kChunk < len; ++c) {
+    const size_t at = size_t(row) * n_chunks + c;
+    fold(run, acc, part[at], int(threadIdx.x) < a.hd ? part_acc[at * a.hd + threadIdx.x] : 0.f);
+  }
+  store_row(run, acc, a.hd, size_t(row), a.gate, a.out);
+}
+
+// Whether the rows' chunks run as blocks of their own (and how many a row): where rows are fewer
+// than the multiprocessors and their scratch stays within kMaxScratchFloats.
+int chunk_blocks(int rows, int positions, int hd) {
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  const int n = chunks_of(positions);
+  if (rows >= sms || n < 2 || size_t(rows) * size_t(n) * size_t(hd + 2) > kMaxScratchFloats) return 0;
+  return n;
 }
 
 }  // namespace
 
+size_t attention_scratch_floats(int T, int n_heads, int hd, int positions) {
+  static_assert(sizeof(Softmax) == 2 * sizeof(float));
+  const int rows = T * n_heads, n = rows > 0 ? chunk_blocks(rows, positions, hd) : 0;
+  return size_t(rows) * size_t(n) * size_t(hd + 2);
+}
+
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
-               float* out, const int* pos_on_device, const float* gate) {
+               float* out, float* scratch, int positions, const int* pos_on_device, const float* gate) {
   if (hd <= 0 || hd % 32 != 0 || hd > kMaxPerLane * 32)
     arg_fail("cuda::attention: head_dim " + std::to_string(hd) + " is not a multiple of 32 up to 256");
   if (n_kv <= 0 || n_heads % n_kv != 0)
     arg_fail("cuda::attention: n_heads " + std::to_string(n_heads) + " is not a multiple of n_kv " +
              std::to_string(n_kv));
   if (T <= 0) return;
-  launch_after(attention_kernel, unsigned(T * n_heads), kWarps * 32, 0, q, k, v, pos0, pos_on_device, n_heads, n_kv,
-               hd, gate, out);
+  if (positions < (pos_on_device ? 1 : pos0 + T))
+    arg_fail("cuda::attention: positions " + std::to_string(positions) + " is less than pos0 + T = " +
+             std::to_string(pos0 + T));
+  const AttnArgs a{q, k, v, gate, out, pos_on_device, pos0, n_heads, n_kv, hd, 1.0f / std::sqrt(float(hd))};
+  const int rows = T * n_heads, n = chunk_blocks(rows, positions, hd);
+  if (n == 0) {
+    launch_after(attention_rows_kernel, unsigned(rows), kWarps * 32, 0, a);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  if (!scratch || !aligned(scratch, 8))
+    arg_fail("cuda::attention: " + std::to_string(rows) + " rows need scratch of attention_scratch_floats, 8-byte aligned");
+  auto* part = reinterpret_cast<Softmax*>(scratch);
+  float* part_acc = scratch + 2 * size_t(rows) * size_t(n);
+  launch_after(attention_chunks_kernel, unsigned(rows * n), kWarps * 32, 0, a, n, part, part_acc);
+  CUDA_CHECK_LAUNCH();
+  launch_after(fold_chunks_kernel, unsigned(rows), kWarps * 32, 0, a, n, static_cast<const Softmax*>(part),
+               static_cast<const float*>(part_acc));
   CUDA_CHECK_LAUNCH();
 }
 

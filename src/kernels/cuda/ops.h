@@ -44,10 +44,16 @@ struct AttentionPrep {
 // halves to gate [T, nh·hd] where gated. The CPU backend's attention_prepare
 // (src/model/attention_block.cpp) is the reference: its split, norms, rope and store in turn.
 void attention_prepare(const AttentionPrep& p);
-// pos0 as for attention_prepare. Where gate [T, n_heads·hd] is given (a gated layer's, from
-// attention_prepare), out is multiplied by sigmoid(gate) elementwise.
+// pos0 as for attention_prepare. positions: at least as many as any row attends (pos0 + T, or
+// with pos_on_device its bound: the cache's rows). Where gate [T, n_heads·hd] is given (a gated
+// layer's, from attention_prepare), out is multiplied by sigmoid(gate) elementwise. A row's
+// positions are taken in chunks folded in order, the same bits whatever T is. scratch: at least
+// attention_scratch_floats(T, n_heads, hd, positions) floats, 8-byte aligned (null where that is
+// 0): where rows (T · n_heads) are few, each chunk is a block of its own.
+size_t attention_scratch_floats(int T, int n_heads, int hd, int positions);
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
-               float* out, const int* pos_on_device = nullptr, const float* gate = nullptr);
+               float* out, float* scratch, int positions, const int* pos_on_device = nullptr,
+               const float* gate = nullptr);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void softmax(float* x, int rows, int n);
 // Per row of x [rows, n]: the indices of the k largest values, largest first, ties to the lower

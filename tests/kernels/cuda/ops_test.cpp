@@ -68,16 +68,21 @@ TEST(CudaOps, AttentionGqaDecodeAndPrefill) {
     int T, pos0, n_heads, n_kv, hd;
   };
   Rng rng(5);
+  // Decode rows split their positions among blocks, some splits empty where positions are few.
   for (const Case& c : {Case{1, 0, 4, 4, 64}, Case{1, 1000, 16, 2, 256}, Case{7, 30, 8, 2, 128},
-                        Case{64, 0, 4, 1, 32}, Case{3, 4097, 2, 1, 256}, Case{1, 8191, 32, 4, 128}}) {
+                        Case{64, 0, 4, 1, 32}, Case{3, 4097, 2, 1, 256}, Case{1, 8191, 32, 4, 128},
+                        Case{2, 5, 16, 2, 256}, Case{1, 40, 1, 1, 32}}) {
     const int len = c.pos0 + c.T;
     const Vec q = rng.normals(size_t(c.T) * c.n_heads * c.hd), k = rng.normals(size_t(len) * c.n_kv * c.hd, 2.0f),
               v = rng.normals(size_t(len) * c.n_kv * c.hd);
     Vec want(q.size());
     cpu::attention(q.data(), k.data(), v.data(), c.T, c.pos0, c.n_heads, c.n_kv, c.hd, want.data());
     DeviceBuffer dq = dev(q), dk = dev(k), dv = dev(v), dout(q.size() * sizeof(float));
+    // Positions bound by the cache's rows, as a captured step's: more chunk blocks than the rows use.
+    const int positions = len + 100;
+    DeviceBuffer scratch(attention_scratch_floats(c.T, c.n_heads, c.hd, positions) * sizeof(float));
     attention(dq.as<float>(), dk.as<float>(), dv.as<float>(), c.T, c.pos0, c.n_heads, c.n_kv, c.hd,
-              dout.as<float>());
+              dout.as<float>(), scratch.as<float>(), positions);
     const double err = max_abs_diff(host(dout), want) / max_abs(v);
     const std::string what = "T=" + std::to_string(c.T) + " pos0=" + std::to_string(c.pos0) + " heads " +
                              std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv) + " hd=" +
@@ -86,7 +91,7 @@ TEST(CudaOps, AttentionGqaDecodeAndPrefill) {
     EXPECT_LE(err, kTol) << what;
     DeviceBuffer dpos = DeviceBuffer::from(std::vector<int>{c.pos0}), dout_at(q.size() * sizeof(float));
     attention(dq.as<float>(), dk.as<float>(), dv.as<float>(), c.T, -1, c.n_heads, c.n_kv, c.hd, dout_at.as<float>(),
-              dpos.as<int>());
+              scratch.as<float>(), positions, dpos.as<int>());
     EXPECT_EQ(host(dout_at), host(dout)) << what << ", position on the device";
     // Gated (Qwen3-Next): the same output times sigmoid(gate), applied as it is stored.
     const Vec gate = rng.normals(q.size(), 3.0f);
@@ -94,11 +99,43 @@ TEST(CudaOps, AttentionGqaDecodeAndPrefill) {
     for (size_t i = 0; i < gate.size(); ++i) want_gated[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
     DeviceBuffer dgate = dev(gate), dout_gated(q.size() * sizeof(float));
     attention(dq.as<float>(), dk.as<float>(), dv.as<float>(), c.T, c.pos0, c.n_heads, c.n_kv, c.hd,
-              dout_gated.as<float>(), nullptr, dgate.as<float>());
+              dout_gated.as<float>(), scratch.as<float>(), positions, nullptr, dgate.as<float>());
     const double err_gated = max_abs_diff(host(dout_gated), want_gated) / max_abs(v);
     record("attention", what + " gated", err_gated, kTol);
     EXPECT_LE(err_gated, kTol) << what << ", gated";
   }
+}
+
+// A prompt's rows (a block each, its chunks in turn) and the same tokens one at a time (a block
+// per chunk, then their fold) give the same bits: a token's output does not depend on T.
+TEST(CudaOps, AttentionTokensAreTheSameBitsWhateverT) {
+  MS_REQUIRE_CUDA();
+  const int T = 12, pos0 = 100, nh = 16, nkv = 2, hd = 256, len = pos0 + T;
+  Rng rng(8);
+  const Vec q = rng.normals(size_t(T) * nh * hd), k = rng.normals(size_t(len) * nkv * hd, 2.0f),
+            v = rng.normals(size_t(len) * nkv * hd);
+  DeviceBuffer dq = dev(q), dk = dev(k), dv = dev(v), dall(q.size() * sizeof(float));
+  ASSERT_EQ(attention_scratch_floats(T, nh, hd, len), 0u) << "192 rows: a block each";
+  attention(dq.as<float>(), dk.as<float>(), dv.as<float>(), T, pos0, nh, nkv, hd, dall.as<float>(), nullptr, len);
+  const Vec all = host(dall);
+  const size_t row = size_t(nh) * hd;
+  for (int t = 0; t < T; ++t) {
+    const int positions = pos0 + t + 1;
+    ASSERT_GT(attention_scratch_floats(1, nh, hd, positions), 0u) << "16 rows: a block per chunk";
+    DeviceBuffer scratch(attention_scratch_floats(1, nh, hd, positions) * sizeof(float)), done(row * sizeof(float));
+    attention(dq.as<float>() + t * row, dk.as<float>(), dv.as<float>(), 1, pos0 + t, nh, nkv, hd, done.as<float>(),
+              scratch.as<float>(), positions);
+    EXPECT_EQ(host(done), Vec(all.begin() + long(t * row), all.begin() + long((t + 1) * row))) << "token " << t;
+  }
+}
+
+TEST(CudaOps, AttentionRefusesWhatItCannotRun) {
+  MS_REQUIRE_CUDA();
+  ASSERT_GT(attention_scratch_floats(1, 4, 64, 100), 0u);  // a decode token's few rows: a block per chunk
+  DeviceBuffer buf(size_t(1) << 20);
+  float* p = buf.as<float>();
+  EXPECT_THROW(attention(p, p, p, 1, 99, 4, 4, 64, p, nullptr, 100), Error);  // no scratch
+  EXPECT_THROW(attention(p, p, p, 1, 99, 4, 4, 64, p, p, 50), Error);         // positions short of pos0 + T
 }
 
 TEST(CudaOps, SiluMul) {
