@@ -8,7 +8,8 @@
 // time shows for the smaller ones). With --floor, beside each the same bytes read by the simplest
 // streaming kernel launched as the matvecs are (bench::stream_read), both ways, and the matvec's
 // time as a share of its time: below a few tens of MB a launch's ramp and the memory's latency,
-// not its bandwidth, bound both.
+// not its bandwidth, bound both. With --hot, each also in a graph of 100 calls on one copy, whose
+// weights stay in the L2 where they fit (a matrix a kernel before it prefetched would be read so).
 // Then the routed experts of a decode step at Qwen3-Next-80B's shape: cuda::moe_experts against
 // the per-expert launches it replaces, and cuda::route_topk.
 // Prefill (filter "gemm"): the custom kernel against the cuBLAS form of cuda::matmul, and their
@@ -123,7 +124,7 @@ double stream_read_ms(size_t bytes, int copies, int rounds, bool graphed) {
   return graphed ? graph_ms(std::max(1, rounds / 100), read) : time_ms(rounds, read);
 }
 
-void run(const Config& c, int group, int T, double hbm, const std::string& filter, bool with_floor) {
+void run(const Config& c, int group, int T, double hbm, const std::string& filter, bool with_floor, bool hot) {
   const std::string type = type_name(c, group);
   std::string what = "matvec ";
   what.append(c.name).append(" ").append(type);
@@ -147,6 +148,11 @@ void run(const Config& c, int group, int T, double hbm, const std::string& filte
                 " | graphed %7.2f us %5.1f%% of copy, matvec %5.1f%% of it",
                 floor_ms * 1e3, 100.0 * floor_ms / ms, floor_graphed * 1e3,
                 100.0 * double(w.per_copy) / (floor_graphed * 1e6) / hbm, 100.0 * floor_graphed / graphed);
+  }
+  if (hot) {
+    const double hot_ms =
+        graph_ms(std::max(1, rounds / 100), [&](int) { cuda::matmul(x.as<float>(), T, w.mats[0], y.as<float>()); });
+    std::printf(" | hot graph %7.2f us, %6.0f GB/s", hot_ms * 1e3, bytes / (hot_ms * 1e6));
   }
   std::printf("\n");
 }
@@ -300,13 +306,16 @@ void run_delta_rule(const std::string& filter) {
 
 // Optional argument: run only the cases whose "kind name type" contains it (e.g. "matvec" for the
 // decode matvecs alone, "matvec lm_head 151936 q4", "gemm", "moe_experts", "route_topk",
-// "gated_delta_rule"). --floor: each matvec also with the stream read of its bytes beside it.
+// "gated_delta_rule"). --floor: each matvec also with the stream read of its bytes beside it;
+// --hot: each also with its weights L2-resident where they fit.
 int main(int argc, char** argv) {
   std::string filter;
-  bool with_floor = false;
+  bool with_floor = false, hot = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--floor")
       with_floor = true;
+    else if (std::string(argv[i]) == "--hot")
+      hot = true;
     else
       filter = argv[i];
   }
@@ -326,12 +335,12 @@ int main(int argc, char** argv) {
   for (int bits : {16, 8, 4, 3, 2})
     for (Config c : shapes) {
       c.bits = bits;
-      run(c, 64, 1, hbm, filter, with_floor);
+      run(c, 64, 1, hbm, filter, with_floor, hot);
     }
-  for (int group : {32, 128}) run(Config{"lm_head 151936", 151936, 2048, 4}, group, 1, hbm, filter, with_floor);
+  for (int group : {32, 128}) run(Config{"lm_head 151936", 151936, 2048, 4}, group, 1, hbm, filter, with_floor, hot);
   std::printf("prefill/verify batches (weights reused by 4 tokens a block):\n");
   for (int T : {4, 16})
-    for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter, with_floor);
+    for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter, with_floor, hot);
   std::printf("prefill: custom kernel against cuBLAS FP32 (matmul switches at T >= %d for bf16, %d affine):\n",
               cuda::kGemmMinTokensBf16, cuda::kGemmMinTokensAffine);
   for (int bits : {16, 4})
