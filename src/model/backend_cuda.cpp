@@ -223,6 +223,9 @@ DeviceWeights::DeviceWeights(const ModelWeights& w) {
   for (const LayerWeights& l : w.layers) add_layer(l);
   add(w.final_norm);
   add(w.lm_head, "lm_head");
+  // For a decode step that embeds its token on the GPU (Model::decode_ahead); the memory plan's
+  // dense bytes count it. An f32 table stays on the host, as the matmuls refuse f32.
+  if (w.embed.type != WeightType::F32) add(w.embed, "embedding");
   if (w.mtp) {
     add(w.mtp->fc, "mtp.fc");
     for (const auto* v : {&w.mtp->pre_fc_norm_embedding, &w.mtp->pre_fc_norm_hidden, &w.mtp->norm}) add(*v);

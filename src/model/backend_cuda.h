@@ -116,7 +116,9 @@ struct DeviceLinear {  // LinearState in device memory
 // A sequence's decode step (one token, every routed expert resident) captured as a CUDA graph
 // (Model::forward): its input and outputs at fixed addresses, the position read on the GPU. The
 // graph holds the addresses of the sequence's KV caches too: it is captured again when one
-// grows (kv_at_capture).
+// grows (kv_at_capture). A step `ahead` (Model::decode_ahead) embeds its token on the GPU and
+// ends with the greedy token, which is the next replay's, and the next position: replays then
+// follow each other with nothing from the host between them.
 struct DecodeGraph {
   DeviceArena arena;  // first: outlives the graph that uses it
   cuda::Graph graph;
@@ -124,8 +126,11 @@ struct DecodeGraph {
   DeviceArray<float> normed;  // [hidden]: x after the final norm
   DeviceArray<float> logits;  // [vocab]
   std::vector<const float*> kv_at_capture;
+  bool ahead = false;
+  DeviceArray<int> token;           // ahead: [1], the token embedded, then the one picked
+  cuda::SamplerWorkspace sampler;   // ahead: greedy_token's
 
-  const int* position() const { return reinterpret_cast<const int*>(input.data() + input.size() - 1); }
+  int* position() const { return reinterpret_cast<int*>(input.data() + input.size() - 1); }
 };
 
 // A State's caches on the GPU; State holds one once the sequence has run there.
@@ -135,6 +140,10 @@ struct DeviceState {
   std::vector<DeviceLinear> linear;
   DeviceKV mtp_kv;
   std::unique_ptr<DecodeGraph> decode_graph;  // made at the first decode step that can use one
+  // Where an ahead step leaves its token for the host: slot position % kDecodeRing. It outlives
+  // the graphs, which a cache's growth replaces while a step's token is still unread.
+  static constexpr int kDecodeRing = 4;
+  std::unique_ptr<cuda::MappedInts> decode_ring;
   // A decode token's routed ids [layer][top_k] and router probabilities [layer][n_experts], by
   // expert-store layer, where moe_on_device writes them: one copy brings every layer's when the
   // forward asks for them, and a captured step writes them at addresses that stay.

@@ -301,9 +301,7 @@ int decode_kv_positions(int pos0, int planned) {
 }
 }  // namespace
 
-ForwardResult Model::forward_captured(const CudaBackend& be, int id, int pos0, const ForwardOptions& opt) const {
-  const int H = cfg_.hidden;
-  DeviceState& ds = be.state;
+std::vector<const float*> Model::decode_step_kv(DeviceState& ds, int pos0) const {
   std::vector<const float*> kv;
   for (int l = 0; l < cfg_.n_layers; ++l)
     if (cfg_.layer_types[size_t(l)] == LayerType::FullAttention) {
@@ -313,7 +311,20 @@ ForwardResult Model::forward_captured(const CudaBackend& be, int id, int pos0, c
       kv.push_back(c.k.data());
       kv.push_back(c.v.data());
     }
-  if (!ds.decode_graph || ds.decode_graph->kv_at_capture != kv) ds.decode_graph = capture_decode_step(be, pos0, std::move(kv));
+  return kv;
+}
+
+void Model::capture_if_stale(const CudaBackend& be, int pos0, std::vector<const float*> kv, bool ahead) const {
+  DeviceState& ds = be.state;
+  if (ds.decode_graph && ds.decode_graph->kv_at_capture == kv && ds.decode_graph->ahead == ahead) return;
+  ds.decode_graph.reset();  // its arena back before the new capture takes one
+  ds.decode_graph = capture_decode_step(be, pos0, std::move(kv), ahead);
+}
+
+ForwardResult Model::forward_captured(const CudaBackend& be, int id, int pos0, const ForwardOptions& opt) const {
+  const int H = cfg_.hidden;
+  DeviceState& ds = be.state;
+  capture_if_stale(be, pos0, decode_step_kv(ds, pos0), false);
   const DecodeGraph& g = *ds.decode_graph;
 
   std::vector<float> input(size_t(H) + 1);
@@ -342,20 +353,32 @@ ForwardResult Model::forward_captured(const CudaBackend& be, int id, int pos0, c
 }
 
 std::unique_ptr<DecodeGraph> Model::capture_decode_step(const CudaBackend& be, int pos0,
-                                                        std::vector<const float*> kv_at_capture) const {
+                                                        std::vector<const float*> kv_at_capture, bool ahead) const {
   auto g = std::make_unique<DecodeGraph>();
   g->input = DeviceArray<float>(size_t(cfg_.hidden) + 1);
   g->normed = DeviceArray<float>(size_t(cfg_.hidden));
   g->logits = DeviceArray<float>(size_t(cfg_.vocab));
   g->kv_at_capture = std::move(kv_at_capture);
+  g->ahead = ahead;
+  DeviceState& ds = be.state;
+  if (ahead) {
+    g->token = DeviceArray<int>(1);
+    cuda::fit_workspace(g->sampler, cfg_.vocab);
+    if (!ds.decode_ring) ds.decode_ring = std::make_unique<cuda::MappedInts>(DeviceState::kDecodeRing);
+  }
   const CudaBackend step{be.weights, be.state, be.experts, g->position()};
   {
     ArenaScope scope(g->arena);
     g->graph.begin_capture();
     try {
+      if (ahead) cuda::embed_row(step.mat(w_.embed), g->token.data(), g->input.data());
       ForwardResult unused;  // the routes go to ds.route_ids and route_probs, whence forward_captured reads them
       run_layers(step, g->input.data(), g->normed.data(), 1, pos0, ForwardOptions{}, unused);
       final_logits(step, g->normed.data(), 1, 1, g->logits.data());
+      if (ahead) {
+        cuda::greedy_token(g->logits.data(), cfg_.vocab, g->sampler, g->token.data());
+        cuda::finish_decode_step(g->token.data(), g->position(), ds.decode_ring->device(), DeviceState::kDecodeRing);
+      }
     } catch (...) {
       g->graph.abort_capture();
       throw;
@@ -367,6 +390,59 @@ std::unique_ptr<DecodeGraph> Model::capture_decode_step(const CudaBackend& be, i
   return g;
 }
 #endif
+
+bool Model::decodes_ahead() const {
+#if MOESTREAM_CUDA
+  return device_ && decode_graphs_ && w_.embed.type != WeightType::F32;
+#else
+  return false;
+#endif
+}
+
+int Model::decode_ahead(State& state, int first, int max_steps, const std::function<bool(int)>& on_token) const {
+  if (!decodes_ahead()) fail("decode_ahead needs the CUDA backend with decode graphs and a bf16 or affine embedding");
+  if (first < 0 || first >= cfg_.vocab) fail("token id {} is outside the vocabulary [0, {})", first, cfg_.vocab);
+  if (max_steps <= 0) return 0;
+#if MOESTREAM_CUDA
+  if (!state.device) state.device = std::make_shared<DeviceState>(cfg_, state.planned_positions());
+  const CudaBackend be{*device_, *state.device, device_experts_.get()};
+  DeviceState& ds = *state.device;
+  const int pos0 = state.position();
+  const volatile int* ring = nullptr;
+  auto token_of = [&](int step) { return ring[(pos0 + step) % DeviceState::kDecodeRing]; };
+  cuda::ComputeMark done[2];  // step s's, in done[s % 2]: at most two steps are queued
+  auto launch = [&](int step) {
+    const int pos = pos0 + step;
+    std::vector<const float*> kv = decode_step_kv(ds, pos);
+    const DecodeGraph* g = ds.decode_graph.get();
+    if (step == 0 || !g || !g->ahead || g->kv_at_capture != kv) {
+      // A graph made now starts from the host's token and position: the step before's must be
+      // done, its token read, and its graph no longer running.
+      if (step > 0) done[(step - 1) % 2].wait();
+      const int in[2] = {step == 0 ? first : token_of(step - 1), pos};
+      capture_if_stale(be, pos, std::move(kv), true);
+      copy_to_device(ds.decode_graph->token.data(), &in[0], sizeof(int));
+      copy_to_device(ds.decode_graph->position(), &in[1], sizeof(int));
+      ring = ds.decode_ring->host();
+    }
+    ds.decode_graph->graph.launch();
+    done[step % 2].record();
+  };
+  launch(0);
+  int steps = 1;
+  for (int s = 0;; ++s) {
+    if (steps < max_steps) launch(steps++);  // before step s's token is read
+    done[s % 2].wait();
+    if (!on_token(token_of(s)) || s + 1 == steps) break;
+  }
+  done[(steps - 1) % 2].wait();
+  state.advance(steps);
+  return steps;
+#else
+  (void)state, (void)on_token;
+  return 0;
+#endif
+}
 
 std::vector<float> Model::mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state) const {
   if (!w_.mtp) fail("this model has no MTP head (no mtp.* tensors)");

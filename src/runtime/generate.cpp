@@ -17,14 +17,22 @@ std::vector<int> generate_greedy(const Model& model, State& state, const std::ve
   ForwardOptions fo;
   fo.sample = [&](const float* logits, bool on_device) { return greedy.sample_at(logits, cfg.vocab, no_penalties, on_device); };
   ForwardResult r = model.forward(prompt.data(), int(prompt.size()), state, fo);
-  while (int(out.size()) < opt.max_tokens) {
-    const int next = r.token;
+  // Takes a token; whether to make another.
+  auto accept = [&](int next) {
     out.push_back(next);
     if (on_token) on_token(next);
     const bool eos = std::find(cfg.eos_ids.begin(), cfg.eos_ids.end(), next) != cfg.eos_ids.end();
-    if ((opt.stop_at_eos && eos) || int(out.size()) == opt.max_tokens) break;
-    r = model.forward(&next, 1, state, fo);
+    return !(opt.stop_at_eos && eos) && int(out.size()) < opt.max_tokens;
+  };
+  if (opt.max_tokens <= 0 || !accept(r.token)) return out;
+  if (model.decodes_ahead()) {
+    model.decode_ahead(state, out.back(), opt.max_tokens - int(out.size()), accept);
+    return out;
   }
+  do {
+    const int next = out.back();
+    r = model.forward(&next, 1, state, fo);
+  } while (accept(r.token));
   return out;
 }
 

@@ -37,6 +37,9 @@ class Sampler {
   // sample() on logits where the forward left them (ForwardOptions::sample): in device memory
   // when on_device, through a workspace this sampler keeps.
   int sample_at(const float* logits, int vocab, const std::vector<int>& seen, bool on_device);
+  // Whether every pick is the first maximum of the logits (temperature 0, no penalties): what
+  // Model::decode_ahead picks on the GPU.
+  bool greedy() const { return p_.temperature == 0.f && !penalizes(); }
 
  private:
   bool penalizes() const;

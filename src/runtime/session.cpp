@@ -111,13 +111,13 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
 
   const auto decode_start = Clock::now();
   res.finish_reason = "length";
-  while (int(res.tokens.size()) < req.max_tokens) {
-    const int next = fr.token;
+  // Takes the next token; whether to make another.
+  auto accept = [&](int next) {
     res.tokens.push_back(next);
     seen.push_back(next);
     if (!req.ignore_eos && engine_.is_eos(next)) {
       res.finish_reason = "stop";
-      break;
+      return false;
     }
     pending += decoder.push(next);
     size_t hit = std::string::npos;
@@ -126,13 +126,26 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
       pending.resize(hit);
       emit(pending.size());
       res.finish_reason = "stop";
-      break;
+      return false;
     }
     emit(safe_length(pending, req.stop));
     if (!interrupted) interrupted = interruption();
-    if (interrupted || int(res.tokens.size()) == req.max_tokens) break;
-    fr = forward(&next, 1, sampler, seen);
-    processed_.push_back(next);
+    return !interrupted && int(res.tokens.size()) < req.max_tokens;
+  };
+  const Model& model = engine_.model();
+  if (req.max_tokens > 0 && accept(fr.token)) {
+    // The routes of each step are what the statistics need, and a step ahead does not bring them back.
+    if (sampler.greedy() && !stats_ && model.decodes_ahead()) {
+      const size_t first = res.tokens.size() - 1;
+      const int steps = model.decode_ahead(state_, res.tokens.back(), req.max_tokens - int(res.tokens.size()), accept);
+      processed_.insert(processed_.end(), res.tokens.begin() + first, res.tokens.begin() + first + steps);
+    } else {
+      do {
+        const int next = res.tokens.back();
+        fr = forward(&next, 1, sampler, seen);
+        processed_.push_back(next);
+      } while (accept(fr.token));
+    }
   }
   if (interrupted) res.finish_reason = interrupted;
   // A cut-off answer keeps what it has, held-back text included; a cancelled one has no reader.

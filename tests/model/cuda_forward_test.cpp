@@ -200,6 +200,51 @@ TEST(CudaForward, CapturedDecodeStepsMatchEagerOnes) {
   if (std::filesystem::exists(pycoder)) check_captured_steps_match_eager(pycoder, 40);
 }
 
+// Greedy decode run ahead on the GPU (Model::decode_ahead) makes the tokens of step-by-step decode
+// (eager steps, the first maximum of their logits) and leaves the state where those steps leave
+// it: over a KV cache's growth (a capture mid-run), and when on_token stops it early, where the
+// step after the refused token has run too.
+TEST(CudaForward, DecodeAheadIsStepByStepDecode) {
+  if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " not present";
+  ModelOptions ahead_opt = on_gpu();
+  ahead_opt.context = 24;  // the caches hold 24 positions, then grow: the prompt and 40 steps pass it
+  ModelOptions eager_opt = ahead_opt;
+  eager_opt.cuda_graphs = false;
+  auto ahead = Model::load(dir, ahead_opt), eager = Model::load(dir, eager_opt);
+  ASSERT_TRUE(ahead->decodes_ahead());
+  ASSERT_FALSE(eager->decodes_ahead());
+  auto argmax = [](const std::vector<float>& l) { return int(std::max_element(l.begin(), l.end()) - l.begin()); };
+  State sa = ahead->new_state(), se = eager->new_state();
+  std::vector<int> prompt;
+  for (int i = 0; i < 10; ++i) prompt.push_back((i * 7919 + 13) % ahead->config().vocab);
+  const int first = argmax(ahead->forward(prompt.data(), int(prompt.size()), sa).logits);
+  ASSERT_EQ(argmax(eager->forward(prompt.data(), int(prompt.size()), se).logits), first);
+  // Eager steps from `from`: each step's token, n of them.
+  auto step_by_step = [&](int from, int n) {
+    std::vector<int> out;
+    for (int t = from; int(out.size()) < n;) out.push_back(t = argmax(eager->forward(&t, 1, se).logits));
+    return out;
+  };
+  auto expect_same_state = [&](const char* when) {
+    EXPECT_EQ(sa.position(), se.position()) << when;
+    const int probe = 77;
+    EXPECT_EQ(ahead->forward(&probe, 1, sa).logits, eager->forward(&probe, 1, se).logits) << when;
+  };
+
+  std::vector<int> got;
+  EXPECT_EQ(ahead->decode_ahead(sa, first, 40, [&](int t) { return got.push_back(t), true; }), 40);
+  EXPECT_EQ(got, step_by_step(first, 40));
+  expect_same_state("after 40 steps");
+
+  got.clear();
+  EXPECT_EQ(ahead->decode_ahead(sa, first, 40, [&](int t) { return got.push_back(t), got.size() < 5; }), 6);
+  const std::vector<int> want = step_by_step(first, 6);
+  EXPECT_EQ(got, std::vector<int>(want.begin(), want.begin() + 5));
+  expect_same_state("after on_token stopped at the 5th token");
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaForward,
                          ::testing::ValuesIn(test::fixture_cases()),
                          [](const auto& info) { return test::fixture_case_name(info.param); });

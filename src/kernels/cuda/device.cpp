@@ -1,5 +1,6 @@
 #include "kernels/cuda/device.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "kernels/cuda/check.h"
@@ -142,6 +143,23 @@ ComputeMark::~ComputeMark() {
 }
 
 void ComputeMark::record() { CUDA_CHECK(cudaEventRecord(as_event(event_), compute_stream())); }
+
+void ComputeMark::wait() const { CUDA_CHECK(cudaEventSynchronize(as_event(event_))); }
+
+MappedInts::MappedInts(size_t n) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(n, 1) * sizeof(int), cudaHostAllocMapped));
+  host_ = static_cast<int*>(p);
+  void* d = nullptr;
+  const cudaError_t err = cudaHostGetDevicePointer(&d, p, 0);
+  if (err != cudaSuccess) cudaFreeHost(p);
+  CUDA_CHECK(err);
+  device_ = static_cast<int*>(d);
+}
+
+MappedInts::~MappedInts() {
+  if (host_) cudaFreeHost(const_cast<int*>(host_));
+}
 
 Graph::~Graph() {
   if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));

@@ -71,6 +71,23 @@ class HostRegistration {
   void* ptr_ = nullptr;
 };
 
+// Host ints the GPU writes to (page-locked and mapped): a kernel stores to device(), and the host
+// reads host() once the work that stored there is done (ComputeMark::wait), with no copy queued
+// behind the work after it.
+class MappedInts {
+ public:
+  explicit MappedInts(size_t n);
+  ~MappedInts();
+  MappedInts(const MappedInts&) = delete;
+  MappedInts& operator=(const MappedInts&) = delete;
+  const volatile int* host() const { return host_; }
+  int* device() const { return device_; }
+
+ private:
+  int* host_ = nullptr;
+  int* device_ = nullptr;
+};
+
 // A point in the compute stream's queue (a CUDA event): record() marks the work queued so far.
 // Before its first record() it stands for nothing to wait for.
 class ComputeMark {
@@ -81,6 +98,7 @@ class ComputeMark {
   ComputeMark& operator=(ComputeMark&&) = delete;
   ComputeMark(const ComputeMark&) = delete;
   void record();
+  void wait() const;  // on the host, until the marked work is done
   void* event() const { return event_; }  // cudaEvent_t
 
  private:

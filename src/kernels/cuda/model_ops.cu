@@ -1,7 +1,10 @@
-// The small glue kernels of the model's forward on the GPU: the shared expert's gate, and the
-// gather/scatter around the routed experts. Each follows the loop it replaces in src/model/
-// (formulas in ops.h); elementwise, so results match the CPU's up to expf.
+// The small glue kernels of the model's forward on the GPU: the shared expert's gate, the
+// gather/scatter around the routed experts, and a decode step's embedding and end where steps
+// feed each other on the GPU. Each follows the loop it replaces in src/model/ (formulas in ops.h);
+// elementwise, so results match the CPU's up to expf.
 #include <cuda_runtime.h>
+
+#include <string>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.cuh"
@@ -47,7 +50,53 @@ __global__ void sum_slots_kernel(const float* partial, int K, int H, float* out)
   }
 }
 
+// Row *id of an embedding table as Model::embed dequantizes it on the host: bf16 widened, affine
+// codes (an LSB-first bit stream a row, quant/affine.h) as scale · q + bias, rounded as the host's
+// (unfused) product and sum.
+__global__ void embed_row_kernel(Mat table, const int* id, float* out) {
+  start_after_kernel_before();  // launched by launch_after
+  const size_t row = size_t(*id);
+  const int c = int(blockIdx.x * kThreads + threadIdx.x);
+  if (c >= table.cols) return;
+  if (table.type == WeightType::BF16) {
+    out[c] = bf16_to_float(static_cast<const uint16_t*>(table.data)[row * table.cols + c]);
+    return;
+  }
+  const uint8_t* q = static_cast<const uint8_t*>(table.data) + row * (size_t(table.cols) * table.bits / 8);
+  const int bit = c * table.bits, shift = bit % 8;
+  uint32_t word = q[bit / 8];
+  if (shift + table.bits > 8) word |= uint32_t(q[bit / 8 + 1]) << 8;
+  const uint32_t code = (word >> shift) & ((1u << table.bits) - 1);
+  const size_t g = row * size_t(table.cols / table.group) + size_t(c / table.group);
+  out[c] = __fadd_rn(__fmul_rn(bf16_to_float(table.scales[g]), float(code)), bf16_to_float(table.biases[g]));
+}
+
+__global__ void finish_decode_step_kernel(const int* token, int* position, int* ring, int ring_mask) {
+  start_after_kernel_before();  // launched by launch_after
+  const int pos = *position;
+  ring[pos & ring_mask] = *token;
+  *position = pos + 1;
+}
+
 }  // namespace
+
+void embed_row(const Mat& table, const int* id, float* out) {
+  if (table.type != WeightType::BF16 && table.type != WeightType::Affine)
+    arg_fail("cuda::embed_row: the table must be bf16 or affine (an f32 one stays on the host)");
+  if (table.type == WeightType::Affine && (table.bits < 1 || table.bits > 8 || table.group <= 0 || table.cols % table.group))
+    arg_fail("cuda::embed_row: affine table of " + std::to_string(table.bits) + " bits, group " +
+             std::to_string(table.group) + " over " + std::to_string(table.cols) + " columns");
+  if (table.cols <= 0) return;
+  launch_after(embed_row_kernel, unsigned((table.cols + kThreads - 1) / kThreads), kThreads, 0, table, id, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void finish_decode_step(const int* token, int* position, int* ring, int ring_size) {
+  if (ring_size <= 0 || (ring_size & (ring_size - 1)))
+    arg_fail("cuda::finish_decode_step: ring of " + std::to_string(ring_size) + " slots; a power of two");
+  launch_after(finish_decode_step_kernel, 1, 1, 0, token, position, ring, ring_size - 1);
+  CUDA_CHECK_LAUNCH();
+}
 
 void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate, int T, int H) {
   if (gate.type != WeightType::BF16 || gate.rows != 1 || gate.cols != H)

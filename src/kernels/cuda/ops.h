@@ -127,6 +127,13 @@ void gather_rows(const float* src, const int* rows, int n, int H, float* dst);
 void scatter_scaled(const float* y, const int* rows, const float* wt, int n, int H, float* dst);
 // out[t] = sum over k in order of partial[t, k], rows of H.
 void sum_slots(const float* partial, int T, int K, int H, float* out);
+// out [table.cols] = row *id (a device int) of an embedding table (bf16 or affine), the values
+// Model::embed makes on the host, bit for bit.
+void embed_row(const Mat& table, const int* id, float* out);
+// The end of a decode step whose token feeds the next step on the GPU (device ints):
+// ring[*position % ring_size] = *token (ring: mapped host memory, MappedInts), then ++*position.
+// ring_size a power of two.
+void finish_decode_step(const int* token, int* position, int* ring, int ring_size);
 
 // Sampling (runtime/sampler.cpp's Sampler::sample) on logits in device memory, so that a decode
 // step brings back only the token. SampleArgs are SamplingParams less the seed: the caller owns
@@ -152,5 +159,11 @@ struct SamplerWorkspace {
 // the draw lands within that of a boundary. Waits for the result.
 int sample(const float* logits, int vocab, const int* penalty_tokens, const int* penalty_counts, int n_penalty,
            const SampleArgs& args, double r, SamplerWorkspace& ws);
+// Sizes ws for a vocabulary (sample() does so itself; greedy_token needs it done first, outside
+// any capture: it queues copies and a kernel of its own).
+void fit_workspace(SamplerWorkspace& ws, int vocab);
+// *token (a device int) = the greedy sample() of logits [vocab] without penalties: the first
+// maximum. Queued, not waited for, so that a captured decode step may end with it.
+void greedy_token(const float* logits, int vocab, SamplerWorkspace& ws, int* token);
 
 }  // namespace ms::cuda

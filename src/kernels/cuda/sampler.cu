@@ -205,8 +205,10 @@ __global__ void __launch_bounds__(kBlock) finish_kernel(double* p, const int* or
   if (threadIdx.x == 0) *token = order[i == INT_MAX ? keep - 1 : i];
 }
 
+}  // namespace
+
 // Buffers for a vocabulary; the ids 0..vocab-1 once, as the sort's input values.
-void fit(SamplerWorkspace& ws, int vocab) {
+void fit_workspace(SamplerWorkspace& ws, int vocab) {
   if (ws.vocab == vocab) return;
   const size_t n = size_t(vocab);
   ws.penalized = DeviceBuffer(n * sizeof(float));
@@ -227,13 +229,29 @@ void fit(SamplerWorkspace& ws, int vocab) {
   ws.vocab = vocab;
 }
 
+namespace {
+
+void launch_argmax(const float* x, int vocab, SamplerWorkspace& ws, int* token) {
+  const int blocks = std::min(kArgmaxBlocks, (vocab + kArgmaxThreads - 1) / kArgmaxThreads);
+  launch_after(argmax_kernel, unsigned(blocks), kArgmaxThreads, 0, x, vocab, ws.argmax_partial.as<Best>(),
+               ws.argmax_done.as<unsigned>(), token);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
+
+void greedy_token(const float* logits, int vocab, SamplerWorkspace& ws, int* token) {
+  if (vocab <= 0 || ws.vocab != vocab)
+    arg_fail("cuda::greedy_token: vocab " + std::to_string(vocab) + " and a workspace fitted to " +
+             std::to_string(ws.vocab) + " (fit_workspace)");
+  launch_argmax(logits, vocab, ws, token);
+}
 
 int sample(const float* logits, int vocab, const int* penalty_tokens, const int* penalty_counts, int n_penalty,
            const SampleArgs& a, double r, SamplerWorkspace& ws) {
   if (vocab <= 0) arg_fail("cuda::sample: vocab " + std::to_string(vocab) + "; must be > 0");
   if (a.top_k < 0) arg_fail("cuda::sample: top_k " + std::to_string(a.top_k) + "; must be >= 0");
-  fit(ws, vocab);
+  fit_workspace(ws, vocab);
   const float* x = logits;
   if (n_penalty > 0) {  // on a copy: the logits are not modified
     float* penalized = ws.penalized.as<float>();
@@ -244,10 +262,7 @@ int sample(const float* logits, int vocab, const int* penalty_tokens, const int*
   }
   int* token = ws.token.as<int>();
   if (a.temperature == 0.f) {
-    const int blocks = std::min(kArgmaxBlocks, (vocab + kArgmaxThreads - 1) / kArgmaxThreads);
-    launch_after(argmax_kernel, unsigned(blocks), kArgmaxThreads, 0, x, vocab, ws.argmax_partial.as<Best>(),
-                 ws.argmax_done.as<unsigned>(), token);
-    CUDA_CHECK_LAUNCH();
+    launch_argmax(x, vocab, ws, token);
   } else {
     size_t bytes = ws.cub_temp.size();
     CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(ws.cub_temp.data(), bytes, x, ws.sorted.as<float>(),

@@ -9,6 +9,8 @@
 #include "cuda_test_util.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
+#include "quant/affine.h"
+#include "util/half.h"
 
 namespace ms::cuda::test {
 namespace {
@@ -136,6 +138,39 @@ TEST(CudaOps, AttentionRefusesWhatItCannotRun) {
   float* p = buf.as<float>();
   EXPECT_THROW(attention(p, p, p, 1, 99, 4, 4, 64, p, nullptr, 100), Error);  // no scratch
   EXPECT_THROW(attention(p, p, p, 1, 99, 4, 4, 64, p, p, 50), Error);         // positions short of pos0 + T
+}
+
+// embed_row: the row a device int names, bf16 widened or affine codes dequantized, the bits the
+// host's Model::embed makes (dequantize_row), at every width the engine stores.
+TEST(CudaOps, EmbedRowIsTheHostsRow) {
+  MS_REQUIRE_CUDA();
+  Rng rng(53);
+  constexpr int kRows = 7, kCols = 384;
+  const Vec w = rng.normals(size_t(kRows) * kCols);
+  auto check = [&](const Mat& table, const std::string& what, auto&& host_row) {
+    for (int row : {0, 3, kRows - 1}) {
+      DeviceBuffer id = DeviceBuffer::from(std::vector<int>{row}), out(size_t(kCols) * sizeof(float));
+      embed_row(table, id.as<int>(), out.as<float>());
+      Vec want(kCols);
+      host_row(row, want.data());
+      EXPECT_EQ(host(out), want) << what << " row " << row;
+    }
+  };
+  std::vector<uint16_t> b16(w.size());
+  for (size_t i = 0; i < w.size(); ++i) b16[i] = f32_to_bf16(w[i]);
+  DeviceBuffer db = DeviceBuffer::from(b16);
+  check(Mat{WeightType::BF16, db.data(), kRows, kCols}, "bf16", [&](int r, float* o) {
+    for (int c = 0; c < kCols; ++c) o[c] = bf16_to_f32(b16[size_t(r) * kCols + size_t(c)]);
+  });
+  for (int bits : {2, 3, 4, 8})
+    for (int group : {32, 128}) {
+      const QuantBuffer qb = quantize(w.data(), kRows, kCols, bits, group);
+      DeviceBuffer dq = DeviceBuffer::from(qb.q), ds = DeviceBuffer::from(qb.scales), dbias = DeviceBuffer::from(qb.biases);
+      Mat table{WeightType::Affine, dq.data(), kRows, kCols, bits, group, ds.as<uint16_t>(), dbias.as<uint16_t>()};
+      check(table, std::to_string(bits) + "-bit g" + std::to_string(group),
+            [&](int r, float* o) { dequantize_row(qb.view(), r, o); });
+    }
+  EXPECT_THROW(embed_row(Mat{WeightType::F32, db.data(), kRows, kCols}, db.as<int>(), nullptr), Error);
 }
 
 TEST(CudaOps, SiluMul) {
