@@ -113,12 +113,19 @@ struct DeviceLinear {  // LinearState in device memory
   DeviceArray<float> conv, recurrent;
 };
 
+// What a captured decode step takes from the host and gives back (DecodeGraph).
+enum class StepKind {
+  HostInput,        // the host's embedding and position in; the host reads logits and routes after it
+  Ahead,            // embeds DecodeGraph::token; ends with the greedy token, the next position and decode_ring
+  AheadWithRoutes,  // Ahead, and the step's routed ids to decode_route_ring
+};
+
 // A sequence's decode step (one token, every routed expert resident) captured as a CUDA graph
 // (Model::forward): its input and outputs at fixed addresses, the position read on the GPU. The
 // graph holds the addresses of the sequence's KV caches too: it is captured again when one
-// grows (kv_at_capture). A step `ahead` (Model::decode_ahead) embeds its token on the GPU and
-// ends with the greedy token, which is the next replay's, and the next position: replays then
-// follow each other with nothing from the host between them.
+// grows (kv_at_capture). A step ahead (StepKind, Model::decode_ahead) embeds its token on the GPU
+// and ends with the greedy token, which is the next replay's, and the next position: replays
+// then follow each other with nothing from the host between them.
 struct DecodeGraph {
   DeviceArena arena;  // first: outlives the graph that uses it
   cuda::Graph graph;
@@ -126,9 +133,9 @@ struct DecodeGraph {
   DeviceArray<float> normed;  // [hidden]: x after the final norm
   DeviceArray<float> logits;  // [vocab]
   std::vector<const float*> kv_at_capture;
-  bool ahead = false;
-  DeviceArray<int> token;           // ahead: [1], the token embedded, then the one picked
-  cuda::SamplerWorkspace sampler;   // ahead: greedy_token's
+  StepKind kind = StepKind::HostInput;
+  DeviceArray<int> token;          // ahead: [1], the token embedded, then the one picked
+  cuda::SamplerWorkspace sampler;  // ahead: greedy_token's
 
   int* position() const { return reinterpret_cast<int*>(input.data() + input.size() - 1); }
 };
@@ -144,6 +151,7 @@ struct DeviceState {
   // the graphs, which a cache's growth replaces while a step's token is still unread.
   static constexpr int kDecodeRing = 4;
   std::unique_ptr<cuda::MappedInts> decode_ring;
+  std::unique_ptr<cuda::MappedInts> decode_route_ring;  // [kDecodeRing][route_ids.size()]: route_ids by slot
   // A decode token's routed ids [layer][top_k] and router probabilities [layer][n_experts], by
   // expert-store layer, where moe_on_device writes them: one copy brings every layer's when the
   // forward asks for them, and a captured step writes them at addresses that stay.

@@ -314,17 +314,17 @@ std::vector<const float*> Model::decode_step_kv(DeviceState& ds, int pos0) const
   return kv;
 }
 
-void Model::capture_if_stale(const CudaBackend& be, int pos0, std::vector<const float*> kv, bool ahead) const {
+void Model::capture_if_stale(const CudaBackend& be, int pos0, std::vector<const float*> kv, StepKind kind) const {
   DeviceState& ds = be.state;
-  if (ds.decode_graph && ds.decode_graph->kv_at_capture == kv && ds.decode_graph->ahead == ahead) return;
+  if (ds.decode_graph && ds.decode_graph->kv_at_capture == kv && ds.decode_graph->kind == kind) return;
   ds.decode_graph.reset();  // its arena back before the new capture takes one
-  ds.decode_graph = capture_decode_step(be, pos0, std::move(kv), ahead);
+  ds.decode_graph = capture_decode_step(be, pos0, std::move(kv), kind);
 }
 
 ForwardResult Model::forward_captured(const CudaBackend& be, int id, int pos0, const ForwardOptions& opt) const {
   const int H = cfg_.hidden;
   DeviceState& ds = be.state;
-  capture_if_stale(be, pos0, decode_step_kv(ds, pos0), false);
+  capture_if_stale(be, pos0, decode_step_kv(ds, pos0), StepKind::HostInput);
   const DecodeGraph& g = *ds.decode_graph;
 
   std::vector<float> input(size_t(H) + 1);
@@ -353,19 +353,22 @@ ForwardResult Model::forward_captured(const CudaBackend& be, int id, int pos0, c
 }
 
 std::unique_ptr<DecodeGraph> Model::capture_decode_step(const CudaBackend& be, int pos0,
-                                                        std::vector<const float*> kv_at_capture, bool ahead) const {
+                                                        std::vector<const float*> kv_at_capture, StepKind kind) const {
   auto g = std::make_unique<DecodeGraph>();
   g->input = DeviceArray<float>(size_t(cfg_.hidden) + 1);
   g->normed = DeviceArray<float>(size_t(cfg_.hidden));
   g->logits = DeviceArray<float>(size_t(cfg_.vocab));
   g->kv_at_capture = std::move(kv_at_capture);
-  g->ahead = ahead;
+  g->kind = kind;
   DeviceState& ds = be.state;
+  const bool ahead = kind != StepKind::HostInput, routes = kind == StepKind::AheadWithRoutes;
   if (ahead) {
     g->token = DeviceArray<int>(1);
     cuda::fit_workspace(g->sampler, cfg_.vocab);
     if (!ds.decode_ring) ds.decode_ring = std::make_unique<cuda::MappedInts>(DeviceState::kDecodeRing);
   }
+  if (routes && !ds.decode_route_ring)
+    ds.decode_route_ring = std::make_unique<cuda::MappedInts>(DeviceState::kDecodeRing * ds.route_ids.size());
   const CudaBackend step{be.weights, be.state, be.experts, g->position()};
   {
     ArenaScope scope(g->arena);
@@ -377,7 +380,9 @@ std::unique_ptr<DecodeGraph> Model::capture_decode_step(const CudaBackend& be, i
       final_logits(step, g->normed.data(), 1, 1, g->logits.data());
       if (ahead) {
         cuda::greedy_token(g->logits.data(), cfg_.vocab, g->sampler, g->token.data());
-        cuda::finish_decode_step(g->token.data(), g->position(), ds.decode_ring->device(), DeviceState::kDecodeRing);
+        cuda::finish_decode_step(g->token.data(), g->position(), ds.decode_ring->device(), DeviceState::kDecodeRing,
+                                 ds.route_ids.data(), routes ? int(ds.route_ids.size()) : 0,
+                                 routes ? ds.decode_route_ring->device() : nullptr);
       }
     } catch (...) {
       g->graph.abort_capture();
@@ -399,7 +404,8 @@ bool Model::decodes_ahead() const {
 #endif
 }
 
-int Model::decode_ahead(State& state, int first, int max_steps, const std::function<bool(int)>& on_token) const {
+int Model::decode_ahead(State& state, int first, int max_steps, bool routes,
+                        const std::function<bool(const ForwardResult&)>& on_step) const {
   if (!decodes_ahead()) fail("decode_ahead needs the CUDA backend with decode graphs and a bf16 or affine embedding");
   if (first < 0 || first >= cfg_.vocab) fail("token id {} is outside the vocabulary [0, {})", first, cfg_.vocab);
   if (max_steps <= 0) return 0;
@@ -407,39 +413,51 @@ int Model::decode_ahead(State& state, int first, int max_steps, const std::funct
   if (!state.device) state.device = std::make_shared<DeviceState>(cfg_, state.planned_positions());
   const CudaBackend be{*device_, *state.device, device_experts_.get()};
   DeviceState& ds = *state.device;
+  const StepKind kind = routes ? StepKind::AheadWithRoutes : StepKind::Ahead;
   const int pos0 = state.position();
-  const volatile int* ring = nullptr;
-  auto token_of = [&](int step) { return ring[(pos0 + step) % DeviceState::kDecodeRing]; };
+  auto slot = [&](int step) { return size_t((pos0 + step) % DeviceState::kDecodeRing); };
   cuda::ComputeMark done[2];  // step s's, in done[s % 2]: at most two steps are queued
   auto launch = [&](int step) {
     const int pos = pos0 + step;
     std::vector<const float*> kv = decode_step_kv(ds, pos);
     const DecodeGraph* g = ds.decode_graph.get();
-    if (step == 0 || !g || !g->ahead || g->kv_at_capture != kv) {
+    if (step == 0 || !g || g->kind != kind || g->kv_at_capture != kv) {
       // A graph made now starts from the host's token and position: the step before's must be
       // done, its token read, and its graph no longer running.
       if (step > 0) done[(step - 1) % 2].wait();
-      const int in[2] = {step == 0 ? first : token_of(step - 1), pos};
-      capture_if_stale(be, pos, std::move(kv), true);
+      const int in[2] = {step == 0 ? first : ds.decode_ring->host()[slot(step - 1)], pos};
+      capture_if_stale(be, pos, std::move(kv), kind);
       copy_to_device(ds.decode_graph->token.data(), &in[0], sizeof(int));
       copy_to_device(ds.decode_graph->position(), &in[1], sizeof(int));
-      ring = ds.decode_ring->host();
     }
     ds.decode_graph->graph.launch();
     done[step % 2].record();
+  };
+  // Step s's token, and its routed ids as forward's routes (router_probs stay empty).
+  ForwardResult r;
+  if (routes) r.routes.resize(size_t(cfg_.n_layers));
+  auto result_of = [&](int step) -> const ForwardResult& {
+    r.token = ds.decode_ring->host()[slot(step)];
+    const size_t n = ds.route_ids.size(), K = size_t(cfg_.top_k);
+    for (int l = 0; routes && l < cfg_.n_layers; ++l)
+      if (const int layer = w_.layers[size_t(l)].ffn.store_layer; w_.layers[size_t(l)].moe && layer >= 0) {
+        const volatile int* ids = ds.decode_route_ring->host() + slot(step) * n + size_t(layer) * K;
+        r.routes[size_t(l)].assign(ids, ids + K);
+      }
+    return r;
   };
   launch(0);
   int steps = 1;
   for (int s = 0;; ++s) {
     if (steps < max_steps) launch(steps++);  // before step s's token is read
     done[s % 2].wait();
-    if (!on_token(token_of(s)) || s + 1 == steps) break;
+    if (!on_step(result_of(s)) || s + 1 == steps) break;
   }
   done[(steps - 1) % 2].wait();
   state.advance(steps);
   return steps;
 #else
-  (void)state, (void)on_token;
+  (void)state, (void)routes, (void)on_step;
   return 0;
 #endif
 }

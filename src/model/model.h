@@ -16,6 +16,7 @@ class DeviceWeights;      // model/backend_cuda.h
 struct CudaBackend;       // model/backend_cuda.h
 struct DecodeGraph;       // model/backend_cuda.h
 struct DeviceState;       // model/backend_cuda.h
+enum class StepKind;      // model/backend_cuda.h
 class DeviceExpertStore;  // experts/device_store.h
 
 enum class Device { Cpu, Cuda };
@@ -81,12 +82,14 @@ class Model {
   // Greedy decode steps on the GPU, each launched before the host reads the token of the one
   // before, so that the GPU never waits for the host between steps: `first` (a token the state
   // has not processed) and then each token picked (the first maximum of the logits, as a greedy
-  // Sampler without penalties) go through the model, at most max_steps steps. on_token gets each
-  // step's token in turn and returns whether to go on; the step after the token it refuses has
-  // run by then, so the state has processed every token on_token got but the last (and that one
+  // Sampler without penalties) go through the model, at most max_steps steps. on_step gets each
+  // step's token (ForwardResult::token; with `routes` also its routes, as forward's, but no
+  // router_probs) in turn and returns whether to go on; the step after the token it refuses has
+  // run by then, so the state has processed every token on_step got but the last (and that one
   // too where it refused). Returns the steps run: the state advances by as many. Where
   // decodes_ahead().
-  int decode_ahead(State& state, int first, int max_steps, const std::function<bool(int)>& on_token) const;
+  int decode_ahead(State& state, int first, int max_steps, bool routes,
+                   const std::function<bool(const ForwardResult&)>& on_step) const;
   // Cuda with decode graphs (decode_graphs()) and an embedding table the GPU can read (bf16 or
   // affine; an f32 one stays on the host).
   bool decodes_ahead() const;
@@ -132,14 +135,12 @@ class Model {
   // A decode step (one token) as the sequence's CUDA graph, captured first where there is none
   // yet or the KV caches it holds have moved (Cuda builds; decode_graphs_).
   ForwardResult forward_captured(const CudaBackend& be, int id, int pos0, const ForwardOptions& opt) const;
-  // With `ahead`, the step embeds g.token on the GPU and ends with the greedy token in it, the
-  // next position, and the token in the sequence's decode ring (DecodeGraph).
   std::unique_ptr<DecodeGraph> capture_decode_step(const CudaBackend& be, int pos0,
-                                                   std::vector<const float*> kv_at_capture, bool ahead) const;
+                                                   std::vector<const float*> kv_at_capture, StepKind kind) const;
   // The KV caches' addresses for a decode step at pos0, each grown first where it must be.
   std::vector<const float*> decode_step_kv(DeviceState& ds, int pos0) const;
-  // Captures the sequence's decode step anew unless its graph is of `ahead`'s kind and holds kv.
-  void capture_if_stale(const CudaBackend& be, int pos0, std::vector<const float*> kv, bool ahead) const;
+  // Captures the sequence's decode step anew unless its graph is of this kind and holds kv.
+  void capture_if_stale(const CudaBackend& be, int pos0, std::vector<const float*> kv, StepKind kind) const;
   bool every_expert_resident() const;  // Cuda builds
   template <class B>
   std::vector<float> mtp_forward_on(const B& be, const float* hidden, const int* next_ids, int T, int pos0) const;

@@ -26,7 +26,8 @@ std::vector<int> generate_greedy(const Model& model, State& state, const std::ve
   };
   if (opt.max_tokens <= 0 || !accept(r.token)) return out;
   if (model.decodes_ahead()) {
-    model.decode_ahead(state, out.back(), opt.max_tokens - int(out.size()), accept);
+    model.decode_ahead(state, out.back(), opt.max_tokens - int(out.size()), false,
+                       [&](const ForwardResult& step) { return accept(step.token); });
     return out;
   }
   do {

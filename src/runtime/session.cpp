@@ -61,11 +61,14 @@ ForwardResult Session::forward(const int* ids, int T, Sampler& sampler, const st
   const int vocab = engine_.model().config().vocab;
   opt.sample = [&](const float* logits, bool on_device) { return sampler.sample_at(logits, vocab, seen, on_device); };
   ForwardResult fr = engine_.model().forward(ids, T, state_, opt);
-  if (stats_) {
-    stats_->record_routes(fr.routes);
-    stats_->set_state_bytes(state_.bytes());
-  }
+  record_stats(fr);
   return fr;
+}
+
+void Session::record_stats(const ForwardResult& fr) {
+  if (!stats_) return;
+  stats_->record_routes(fr.routes);
+  stats_->set_state_bytes(state_.bytes());
 }
 
 GenerationResult Session::generate(const GenerationRequest& req, const std::function<bool(const std::string&)>& on_text) {
@@ -134,10 +137,13 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   };
   const Model& model = engine_.model();
   if (req.max_tokens > 0 && accept(fr.token)) {
-    // The routes of each step are what the statistics need, and a step ahead does not bring them back.
-    if (sampler.greedy() && !stats_ && model.decodes_ahead()) {
+    if (sampler.greedy() && model.decodes_ahead()) {
       const size_t first = res.tokens.size() - 1;
-      const int steps = model.decode_ahead(state_, res.tokens.back(), req.max_tokens - int(res.tokens.size()), accept);
+      const int steps = model.decode_ahead(state_, res.tokens.back(), req.max_tokens - int(res.tokens.size()),
+                                           stats_ != nullptr, [&](const ForwardResult& step) {
+                                             record_stats(step);
+                                             return accept(step.token);
+                                           });
       processed_.insert(processed_.end(), res.tokens.begin() + first, res.tokens.begin() + first + steps);
     } else {
       do {

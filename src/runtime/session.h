@@ -49,6 +49,8 @@ class Session {
   int reuse_prefix(const std::vector<int>& prompt);
   // Runs ids and picks the next token with `sampler` where the logits are (ForwardResult::token).
   ForwardResult forward(const int* ids, int T, Sampler& sampler, const std::vector<int>& seen);
+  // A step's routes and the state's size to the statistics, where there are any.
+  void record_stats(const ForwardResult& fr);
 
   const Engine& engine_;
   EngineStats* stats_;

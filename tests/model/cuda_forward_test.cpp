@@ -201,9 +201,9 @@ TEST(CudaForward, CapturedDecodeStepsMatchEagerOnes) {
 }
 
 // Greedy decode run ahead on the GPU (Model::decode_ahead) makes the tokens of step-by-step decode
-// (eager steps, the first maximum of their logits) and leaves the state where those steps leave
-// it: over a KV cache's growth (a capture mid-run), and when on_token stops it early, where the
-// step after the refused token has run too.
+// (eager steps, the first maximum of their logits) and their routes, and leaves the state where
+// those steps leave it: over a KV cache's growth (a capture mid-run), and when on_step stops it
+// early, where the step after the refused token has run too.
 TEST(CudaForward, DecodeAheadIsStepByStepDecode) {
   if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
@@ -234,15 +234,28 @@ TEST(CudaForward, DecodeAheadIsStepByStepDecode) {
   };
 
   std::vector<int> got;
-  EXPECT_EQ(ahead->decode_ahead(sa, first, 40, [&](int t) { return got.push_back(t), true; }), 40);
+  EXPECT_EQ(ahead->decode_ahead(sa, first, 40, false, [&](const ForwardResult& r) { return got.push_back(r.token), true; }), 40);
   EXPECT_EQ(got, step_by_step(first, 40));
   expect_same_state("after 40 steps");
 
   got.clear();
-  EXPECT_EQ(ahead->decode_ahead(sa, first, 40, [&](int t) { return got.push_back(t), got.size() < 5; }), 6);
+  auto five = [&](const ForwardResult& r) { return got.push_back(r.token), got.size() < 5; };
+  EXPECT_EQ(ahead->decode_ahead(sa, first, 40, false, five), 6);
   const std::vector<int> want = step_by_step(first, 6);
   EXPECT_EQ(got, std::vector<int>(want.begin(), want.begin() + 5));
-  expect_same_state("after on_token stopped at the 5th token");
+  expect_same_state("after on_step stopped at the 5th token");
+
+  // With routes, each step's are the eager step's.
+  std::vector<ForwardResult> steps;
+  EXPECT_EQ(ahead->decode_ahead(sa, first, 8, true, [&](const ForwardResult& r) { return steps.push_back(r), true; }), 8);
+  ASSERT_EQ(steps.size(), 8u);
+  for (int s = 0, t = first; s < 8; ++s) {
+    const ForwardResult e = eager->forward(&t, 1, se, {.routes = true});
+    t = argmax(e.logits);
+    EXPECT_EQ(steps[size_t(s)].token, t) << "step " << s;
+    EXPECT_EQ(steps[size_t(s)].routes, e.routes) << "step " << s;
+  }
+  expect_same_state("after 8 steps with routes");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaForward,

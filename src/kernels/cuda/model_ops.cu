@@ -71,10 +71,14 @@ __global__ void embed_row_kernel(Mat table, const int* id, float* out) {
   out[c] = __fadd_rn(__fmul_rn(bf16_to_float(table.scales[g]), float(code)), bf16_to_float(table.biases[g]));
 }
 
-__global__ void finish_decode_step_kernel(const int* token, int* position, int* ring, int ring_mask) {
+__global__ void finish_decode_step_kernel(const int* token, int* position, int* ring, int ring_mask, const int* routes,
+                                          int n_routes, int* route_ring) {
   start_after_kernel_before();  // launched by launch_after
-  const int pos = *position;
-  ring[pos & ring_mask] = *token;
+  const int pos = *position, slot = pos & ring_mask;
+  for (int i = threadIdx.x; i < n_routes; i += kThreads) route_ring[size_t(slot) * n_routes + i] = routes[i];
+  __syncthreads();  // every thread has read the position
+  if (threadIdx.x != 0) return;
+  ring[slot] = *token;
   *position = pos + 1;
 }
 
@@ -91,10 +95,14 @@ void embed_row(const Mat& table, const int* id, float* out) {
   CUDA_CHECK_LAUNCH();
 }
 
-void finish_decode_step(const int* token, int* position, int* ring, int ring_size) {
+void finish_decode_step(const int* token, int* position, int* ring, int ring_size, const int* routes, int n_routes,
+                        int* route_ring) {
   if (ring_size <= 0 || (ring_size & (ring_size - 1)))
     arg_fail("cuda::finish_decode_step: ring of " + std::to_string(ring_size) + " slots; a power of two");
-  launch_after(finish_decode_step_kernel, 1, 1, 0, token, position, ring, ring_size - 1);
+  if (n_routes < 0 || (n_routes > 0 && (!routes || !route_ring)))
+    arg_fail("cuda::finish_decode_step: " + std::to_string(n_routes) + " routes without both their rows and ring");
+  launch_after(finish_decode_step_kernel, 1, kThreads, 0, token, position, ring, ring_size - 1, routes, n_routes,
+               route_ring);
   CUDA_CHECK_LAUNCH();
 }
 

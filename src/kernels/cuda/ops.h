@@ -130,10 +130,12 @@ void sum_slots(const float* partial, int T, int K, int H, float* out);
 // out [table.cols] = row *id (a device int) of an embedding table (bf16 or affine), the values
 // Model::embed makes on the host, bit for bit.
 void embed_row(const Mat& table, const int* id, float* out);
-// The end of a decode step whose token feeds the next step on the GPU (device ints):
-// ring[*position % ring_size] = *token (ring: mapped host memory, MappedInts), then ++*position.
-// ring_size a power of two.
-void finish_decode_step(const int* token, int* position, int* ring, int ring_size);
+// The end of a decode step whose token feeds the next step on the GPU (device ints): with slot =
+// *position % ring_size, ring[slot] = *token, route_ring[slot][0..n_routes) = routes (the step's
+// routed ids; both rings mapped host memory, MappedInts), then ++*position. ring_size a power of
+// two.
+void finish_decode_step(const int* token, int* position, int* ring, int ring_size, const int* routes = nullptr,
+                        int n_routes = 0, int* route_ring = nullptr);
 
 // Sampling (runtime/sampler.cpp's Sampler::sample) on logits in device memory, so that a decode
 // step brings back only the token. SampleArgs are SamplingParams less the seed: the caller owns
