@@ -234,7 +234,8 @@ TEST(CudaForward, DecodeAheadIsStepByStepDecode) {
   };
 
   std::vector<int> got;
-  EXPECT_EQ(ahead->decode_ahead(sa, first, 40, false, [&](const ForwardResult& r) { return got.push_back(r.token), true; }), 40);
+  auto all = [&](const ForwardResult& r) { return got.push_back(r.token), true; };
+  EXPECT_EQ(ahead->decode_ahead(sa, first, 40, false, all), 40);
   EXPECT_EQ(got, step_by_step(first, 40));
   expect_same_state("after 40 steps");
 
@@ -247,7 +248,8 @@ TEST(CudaForward, DecodeAheadIsStepByStepDecode) {
 
   // With routes, each step's are the eager step's.
   std::vector<ForwardResult> steps;
-  EXPECT_EQ(ahead->decode_ahead(sa, first, 8, true, [&](const ForwardResult& r) { return steps.push_back(r), true; }), 8);
+  auto keep = [&](const ForwardResult& r) { return steps.push_back(r), true; };
+  EXPECT_EQ(ahead->decode_ahead(sa, first, 8, true, keep), 8);
   ASSERT_EQ(steps.size(), 8u);
   for (int s = 0, t = first; s < 8; ++s) {
     const ForwardResult e = eager->forward(&t, 1, se, {.routes = true});

@@ -87,7 +87,8 @@ __global__ void finish_decode_step_kernel(const int* token, int* position, int* 
 void embed_row(const Mat& table, const int* id, float* out) {
   if (table.type != WeightType::BF16 && table.type != WeightType::Affine)
     arg_fail("cuda::embed_row: the table must be bf16 or affine (an f32 one stays on the host)");
-  if (table.type == WeightType::Affine && (table.bits < 1 || table.bits > 8 || table.group <= 0 || table.cols % table.group))
+  const bool affine = table.type == WeightType::Affine;
+  if (affine && (table.bits < 1 || table.bits > 8 || table.group <= 0 || table.cols % table.group))
     arg_fail("cuda::embed_row: affine table of " + std::to_string(table.bits) + " bits, group " +
              std::to_string(table.group) + " over " + std::to_string(table.cols) + " columns");
   if (table.cols <= 0) return;

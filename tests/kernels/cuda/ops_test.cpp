@@ -165,7 +165,8 @@ TEST(CudaOps, EmbedRowIsTheHostsRow) {
   for (int bits : {2, 3, 4, 8})
     for (int group : {32, 128}) {
       const QuantBuffer qb = quantize(w.data(), kRows, kCols, bits, group);
-      DeviceBuffer dq = DeviceBuffer::from(qb.q), ds = DeviceBuffer::from(qb.scales), dbias = DeviceBuffer::from(qb.biases);
+      DeviceBuffer dq = DeviceBuffer::from(qb.q), ds = DeviceBuffer::from(qb.scales);
+      DeviceBuffer dbias = DeviceBuffer::from(qb.biases);
       Mat table{WeightType::Affine, dq.data(), kRows, kCols, bits, group, ds.as<uint16_t>(), dbias.as<uint16_t>()};
       check(table, std::to_string(bits) + "-bit g" + std::to_string(group),
             [&](int r, float* o) { dequantize_row(qb.view(), r, o); });
