@@ -446,12 +446,18 @@ int Model::decode_ahead(State& state, int first, int max_steps, bool routes,
       }
     return r;
   };
-  launch(0);
-  int steps = 1;
-  for (int s = 0;; ++s) {
-    if (steps < max_steps) launch(steps++);  // before step s's token is read
-    done[s % 2].wait();
-    if (!on_step(result_of(s)) || s + 1 == steps) break;
+  int steps = 0;
+  try {
+    launch(0), steps = 1;  // a step counts once it is queued
+    for (int s = 0;; ++s) {
+      if (steps < max_steps) launch(steps), ++steps;  // before step s's token is read
+      done[s % 2].wait();
+      if (!on_step(result_of(s)) || s + 1 == steps) break;
+    }
+  } catch (...) {  // what was queued runs: the state must count it
+    if (steps > 0) done[(steps - 1) % 2].wait();
+    state.advance(steps);
+    throw;
   }
   done[(steps - 1) % 2].wait();
   state.advance(steps);
