@@ -223,9 +223,6 @@ DeviceWeights::DeviceWeights(const ModelWeights& w) {
   for (const LayerWeights& l : w.layers) add_layer(l);
   add(w.final_norm);
   add(w.lm_head, "lm_head");
-  // For a decode step that embeds its token on the GPU (Model::decode_ahead); the memory plan's
-  // dense bytes count it. An f32 table stays on the host, as the matmuls refuse f32.
-  if (w.embed.type != WeightType::F32) add(w.embed, "embedding");
   if (w.mtp) {
     add(w.mtp->fc, "mtp.fc");
     for (const auto* v : {&w.mtp->pre_fc_norm_embedding, &w.mtp->pre_fc_norm_hidden, &w.mtp->norm}) add(*v);
@@ -322,6 +319,15 @@ void DeviceWeights::add(const std::vector<float>& v) {
   buffers_.push_back(DeviceArray<unsigned char>::from(reinterpret_cast<const unsigned char*>(v.data()), v.size() * 4));
   bytes_ += v.size() * 4;
   vecs_.emplace(v.data(), reinterpret_cast<const float*>(buffers_.back().data()));
+}
+
+bool DeviceWeights::add_embedding(const Mat& embed, uint64_t room) {
+  if (mats_.count(embed.data)) return true;  // the tied lm_head
+  if (embed.type == WeightType::F32) return false;
+  const size_t table = size_t(embed.rows) * (row_bytes(embed) + 4 * row_groups(embed));
+  if (table > room) return false;
+  add(embed, "embedding");
+  return true;
 }
 
 const Mat& DeviceWeights::mat(const Mat& host) const {

@@ -110,7 +110,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     fail("--memory budgets the CPU backend; on the GPU (--device cuda) give --vram and --host-cache, or run with "
          "--device cpu");
   std::unique_ptr<Model> m = load_on_host(dir, opt);
-  m->device_ = std::make_shared<const DeviceWeights>(m->w_);
+  const auto weights = std::make_shared<DeviceWeights>(m->w_);
+  m->device_ = weights;
   if (m->experts_) {
     StoreOptions vram = opt.experts;
     vram.top_k = m->cfg_.top_k;
@@ -129,6 +130,15 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     m->device_experts_ = std::make_shared<DeviceExpertStore>(*m->experts_, vram);
   }
   m->decode_graphs_ = opt.cuda_graphs && m->every_expert_resident();
+  // Only decode ahead reads the embedding on the GPU, so it takes VRAM only where decode steps are
+  // graphs, out of what the pools left: the budget's rest, or free VRAM as an unsized pool takes.
+  if (m->decode_graphs_) {
+    const MemoryPlan& p = m->plan_;
+    const uint64_t planned = p.dense + p.kv + p.activations + p.pool;
+    const uint64_t room = opt.vram_budget ? opt.vram_budget - std::min(opt.vram_budget, planned)
+                                          : cuda::free_memory() / 10 * 9;
+    weights->add_embedding(m->w_.embed, room);
+  }
   return m;
 #else
   fail("--device cuda: this build has no CUDA backend (nvcc was not found when it was configured)");
@@ -398,7 +408,7 @@ std::unique_ptr<DecodeGraph> Model::capture_decode_step(const CudaBackend& be, i
 
 bool Model::decodes_ahead() const {
 #if MOESTREAM_CUDA
-  return device_ && decode_graphs_ && w_.embed.type != WeightType::F32;
+  return device_ && decode_graphs_ && device_->has(w_.embed);
 #else
   return false;
 #endif

@@ -90,8 +90,8 @@ class Model {
   // decodes_ahead().
   int decode_ahead(State& state, int first, int max_steps, bool routes,
                    const std::function<bool(const ForwardResult&)>& on_step) const;
-  // Cuda with decode graphs (decode_graphs()) and an embedding table the GPU can read (bf16 or
-  // affine; an f32 one stays on the host).
+  // Cuda with decode graphs (decode_graphs()) and the embedding table in VRAM: bf16 or affine (an
+  // f32 one stays on the host), where it fits beside the expert pools (DeviceWeights::add_embedding).
   bool decodes_ahead() const;
 
   bool has_mtp() const { return w_.mtp != nullptr; }
