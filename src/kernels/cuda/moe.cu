@@ -146,12 +146,7 @@ struct SharedTerm {
   const float* logit;  // [T]: the shared expert gate's logit of each token
 };
 
-__device__ __forceinline__ float plus_shared(float o, const SharedTerm& sh, int t, int H, int row) {
-  if (!sh.s) return o;
-  return o + sigmoid(sh.logit[t]) * sh.s[size_t(t) * H + row];
-}
-
-// plus_shared's term of out[t][row] read ahead: its gate and value, loaded where the kernel has
+// The shared term of out[t][row]: its gate and value, which a kernel may load ahead, where it has
 // nothing else in flight rather than after its last sum.
 struct SharedValue {
   float gate = 0.f, s = 0.f;
@@ -160,6 +155,13 @@ struct SharedValue {
   }
   __device__ __forceinline__ float plus(float o, const SharedTerm& sh) const { return sh.s ? o + gate * s : o; }
 };
+
+// o plus the shared term of out[t][row], loaded now.
+__device__ __forceinline__ float plus_shared(float o, const SharedTerm& sh, int t, int H, int row) {
+  SharedValue v;
+  v.load(sh, t, H, row);
+  return v.plus(o, sh);
+}
 
 // A projection's place in a record, as the kernels take it.
 struct ProjArgs {
