@@ -375,22 +375,32 @@ bool CudaBackend::moe_on_device(const ModelConfig& cfg, const FfnWeights& w, con
   else matmul(x, 1, mat(w.router), logits.data());
   const uint8_t* const* table = experts->resident_table(layer);
   DeviceArray<const uint8_t*> records{size_t(K)};
-  cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs, ids, weights.data(), table, records.data());
-  if (!table) {
-    std::vector<int> host_ids(static_cast<size_t>(K));
-    copy_to_host(host_ids.data(), ids, host_ids.size() * sizeof(int));
-    const std::vector<const uint8_t*> acquired = experts->acquire(layer, host_ids);
-    copy_to_device(records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
-  }
   const std::array<ProjLayout, 3>& p = w.record_layout->proj;
   const cuda::RecordMat proj[3] = {
       {p[0].bits, p[0].group, p[0].rows, p[0].cols, p[0].q_offset, p[0].scales_offset, p[0].biases_offset},
       {p[1].bits, p[1].group, p[1].rows, p[1].cols, p[1].q_offset, p[1].scales_offset, p[1].biases_offset},
       {p[2].bits, p[2].group, p[2].rows, p[2].cols, p[2].q_offset, p[2].scales_offset, p[2].biases_offset}};
   Buf scratch = alloc(cuda::moe_scratch_floats(1, K, proj));
-  if (side) side->join();
-  cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data(),
-                    gate_with_router ? shared.data() : nullptr, logits.data() + E);
+  const float* shared_out = gate_with_router ? shared.data() : nullptr;
+  const cuda::InlineRoute route{logits.data(), E, cfg.norm_topk, probs, ids, weights.data(), table, records.data()};
+  if (cuda::routes_in_gate_up(route, K, proj)) {
+    // The experts' first launch routes the token itself, and the shared expert joins before the
+    // second, the first to read its output: no launch stands between the router and the experts,
+    // and the shared expert runs beside both.
+    cuda::moe_gate_up_routed(x, K, route, proj, scratch.data());
+    if (side) side->join();
+    cuda::moe_down(scratch.data(), 1, K, records.data(), weights.data(), proj, out, shared_out, logits.data() + E);
+  } else {
+    cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs, ids, weights.data(), table, records.data());
+    if (!table) {
+      std::vector<int> host_ids(static_cast<size_t>(K));
+      copy_to_host(host_ids.data(), ids, host_ids.size() * sizeof(int));
+      const std::vector<const uint8_t*> acquired = experts->acquire(layer, host_ids);
+      copy_to_device(records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
+    }
+    if (side) side->join();
+    cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data(), shared_out, logits.data() + E);
+  }
   if (has_shared && !gate_with_router) shared_gate_add(out, shared.data(), x, mat(w.shared_expert_gate), 1, cfg.hidden);
   // Slots held until the kernels are queued: the copy stream orders any refill after them.
   if (!table) experts->release(layer);

@@ -1,7 +1,8 @@
 // The MoE block's routing and routed experts on the GPU, for decode-sized batches: no host round
 // trip and a few launches in all. route_topk: one block per token. moe_experts: gate·x and up·x
 // of every (token, slot) row in one launch (silu·up fused), then down and the weighted sum over
-// the slots in a second. Affine experts go to the integer tensor cores (mma_dot.cuh, as
+// the slots in a second (moe_down). moe_gate_up_routed: that first launch for a decode token
+// whose blocks each route it themselves, so that the routing is no launch of its own. Affine experts go to the integer tensor cores (mma_dot.cuh, as
 // cuda::matmul's affine rows), bf16 ones to weight_dot.cuh's float kernels.
 #include <cuda_runtime.h>
 
@@ -82,25 +83,21 @@ __device__ void warp_route_top_k(const float* p, int E, int K, bool norm_topk, i
   if (table) rec[lane] = mine < E ? table[mine] : nullptr;
 }
 
-// softmax, top-k and the picked weights of one row of logits, a block per row. The exponentials
-// are rounded once from double (as a correctly rounded expf) and summed in cpu::warp_order_sum's
-// order, so that the probabilities are cpu::softmax's bit for bit wherever the host's expf rounds
-// correctly (all but a few values in ten thousand with glibc) and near-ties break as on the CPU.
-// That order's sum is a warp's 16 adds a lane and 5 shuffles at 512 experts, against 512 adds in
-// turn for index order: on the H200 in a graph the routing went from 5.11 to 3.88 us. (One warp
-// for the whole row, its 16 exponentials a lane in double, took 5.58.)
-__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, int K, bool norm_topk,
-                                                              float* probs, int* ids, float* weights,
-                                                              const uint8_t* const* table, const uint8_t** records) {
-  start_after_kernel_before();  // launched by launch_after
-  extern __shared__ __align__(16) float p[];  // [E], then taken flags [E]
-  unsigned char* taken = reinterpret_cast<unsigned char*>(p + E);
+// The softmax of one row of logits x [E] into p (shared memory) and, where given, probs, by a
+// block of THREADS. The exponentials are rounded once from double (as a correctly rounded expf)
+// and summed in cpu::warp_order_sum's order, so that the probabilities are cpu::softmax's bit for
+// bit wherever the host's expf rounds correctly (all but a few values in ten thousand with glibc)
+// and near-ties break as on the CPU. That order's sum is a warp's 16 adds a lane and 5 shuffles at
+// 512 experts, against 512 adds in turn for index order: on the H200 in a graph the routing went
+// from 5.11 to 3.88 us. (One warp for the whole row, its 16 exponentials a lane in double, took
+// 5.58.) Every value is computed alone and the sum is warp 0's, so the bits do not depend on THREADS.
+template <int THREADS>
+__device__ void route_softmax(const float* x, int E, float* p, float* probs) {
   __shared__ float total;
-  const float* x = logits + size_t(blockIdx.x) * E;
   float mx = -INFINITY;
-  for (int i = threadIdx.x; i < E; i += kRouteThreads) mx = fmaxf(mx, x[i]);
-  mx = block_reduce<kRouteThreads, true>(mx);
-  for (int i = threadIdx.x; i < E; i += kRouteThreads) p[i] = float(exp(double(x[i] - mx)));
+  for (int i = threadIdx.x; i < E; i += THREADS) mx = fmaxf(mx, x[i]);
+  mx = block_reduce<THREADS, true>(mx);
+  for (int i = threadIdx.x; i < E; i += THREADS) p[i] = float(exp(double(x[i] - mx)));
   __syncthreads();
   if (threadIdx.x < 32) {  // lane l's values l, l + 32, ... in turn, then warp_sum's xor 16, 8, ... 1
     float part = 0.f;
@@ -110,9 +107,22 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   }
   __syncthreads();
   const float sum = total;
-  float* pr = probs + size_t(blockIdx.x) * E;
-  for (int i = threadIdx.x; i < E; i += kRouteThreads) pr[i] = p[i] = p[i] / sum;
+  for (int i = threadIdx.x; i < E; i += THREADS) {
+    p[i] = p[i] / sum;
+    if (probs) probs[i] = p[i];
+  }
   __syncthreads();
+}
+
+// softmax, top-k and the picked weights of one row of logits, a block per row (route_softmax, then
+// warp_route_top_k or block_top_k).
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, int K, bool norm_topk,
+                                                              float* probs, int* ids, float* weights,
+                                                              const uint8_t* const* table, const uint8_t** records) {
+  start_after_kernel_before();  // launched by launch_after
+  extern __shared__ __align__(16) float p[];  // [E], then taken flags [E]
+  unsigned char* taken = reinterpret_cast<unsigned char*>(p + E);
+  route_softmax<kRouteThreads>(logits + size_t(blockIdx.x) * E, E, p, probs + size_t(blockIdx.x) * E);
   int* id = ids + size_t(blockIdx.x) * K;
   float* w = weights + size_t(blockIdx.x) * K;
   const uint8_t** rec = table ? records + size_t(blockIdx.x) * K : nullptr;
@@ -137,6 +147,31 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   if (!norm_topk) return;
   if (int(threadIdx.x) < K) w[threadIdx.x] = picked / s;
   for (int k = int(threadIdx.x) + kRouteThreads; k < K; k += kRouteThreads) w[k] /= s;  // past a round each thread
+}
+
+// Where route_in_block keeps the routed records in its shared memory, in floats from its start
+// (after p [E], the ids [K] and the weights [K]; 8-byte aligned), and the bytes it takes in all.
+__host__ __device__ inline int route_records_at(int E, int K) { return (E + 2 * K + 1) / 2 * 2; }
+inline size_t route_smem_bytes(int E, int K) {
+  return size_t(route_records_at(E, K)) * sizeof(float) + size_t(K) * sizeof(const uint8_t*);
+}
+
+// route_kernel's routing of one token (warp_route_top_k's: a table, E <= kWarpTopExperts,
+// K <= 32) by a block of THREADS that then runs slot j's expert: every such block routes the token
+// for itself, the same bits, and block (0, 0) writes what route_topk would. Returns slot j's
+// record. smem: route_smem_bytes(E, K), 8-byte aligned.
+template <int THREADS>
+__device__ const uint8_t* route_in_block(const InlineRoute& r, int K, int j, float* smem) {
+  float* p = smem;
+  int* id = reinterpret_cast<int*>(p + r.E);
+  float* w = reinterpret_cast<float*>(id + K);
+  const uint8_t** rec = reinterpret_cast<const uint8_t**>(smem + route_records_at(r.E, K));
+  const bool writes = blockIdx.x == 0 && blockIdx.y == 0;
+  route_softmax<THREADS>(r.logits, r.E, p, writes ? r.probs : nullptr);
+  if (threadIdx.x < 32) warp_route_top_k(p, r.E, K, r.norm_topk, id, w, r.table, rec);
+  __syncthreads();
+  if (const int k = threadIdx.x; writes && k < K) r.ids[k] = id[k], r.weights[k] = w[k], r.records[k] = rec[k];
+  return rec[j];
 }
 
 // The shared expert's gated output the down kernels add to out where s is given:
@@ -244,17 +279,23 @@ __global__ void __launch_bounds__(kDownThreads) down_sum_bf16_kernel(const float
 // (mma_row_sets over the row sets blockIdx.x, ...), and h[j] = silu(gate·x) · (up·x) for them.
 // Launched overlapped, as down_mma_kernel: only the launch overlaps the kernel before, because the
 // records may be what it wrote (route_topk), so the kernel waits before it reads anything.
-template <int BITS, int L, int G>
+// ROUTED: the records are not given; each block routes the token first (route_in_block, T = 1).
+template <int BITS, int L, int G, bool ROUTED>
 __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(const float* __restrict__ x, int K,
                                                                          const uint8_t* const* records, ProjArgs gate,
                                                                          ProjArgs up, float* __restrict__ h,
-                                                                         int ks_log2) {
+                                                                         int ks_log2, InlineRoute route) {
   extern __shared__ __align__(16) uint2 smem[];
   constexpr int U = kBlocksAtOnce<BITS, L>;
   const int H = gate.cols, I = gate.rows, j = blockIdx.y, warp = threadIdx.x >> 5;
-  const SplitSmem s = split_smem<L>(smem, 1, H);  // rest: partial sums [kGateUpMmaWarps][2][16]
+  // rest: partial sums [kGateUpMmaWarps][2][16], then route_in_block's
+  const SplitSmem s = split_smem<L>(smem, 1, H);
   grid_dependency_wait();
-  const uint8_t* record = records[j];
+  const uint8_t* record = nullptr;
+  if constexpr (ROUTED)
+    record = route_in_block<kGateUpMmaWarps * 32>(route, K, j, s.rest + kGateUpMmaWarps * 2 * 16);
+  else
+    record = records[j];
   const WeightArgs W[2] = {weights_of(record, gate), weights_of(record, up)};
   const int2 blocks = warp_blocks(s.nquads / L, ks_log2, warp);
   const int r0 = tile_row0<kGateUpMmaWarps>(blockIdx.x, ks_log2);
@@ -364,16 +405,17 @@ size_t down_mma_smem(int K, int I, int L) {
   return split_bytes(K, I, L) + size_t(K) * ((quads_of(I, L) / L) * 16 + 1) * sizeof(float);
 }
 
-template <int BITS, int L, int G>
+// With `route` (route.logits given), the kernel routes the token itself (ROUTED; n = K).
+template <int BITS, int L, int G, bool ROUTED>
 void launch_gate_up_mma(const float* x, int n, int K, const uint8_t* const* records, const ProjArgs& gate,
-                        const ProjArgs& up, float* h) {
-  auto kernel = gate_up_mma_kernel<BITS, L, G>;
+                        const ProjArgs& up, float* h, const InlineRoute& route) {
+  auto kernel = gate_up_mma_kernel<BITS, L, G, ROUTED>;
   static KernelLimits lim;
-  const size_t smem = gate_up_mma_smem(gate.cols, L);
+  const size_t smem = gate_up_mma_smem(gate.cols, L) + (ROUTED ? route_smem_bytes(route.E, K) : 0);
   const int resident = resident_blocks(kernel, kGateUpMmaWarps * 32, smem, lim, "cuda::moe_experts: gate/up", gate.cols);
   const int ks_log2 = mma_split_log2(gate.rows, quads_of(gate.cols, L) / L, n, resident, kGateUpMmaWarps);
   const dim3 grid(unsigned(mma_sets(gate.rows, kGateUpMmaWarps, ks_log2)), unsigned(n));
-  launch_overlapped(kernel, lim.overlap, grid, kGateUpMmaWarps * 32, smem, x, K, records, gate, up, h, ks_log2);
+  launch_overlapped(kernel, lim.overlap, grid, kGateUpMmaWarps * 32, smem, x, K, records, gate, up, h, ks_log2, route);
 }
 
 template <int BITS, int L, int G>
@@ -392,14 +434,19 @@ void launch_down_mma(const float* h, int T, int K, const uint8_t* const* records
 // 16-byte aligned, so their offsets decide.
 bool scales_fit(const ProjArgs& p) { return p.scales % 8 == 0 && p.biases % 8 == 0; }
 
-// gate and up (affine, BITS bits) on the tensor cores, in the lane layout both allow.
+// gate and up (affine, BITS bits) on the tensor cores, in the lane layout both allow; routed by
+// the kernel itself where route.logits is given.
 template <int BITS>
 void gate_up(const float* x, int n, int K, const uint8_t* const* records, const ProjArgs& gate, const ProjArgs& up,
-             float* h) {
+             float* h, const InlineRoute& route) {
   const int group_log2 = std::min(gate.chunks_per_group_log2, up.chunks_per_group_log2);
   const bool groups_fit = gate.chunks_per_group_log2 == up.chunks_per_group_log2 && scales_fit(gate) && scales_fit(up);
-  with_lane_layout<BITS>(gate.cols, group_log2, groups_fit,
-                         [&](auto L, auto G) { launch_gate_up_mma<BITS, L, G>(x, n, K, records, gate, up, h); });
+  with_lane_layout<BITS>(gate.cols, group_log2, groups_fit, [&](auto L, auto G) {
+    if (route.logits)
+      launch_gate_up_mma<BITS, L, G, true>(x, n, K, records, gate, up, h, route);
+    else
+      launch_gate_up_mma<BITS, L, G, false>(x, n, K, records, gate, up, h, route);
+  });
 }
 
 template <int BITS>
@@ -447,40 +494,84 @@ size_t moe_scratch_floats(int T, int K, const RecordMat (&proj)[3]) {
   return size_t(std::max(T, 0)) * size_t(std::max(K, 0)) * size_t(std::max(proj[0].rows, 0));
 }
 
+namespace {
+
+struct Projections {
+  ProjArgs gate, up, down;
+};
+
+// proj checked as moe_experts takes it (one expert's [I, H], [I, H], [H, I]; gate and up of one
+// width) for T·K rows.
+Projections checked_projections(int T, int K, const RecordMat (&proj)[3], const char* who) {
+  if (K < 1 || int64_t(T) * K > 65535)
+    arg_fail(std::string(who) + ": T " + std::to_string(T) + " x K " + std::to_string(K) + " rows; 1..65535 in one call");
+  const Projections p{proj_args(proj[0], "gate"), proj_args(proj[1], "up"), proj_args(proj[2], "down")};
+  const int I = p.gate.rows, H = p.gate.cols;
+  if (p.up.rows != I || p.up.cols != H || p.down.rows != H || p.down.cols != I)
+    arg_fail(std::string(who) + ": projections gate [" + std::to_string(I) + ", " + std::to_string(H) + "], up [" +
+             std::to_string(p.up.rows) + ", " + std::to_string(p.up.cols) + "], down [" + std::to_string(p.down.rows) +
+             ", " + std::to_string(p.down.cols) + "] do not fit one expert ([I, H], [I, H], [H, I])");
+  if (proj[0].bits != proj[1].bits)
+    arg_fail(std::string(who) + ": gate has " + std::to_string(proj[0].bits) + " bits, up " +
+             std::to_string(proj[1].bits) + "; they run fused and must match");
+  return p;
+}
+
+// h [n, I] = silu(gate·x) · (up·x) of each row's expert (moe_experts' first launch).
+void launch_gate_up(const float* x, int n, int K, const uint8_t* const* records, const RecordMat (&proj)[3],
+                    const Projections& p, float* h, const InlineRoute& route) {
+  switch (proj[0].bits) {
+    case 16: return launch_gate_up_bf16(x, n, K, records, p.gate, p.up, h);
+    case 2: return gate_up<2>(x, n, K, records, p.gate, p.up, h, route);
+    case 3: return gate_up<3>(x, n, K, records, p.gate, p.up, h, route);
+    case 4: return gate_up<4>(x, n, K, records, p.gate, p.up, h, route);
+    case 8: return gate_up<8>(x, n, K, records, p.gate, p.up, h, route);
+  }
+}
+
+}  // namespace
+
 void moe_experts(const float* x, int T, int K, const uint8_t* const* records, const float* weights,
                  const RecordMat (&proj)[3], float* out, float* scratch, const float* shared,
                  const float* shared_logit) {
   if (T <= 0) return;
-  if (K < 1 || int64_t(T) * K > 65535)
-    arg_fail("cuda::moe_experts: T " + std::to_string(T) + " x K " + std::to_string(K) +
-             " rows; 1..65535 in one call");
-  const ProjArgs gate = proj_args(proj[0], "gate"), up = proj_args(proj[1], "up"), down = proj_args(proj[2], "down");
-  const int I = gate.rows, H = gate.cols;
-  if (up.rows != I || up.cols != H || down.rows != H || down.cols != I)
-    arg_fail("cuda::moe_experts: projections gate [" + std::to_string(I) + ", " + std::to_string(H) + "], up [" +
-             std::to_string(up.rows) + ", " + std::to_string(up.cols) + "], down [" + std::to_string(down.rows) +
-             ", " + std::to_string(down.cols) + "] do not fit one expert ([I, H], [I, H], [H, I])");
-  if (proj[0].bits != proj[1].bits)
-    arg_fail("cuda::moe_experts: gate has " + std::to_string(proj[0].bits) + " bits, up " +
-             std::to_string(proj[1].bits) + "; they run fused and must match");
+  const Projections p = checked_projections(T, K, proj, "cuda::moe_experts");
   if (!aligned(x, 16) || !aligned(out, 16) || !aligned(scratch, 16))
     arg_fail("cuda::moe_experts: x, out and scratch must be 16-byte aligned");
   if (shared && !shared_logit) arg_fail("cuda::moe_experts: a shared expert's output without its gate's logits");
+  launch_gate_up(x, T * K, K, records, proj, p, scratch, InlineRoute{});
+  moe_down(scratch, T, K, records, weights, proj, out, shared, shared_logit);
+}
+
+bool routes_in_gate_up(const InlineRoute& r, int K, const RecordMat (&proj)[3]) {
+  return r.logits && r.table && r.E > 0 && r.E <= kWarpTopExperts && K >= 1 && K <= 32 && K <= r.E &&
+         proj[0].bits != 16 && proj[0].bits == proj[1].bits;
+}
+
+void moe_gate_up_routed(const float* x, int K, const InlineRoute& r, const RecordMat (&proj)[3], float* h) {
+  if (!routes_in_gate_up(r, K, proj))
+    arg_fail("cuda::moe_gate_up_routed: E " + std::to_string(r.E) + ", K " + std::to_string(K) + ", gate/up bits " +
+             std::to_string(proj[0].bits) + (r.table ? "" : ", no table") + " (routes_in_gate_up)");
+  if (!r.probs || !r.ids || !r.weights || !r.records)
+    arg_fail("cuda::moe_gate_up_routed: route_topk's outputs (probs, ids, weights, records) must all be given");
+  const Projections p = checked_projections(1, K, proj, "cuda::moe_gate_up_routed");
+  if (!aligned(x, 16) || !aligned(h, 16)) arg_fail("cuda::moe_gate_up_routed: x and h must be 16-byte aligned");
+  launch_gate_up(x, K, K, nullptr, proj, p, h, r);
+}
+
+void moe_down(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
+              const RecordMat (&proj)[3], float* out, const float* shared, const float* shared_logit) {
+  if (T <= 0) return;
+  const Projections p = checked_projections(T, K, proj, "cuda::moe_down");
+  if (!aligned(h, 16) || !aligned(out, 16)) arg_fail("cuda::moe_down: h and out must be 16-byte aligned");
+  if (shared && !shared_logit) arg_fail("cuda::moe_down: a shared expert's output without its gate's logits");
   const SharedTerm sh{shared, shared_logit};
-  const int n = T * K;
-  switch (proj[0].bits) {
-    case 16: launch_gate_up_bf16(x, n, K, records, gate, up, scratch); break;
-    case 2: gate_up<2>(x, n, K, records, gate, up, scratch); break;
-    case 3: gate_up<3>(x, n, K, records, gate, up, scratch); break;
-    case 4: gate_up<4>(x, n, K, records, gate, up, scratch); break;
-    case 8: gate_up<8>(x, n, K, records, gate, up, scratch); break;
-  }
   switch (proj[2].bits) {
-    case 16: return launch_down_bf16(scratch, T, K, records, weights, down, sh, out);
-    case 2: return down_sum<2>(scratch, T, K, records, weights, down, sh, out);
-    case 3: return down_sum<3>(scratch, T, K, records, weights, down, sh, out);
-    case 4: return down_sum<4>(scratch, T, K, records, weights, down, sh, out);
-    case 8: return down_sum<8>(scratch, T, K, records, weights, down, sh, out);
+    case 16: return launch_down_bf16(h, T, K, records, weights, p.down, sh, out);
+    case 2: return down_sum<2>(h, T, K, records, weights, p.down, sh, out);
+    case 3: return down_sum<3>(h, T, K, records, weights, p.down, sh, out);
+    case 4: return down_sum<4>(h, T, K, records, weights, p.down, sh, out);
+    case 8: return down_sum<8>(h, T, K, records, weights, p.down, sh, out);
   }
 }
 

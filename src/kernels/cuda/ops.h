@@ -93,6 +93,27 @@ void moe_experts(const float* x, int T, int K, const uint8_t* const* records, co
                  const float* shared_logit = nullptr);
 // Floats of scratch moe_experts needs: h, [T·K, I].
 size_t moe_scratch_floats(int T, int K, const RecordMat (&proj)[3]);
+// moe_experts' second launch alone: out from h [T·K, I] (its scratch after the first), the
+// weighted sum over the slots and the shared term as moe_experts'.
+void moe_down(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
+              const RecordMat (&proj)[3], float* out, const float* shared = nullptr, const float* shared_logit = nullptr);
+// route_topk for one decode token (T = 1) with a table, done in moe_gate_up_routed: its arguments.
+struct InlineRoute {
+  const float* logits = nullptr;  // [E]
+  int E = 0;
+  bool norm_topk = false;
+  float* probs = nullptr;    // [E]
+  int* ids = nullptr;        // [K]
+  float* weights = nullptr;  // [K]
+  const uint8_t* const* table = nullptr;
+  const uint8_t** records = nullptr;  // [K]
+};
+// moe_experts' first launch for one decode token (h [K, I]) whose blocks each route the token
+// themselves, route_topk's results to r's outputs, the same bits: no launch of the routing's own
+// stands between the router and the experts, and moe_down then takes r.records and r.weights.
+// Where routes_in_gate_up: a table, E <= 512, K <= 32, gate and up affine.
+bool routes_in_gate_up(const InlineRoute& r, int K, const RecordMat (&proj)[3]);
+void moe_gate_up_routed(const float* x, int K, const InlineRoute& r, const RecordMat (&proj)[3], float* h);
 
 // Gated DeltaNet (kernels/cpu/deltanet.h). gated_delta_rule runs the recurrent update for a few
 // tokens and the chunked form for longer T (kernels/cuda/deltanet.h).

@@ -45,7 +45,7 @@ constexpr double kTol = 1e-6;
 struct RouteCase {
   int T, E, K;
   bool norm;
-  enum { Random, NearTies, AllEqual, Underflow } kind;
+  enum Kind { Random, NearTies, AllEqual, Underflow } kind;
 };
 
 std::string name(const RouteCase& c) {
@@ -391,6 +391,87 @@ TEST(CudaMoe, TwoCallsBitIdentical) {
     const Vec a = d.run(x, c.T, c.K, r.ids, r.weights), b = d.run(x, c.T, c.K, r.ids, r.weights);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << name(c);
   }
+}
+
+// moe_gate_up_routed + moe_down (the routing in the experts' first launch) against route_topk and
+// then moe_experts: the same probabilities, ids, weights, records, h and output, bit for bit.
+TEST(CudaMoe, RoutingInGateUpIsRouteTopkThenExperts) {
+  MS_REQUIRE_CUDA();
+  Rng rng(33);
+  struct Case {
+    int H, I, bits, group, E, K;
+    bool norm;
+    RouteCase::Kind kind;
+  };
+  const Case cases[] = {{256, 64, 4, 64, 512, 10, true, RouteCase::Random},
+                        {256, 64, 8, 32, 128, 8, false, RouteCase::NearTies},
+                        {2048, 512, 4, 64, 40, 10, true, RouteCase::NearTies},
+                        {512, 384, 3, 128, 64, 8, true, RouteCase::Random},
+                        {256, 64, 2, 64, 8, 8, true, RouteCase::AllEqual}};
+  for (const Case& c : cases) {
+    const std::string what = std::to_string(c.H) + "/" + std::to_string(c.I) + " q" + std::to_string(c.bits) +
+                             " E=" + std::to_string(c.E) + " K=" + std::to_string(c.K);
+    const ExpertSet s = random_experts(rng, c.E, c.H, c.I, c.bits, c.bits, c.group);
+    const DeviceExperts d(s);
+    std::vector<const uint8_t*> table;
+    for (int e = 0; e < c.E; ++e) table.push_back(d.blob.as<uint8_t>() + size_t(e) * d.stride);
+    const Vec logits = route_logits(rng, RouteCase{1, c.E, c.K, c.norm, c.kind});
+    const Vec x = rng.normals(size_t(c.H)), shared = rng.normals(size_t(c.H)), shared_logit = rng.normals(1, 3.0f);
+    DeviceBuffer dt = DeviceBuffer::from(table), dl = dev(logits), dx = dev(x), dsh = dev(shared), dsl = dev(shared_logit);
+    struct Run {
+      DeviceBuffer probs, ids, weights, records, h, out;
+    };
+    auto buffers = [&] {
+      return Run{DeviceBuffer(size_t(c.E) * 4), DeviceBuffer(size_t(c.K) * 4), DeviceBuffer(size_t(c.K) * 4),
+                 DeviceBuffer(size_t(c.K) * sizeof(void*)), DeviceBuffer(moe_scratch_floats(1, c.K, d.proj) * 4),
+                 dev(Vec(size_t(c.H), NAN))};
+    };
+    Run a = buffers(), b = buffers();
+    const auto* tab = dt.as<const uint8_t* const>();
+    route_topk(dl.as<float>(), 1, c.E, c.K, c.norm, a.probs.as<float>(), a.ids.as<int>(), a.weights.as<float>(), tab,
+               a.records.as<const uint8_t*>());
+    moe_experts(dx.as<float>(), 1, c.K, a.records.as<const uint8_t*>(), a.weights.as<float>(), d.proj,
+                a.out.as<float>(), a.h.as<float>(), dsh.as<float>(), dsl.as<float>());
+    const InlineRoute r{dl.as<float>(),      c.E, c.norm, b.probs.as<float>(), b.ids.as<int>(), b.weights.as<float>(),
+                        tab, b.records.as<const uint8_t*>()};
+    ASSERT_TRUE(routes_in_gate_up(r, c.K, d.proj)) << what;
+    moe_gate_up_routed(dx.as<float>(), c.K, r, d.proj, b.h.as<float>());
+    moe_down(b.h.as<float>(), 1, c.K, b.records.as<const uint8_t*>(), b.weights.as<float>(), d.proj, b.out.as<float>(),
+             dsh.as<float>(), dsl.as<float>());
+    synchronize();
+    EXPECT_EQ(a.probs.to_vector<uint32_t>(), b.probs.to_vector<uint32_t>()) << what;
+    EXPECT_EQ(a.ids.to_vector<int>(), b.ids.to_vector<int>()) << what;
+    EXPECT_EQ(a.weights.to_vector<uint32_t>(), b.weights.to_vector<uint32_t>()) << what;
+    EXPECT_EQ(a.records.to_vector<uintptr_t>(), b.records.to_vector<uintptr_t>()) << what;
+    EXPECT_EQ(a.h.to_vector<uint32_t>(), b.h.to_vector<uint32_t>()) << what;
+    EXPECT_EQ(a.out.to_vector<uint32_t>(), b.out.to_vector<uint32_t>()) << what;
+  }
+}
+
+// Where the routing cannot go in the experts' first launch: no table, more than 512 experts,
+// K past a warp, bf16 gate and up.
+TEST(CudaMoe, RoutingInGateUpRefusesWhatItCannotRun) {
+  MS_REQUIRE_CUDA();
+  DeviceBuffer buf(1 << 20);
+  float* f = buf.as<float>();
+  const auto* tab = buf.as<const uint8_t* const>();
+  const RecordMat gate{4, 64, 64, 256, 0, 8192, 9216}, down{4, 64, 256, 64, 0, 8192, 9216};
+  const RecordMat q4[3] = {gate, gate, down};
+  RecordMat bf16[3] = {gate, gate, down};
+  bf16[0].bits = bf16[1].bits = 16;
+  const InlineRoute ok{f, 512, true, f, buf.as<int>(), f, tab, buf.as<const uint8_t*>()};
+  EXPECT_TRUE(routes_in_gate_up(ok, 10, q4));
+  InlineRoute no_table = ok, many = ok;
+  no_table.table = nullptr;
+  many.E = 513;
+  EXPECT_FALSE(routes_in_gate_up(no_table, 10, q4));
+  EXPECT_FALSE(routes_in_gate_up(many, 10, q4));
+  EXPECT_FALSE(routes_in_gate_up(ok, 33, q4));
+  EXPECT_FALSE(routes_in_gate_up(ok, 10, bf16));
+  EXPECT_THROW(moe_gate_up_routed(f, 10, many, q4, f), Error);
+  InlineRoute no_probs = ok;
+  no_probs.probs = nullptr;
+  EXPECT_THROW(moe_gate_up_routed(f, 10, no_probs, q4, f), Error);
 }
 
 TEST(CudaMoe, RejectsWhatItCannotRun) {
