@@ -2,8 +2,9 @@
 // trip and a few launches in all. route_topk: one block per token. moe_experts: gate·x and up·x
 // of every (token, slot) row in one launch (silu·up fused), then down and the weighted sum over
 // the slots in a second (moe_down). moe_gate_up_routed: that first launch for a decode token
-// whose blocks each route it themselves, so that the routing is no launch of its own. Affine experts go to the integer tensor cores (mma_dot.cuh, as
-// cuda::matmul's affine rows), bf16 ones to weight_dot.cuh's float kernels.
+// whose blocks each route it themselves, so that the routing is no launch of its own. Affine
+// experts go to the integer tensor cores (mma_dot.cuh, as cuda::matmul's affine rows), bf16 ones
+// to weight_dot.cuh's float kernels.
 #include <cuda_runtime.h>
 
 #include <algorithm>
