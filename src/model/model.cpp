@@ -53,14 +53,13 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
   // A prefill chunk's activations: hidden states, projections and logits of 512 tokens.
   p.activations = 512ull * (16ull * cfg.hidden + uint64_t(cfg.vocab)) * sizeof(float);
   const uint64_t per_slot = per_slot_row(index);
-  const uint64_t fixed = p.dense + p.kv + p.activations;
-  const uint64_t floor = fixed + per_slot * uint64_t(cfg.top_k);
+  const uint64_t floor = p.fixed() + per_slot * uint64_t(cfg.top_k);
   if (budget < floor)
     fail("{} {} is below the floor of {}: dense weights {}, KV/state for {} tokens {}, activations {}, "
          "and {} expert slots per layer x {} layers ({} per slot row)",
          what, gib(budget), gib(floor), gib(p.dense), context, gib(p.kv), gib(p.activations), cfg.top_k,
          index.layers.size(), gib(per_slot));
-  p.slots = int(std::min<uint64_t>((budget - fixed) / per_slot, uint64_t(cfg.n_experts)));
+  p.slots = int(std::min<uint64_t>((budget - p.fixed()) / per_slot, uint64_t(cfg.n_experts)));
   p.pool = per_slot * uint64_t(p.slots);
   return p;
 }
@@ -93,6 +92,11 @@ StoreOptions host_tier_options(const std::string& dir, const ModelConfig& cfg, c
   return h;
 }
 
+#if MOESTREAM_CUDA
+// What a load without --vram plans with: 90 % of the free VRAM (the unsized pools, the embedding).
+uint64_t usable_free_vram() { return cuda::free_memory() / 10 * 9; }
+#endif
+
 }  // namespace
 
 Device default_device() {
@@ -122,7 +126,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
       vram.layer_caps.clear();
     } else if (vram.slots == 0 && vram.layer_caps.empty()) {
       // Unsized: every expert when they fit in 90 % of the free VRAM, else the pools get that.
-      const uint64_t budget = m->device_->bytes() + cuda::free_memory() / 10 * 9;
+      const uint64_t budget = m->device_->bytes() + usable_free_vram();
       const MemoryPlan p = plan_memory(m->cfg_, index, m->device_->bytes(), budget, opt.context, "free VRAM");
       if (p.slots < m->cfg_.n_experts) m->plan_ = p, vram.slots = p.slots;
     }
@@ -133,10 +137,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   // Only decode ahead reads the embedding on the GPU, so it takes VRAM only where decode steps are
   // graphs, out of what the pools left: the budget's rest, or free VRAM as an unsized pool takes.
   if (m->decode_graphs_) {
-    const MemoryPlan& p = m->plan_;
-    const uint64_t planned = p.dense + p.kv + p.activations + p.pool;
-    const uint64_t room = opt.vram_budget ? opt.vram_budget - std::min(opt.vram_budget, planned)
-                                          : cuda::free_memory() / 10 * 9;
+    const uint64_t planned = m->plan_.total();
+    const uint64_t room = opt.vram_budget ? opt.vram_budget - std::min(opt.vram_budget, planned) : usable_free_vram();
     weights->add_embedding(m->w_.embed, room);
   }
   return m;

@@ -64,6 +64,8 @@ struct ModelOptions {
 struct MemoryPlan {
   uint64_t dense = 0, kv = 0, activations = 0, pool = 0;
   int slots = 0;  // per MoE layer
+  uint64_t fixed() const { return dense + kv + activations; }  // all but the pool
+  uint64_t total() const { return fixed() + pool; }
 };
 
 class Model {
