@@ -138,6 +138,8 @@ struct DecodeGraph {
   cuda::SamplerWorkspace sampler;  // ahead: greedy_token's
 
   int* position() const { return reinterpret_cast<int*>(input.data() + input.size() - 1); }
+  // Whether this graph runs a step of `k` over the KV caches at `kv` (else it must be captured anew).
+  bool fits(StepKind k, const std::vector<const float*>& kv) const { return kind == k && kv_at_capture == kv; }
 };
 
 // A State's caches on the GPU; State holds one once the sequence has run there.

@@ -328,7 +328,7 @@ std::vector<const float*> Model::decode_step_kv(DeviceState& ds, int pos0) const
 
 void Model::capture_if_stale(const CudaBackend& be, int pos0, std::vector<const float*> kv, StepKind kind) const {
   DeviceState& ds = be.state;
-  if (ds.decode_graph && ds.decode_graph->kv_at_capture == kv && ds.decode_graph->kind == kind) return;
+  if (ds.decode_graph && ds.decode_graph->fits(kind, kv)) return;
   ds.decode_graph.reset();  // its arena back before the new capture takes one
   ds.decode_graph = capture_decode_step(be, pos0, std::move(kv), kind);
 }
@@ -432,8 +432,7 @@ int Model::decode_ahead(State& state, int first, int max_steps, bool routes,
   auto launch = [&](int step) {
     const int pos = pos0 + step;
     std::vector<const float*> kv = decode_step_kv(ds, pos);
-    const DecodeGraph* g = ds.decode_graph.get();
-    if (step == 0 || !g || g->kind != kind || g->kv_at_capture != kv) {
+    if (step == 0 || !ds.decode_graph || !ds.decode_graph->fits(kind, kv)) {
       // A graph made now starts from the host's token and position: the step before's must be
       // done, its token read, and its graph no longer running.
       if (step > 0) done[(step - 1) % 2].wait();
