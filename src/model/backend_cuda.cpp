@@ -321,13 +321,10 @@ void DeviceWeights::add(const std::vector<float>& v) {
   vecs_.emplace(v.data(), reinterpret_cast<const float*>(buffers_.back().data()));
 }
 
-bool DeviceWeights::add_embedding(const Mat& embed, uint64_t room) {
-  if (mats_.count(embed.data)) return true;  // the tied lm_head
-  if (embed.type == WeightType::F32) return false;
+void DeviceWeights::add_embedding(const Mat& embed, uint64_t room) {
+  if (has(embed) || embed.type == WeightType::F32) return;  // has: the tied lm_head
   const size_t table = size_t(embed.rows) * (row_bytes(embed) + 4 * row_groups(embed));
-  if (table > room) return false;
-  add(embed, "embedding");
-  return true;
+  if (table <= room) add(embed, "embedding");
 }
 
 const Mat& DeviceWeights::mat(const Mat& host) const {

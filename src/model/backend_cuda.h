@@ -177,9 +177,9 @@ class DeviceWeights {
   const float* vec(const std::vector<float>& host) const;
   size_t bytes() const { return bytes_; }
   // The embedding table too, for decode steps that embed their token on the GPU
-  // (Model::decode_ahead), where it takes no more than `room` bytes and is not f32; returns
-  // whether it is in VRAM (a tied lm_head's always is).
-  bool add_embedding(const Mat& embed, uint64_t room);
+  // (Model::decode_ahead), where it takes no more than `room` bytes and is not f32; has(embed)
+  // then tells whether it is in VRAM (a tied lm_head's always is).
+  void add_embedding(const Mat& embed, uint64_t room);
   bool has(const Mat& host) const { return mats_.count(host.data) != 0; }
 
  private:
