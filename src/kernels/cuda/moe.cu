@@ -530,6 +530,19 @@ void launch_gate_up(const float* x, int n, int K, const uint8_t* const* records,
   }
 }
 
+// out from h [T·K, I] (moe_experts' second launch): down, the weighted sum over the slots and the
+// shared term.
+void launch_down(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
+                 const RecordMat (&proj)[3], const Projections& p, const SharedTerm& sh, float* out) {
+  switch (proj[2].bits) {
+    case 16: return launch_down_bf16(h, T, K, records, weights, p.down, sh, out);
+    case 2: return down_sum<2>(h, T, K, records, weights, p.down, sh, out);
+    case 3: return down_sum<3>(h, T, K, records, weights, p.down, sh, out);
+    case 4: return down_sum<4>(h, T, K, records, weights, p.down, sh, out);
+    case 8: return down_sum<8>(h, T, K, records, weights, p.down, sh, out);
+  }
+}
+
 }  // namespace
 
 void moe_experts(const float* x, int T, int K, const uint8_t* const* records, const float* weights,
@@ -541,7 +554,7 @@ void moe_experts(const float* x, int T, int K, const uint8_t* const* records, co
     arg_fail("cuda::moe_experts: x, out and scratch must be 16-byte aligned");
   if (shared && !shared_logit) arg_fail("cuda::moe_experts: a shared expert's output without its gate's logits");
   launch_gate_up(x, T * K, K, records, proj, p, scratch, InlineRoute{});
-  moe_down(scratch, T, K, records, weights, proj, out, shared, shared_logit);
+  launch_down(scratch, T, K, records, weights, proj, p, SharedTerm{shared, shared_logit}, out);
 }
 
 bool routes_in_gate_up(const InlineRoute& r, int K, const RecordMat (&proj)[3]) {
@@ -566,14 +579,7 @@ void moe_down(const float* h, int T, int K, const uint8_t* const* records, const
   const Projections p = checked_projections(T, K, proj, "cuda::moe_down");
   if (!aligned(h, 16) || !aligned(out, 16)) arg_fail("cuda::moe_down: h and out must be 16-byte aligned");
   if (shared && !shared_logit) arg_fail("cuda::moe_down: a shared expert's output without its gate's logits");
-  const SharedTerm sh{shared, shared_logit};
-  switch (proj[2].bits) {
-    case 16: return launch_down_bf16(h, T, K, records, weights, p.down, sh, out);
-    case 2: return down_sum<2>(h, T, K, records, weights, p.down, sh, out);
-    case 3: return down_sum<3>(h, T, K, records, weights, p.down, sh, out);
-    case 4: return down_sum<4>(h, T, K, records, weights, p.down, sh, out);
-    case 8: return down_sum<8>(h, T, K, records, weights, p.down, sh, out);
-  }
+  launch_down(h, T, K, records, weights, proj, p, SharedTerm{shared, shared_logit}, out);
 }
 
 }  // namespace ms::cuda
