@@ -10,6 +10,9 @@
 // time as a share of its time: below a few tens of MB a launch's ramp and the memory's latency,
 // not its bandwidth, bound both. With --hot, each also in a graph of 100 calls on one copy, whose
 // weights stay in the L2 where they fit (a matrix a kernel before it prefetched would be read so).
+// With --after-norm, each also in a graph after the RMSNorm that writes its x (its time less the
+// norm's): a decode step's matvecs follow such small kernels, which let them launch early, rather
+// than one another.
 // Then the routed experts of a decode step at Qwen3-Next-80B's shape: cuda::moe_experts against
 // the per-expert launches it replaces, and cuda::route_topk.
 // Prefill (filter "gemm"): the custom kernel against the cuBLAS form of cuda::matmul, and their
@@ -124,7 +127,8 @@ double stream_read_ms(size_t bytes, int copies, int rounds, bool graphed) {
   return graphed ? graph_ms(std::max(1, rounds / 100), read) : time_ms(rounds, read);
 }
 
-void run(const Config& c, int group, int T, double hbm, const std::string& filter, bool with_floor, bool hot) {
+void run(const Config& c, int group, int T, double hbm, const std::string& filter, bool with_floor, bool after_norm,
+         bool hot) {
   const std::string type = type_name(c, group);
   std::string what = "matvec ";
   what.append(c.name).append(" ").append(type);
@@ -148,6 +152,17 @@ void run(const Config& c, int group, int T, double hbm, const std::string& filte
                 " | graphed %7.2f us %5.1f%% of copy, matvec %5.1f%% of it",
                 floor_ms * 1e3, 100.0 * floor_ms / ms, floor_graphed * 1e3,
                 100.0 * double(w.per_copy) / (floor_graphed * 1e6) / hbm, 100.0 * floor_graphed / graphed);
+  }
+  if (after_norm) {
+    // Each call after the RMSNorm that writes its x, as a decode step runs a matvec: the pair's
+    // time less the norm's alone.
+    cuda::DeviceBuffer src(x.size()), gamma(size_t(c.cols) * 4);
+    CUDA_CHECK(cudaMemset(src.data(), 0x3c, src.size()));
+    CUDA_CHECK(cudaMemset(gamma.data(), 0, gamma.size()));
+    auto norm = [&](int) { cuda::rmsnorm(src.as<float>(), T, c.cols, gamma.as<float>(), 1.0f, 1e-6f, x.as<float>()); };
+    const int graphs = std::max(1, rounds / 100);
+    const double pair = graph_ms(graphs, [&](int i) { norm(i), matvec(i); }), alone = graph_ms(graphs, norm);
+    std::printf(" | after a norm %7.2f us %5.1f%%", (pair - alone) * 1e3, of_copy(pair - alone));
   }
   if (hot) {
     const double hot_ms =
@@ -307,13 +322,16 @@ void run_delta_rule(const std::string& filter) {
 // Optional argument: run only the cases whose "kind name type" contains it (e.g. "matvec" for the
 // decode matvecs alone, "matvec lm_head 151936 q4", "gemm", "moe_experts", "route_topk",
 // "gated_delta_rule"). --floor: each matvec also with the stream read of its bytes beside it;
-// --hot: each also with its weights L2-resident where they fit.
+// --after-norm: each also after the RMSNorm that writes its x, as a decode step runs it; --hot: each
+// also with its weights L2-resident where they fit.
 int main(int argc, char** argv) {
   std::string filter;
-  bool with_floor = false, hot = false;
+  bool with_floor = false, after_norm = false, hot = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--floor")
       with_floor = true;
+    else if (std::string(argv[i]) == "--after-norm")
+      after_norm = true;
     else if (std::string(argv[i]) == "--hot")
       hot = true;
     else
@@ -335,12 +353,12 @@ int main(int argc, char** argv) {
   for (int bits : {16, 8, 4, 3, 2})
     for (Config c : shapes) {
       c.bits = bits;
-      run(c, 64, 1, hbm, filter, with_floor, hot);
+      run(c, 64, 1, hbm, filter, with_floor, after_norm, hot);
     }
-  for (int group : {32, 128}) run(Config{"lm_head 151936", 151936, 2048, 4}, group, 1, hbm, filter, with_floor, hot);
+  for (int group : {32, 128}) run(Config{"lm_head 151936", 151936, 2048, 4}, group, 1, hbm, filter, with_floor, after_norm, hot);
   std::printf("prefill/verify batches (weights reused by 4 tokens a block):\n");
   for (int T : {4, 16})
-    for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter, with_floor, hot);
+    for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter, with_floor, after_norm, hot);
   std::printf("prefill: custom kernel against cuBLAS FP32 (matmul switches at T >= %d for bf16, %d affine):\n",
               cuda::kGemmMinTokensBf16, cuda::kGemmMinTokensAffine);
   for (int bits : {16, 4})
