@@ -127,8 +127,12 @@ double stream_read_ms(size_t bytes, int copies, int rounds, bool graphed) {
   return graphed ? graph_ms(std::max(1, rounds / 100), read) : time_ms(rounds, read);
 }
 
-void run(const Config& c, int group, int T, double hbm, const std::string& filter, bool with_floor, bool after_norm,
-         bool hot) {
+// The columns beside a matvec's own two (command-line flags).
+struct Columns {
+  bool floor = false, after_norm = false, hot = false;
+};
+
+void run(const Config& c, int group, int T, double hbm, const std::string& filter, const Columns& more) {
   const std::string type = type_name(c, group);
   std::string what = "matvec ";
   what.append(c.name).append(" ").append(type);
@@ -145,7 +149,7 @@ void run(const Config& c, int group, int T, double hbm, const std::string& filte
   std::printf("%-22s %6d x %-6d %-8s T=%-2d %9.2f us %8.0f GB/s %5.1f%% of copy | graph %7.2f us %5.1f%%", c.name,
               c.rows, c.cols, type.c_str(), T, ms * 1e3, bytes / (ms * 1e6), of_copy(ms), graphed * 1e3,
               of_copy(graphed));
-  if (with_floor) {
+  if (more.floor) {
     const double floor_ms = stream_read_ms(w.per_copy, copies, rounds, false);
     const double floor_graphed = stream_read_ms(w.per_copy, copies, rounds, true);
     std::printf(" | stream read %7.2f us, matvec %5.1f%% of it"
@@ -153,7 +157,7 @@ void run(const Config& c, int group, int T, double hbm, const std::string& filte
                 floor_ms * 1e3, 100.0 * floor_ms / ms, floor_graphed * 1e3,
                 100.0 * double(w.per_copy) / (floor_graphed * 1e6) / hbm, 100.0 * floor_graphed / graphed);
   }
-  if (after_norm) {
+  if (more.after_norm) {
     // Each call after the RMSNorm that writes its x, as a decode step runs a matvec: the pair's
     // time less the norm's alone.
     cuda::DeviceBuffer src(x.size()), gamma(size_t(c.cols) * 4);
@@ -164,7 +168,7 @@ void run(const Config& c, int group, int T, double hbm, const std::string& filte
     const double pair = graph_ms(graphs, [&](int i) { norm(i), matvec(i); }), alone = graph_ms(graphs, norm);
     std::printf(" | after a norm %7.2f us %5.1f%%", (pair - alone) * 1e3, of_copy(pair - alone));
   }
-  if (hot) {
+  if (more.hot) {
     const double hot_ms =
         graph_ms(std::max(1, rounds / 100), [&](int) { cuda::matmul(x.as<float>(), T, w.mats[0], y.as<float>()); });
     std::printf(" | hot graph %7.2f us, %6.0f GB/s", hot_ms * 1e3, bytes / (hot_ms * 1e6));
@@ -326,14 +330,14 @@ void run_delta_rule(const std::string& filter) {
 // also with its weights L2-resident where they fit.
 int main(int argc, char** argv) {
   std::string filter;
-  bool with_floor = false, after_norm = false, hot = false;
+  Columns more;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--floor")
-      with_floor = true;
+      more.floor = true;
     else if (std::string(argv[i]) == "--after-norm")
-      after_norm = true;
+      more.after_norm = true;
     else if (std::string(argv[i]) == "--hot")
-      hot = true;
+      more.hot = true;
     else
       filter = argv[i];
   }
@@ -353,12 +357,12 @@ int main(int argc, char** argv) {
   for (int bits : {16, 8, 4, 3, 2})
     for (Config c : shapes) {
       c.bits = bits;
-      run(c, 64, 1, hbm, filter, with_floor, after_norm, hot);
+      run(c, 64, 1, hbm, filter, more);
     }
-  for (int group : {32, 128}) run(Config{"lm_head 151936", 151936, 2048, 4}, group, 1, hbm, filter, with_floor, after_norm, hot);
+  for (int group : {32, 128}) run(Config{"lm_head 151936", 151936, 2048, 4}, group, 1, hbm, filter, more);
   std::printf("prefill/verify batches (weights reused by 4 tokens a block):\n");
   for (int T : {4, 16})
-    for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter, with_floor, after_norm, hot);
+    for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter, more);
   std::printf("prefill: custom kernel against cuBLAS FP32 (matmul switches at T >= %d for bf16, %d affine):\n",
               cuda::kGemmMinTokensBf16, cuda::kGemmMinTokensAffine);
   for (int bits : {16, 4})
