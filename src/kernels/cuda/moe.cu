@@ -518,6 +518,12 @@ Projections checked_projections(int T, int K, const RecordMat (&proj)[3], const 
   return p;
 }
 
+// The shared term the down launch adds (none where shared is null), checked for `who`.
+SharedTerm shared_term(const float* shared, const float* shared_logit, const char* who) {
+  if (shared && !shared_logit) arg_fail(std::string(who) + ": a shared expert's output without its gate's logits");
+  return {shared, shared_logit};
+}
+
 // h [n, I] = silu(gate·x) · (up·x) of each row's expert (moe_experts' first launch).
 void launch_gate_up(const float* x, int n, int K, const uint8_t* const* records, const RecordMat (&proj)[3],
                     const Projections& p, float* h, const InlineRoute& route) {
@@ -552,9 +558,9 @@ void moe_experts(const float* x, int T, int K, const uint8_t* const* records, co
   const Projections p = checked_projections(T, K, proj, "cuda::moe_experts");
   if (!aligned(x, 16) || !aligned(out, 16) || !aligned(scratch, 16))
     arg_fail("cuda::moe_experts: x, out and scratch must be 16-byte aligned");
-  if (shared && !shared_logit) arg_fail("cuda::moe_experts: a shared expert's output without its gate's logits");
+  const SharedTerm sh = shared_term(shared, shared_logit, "cuda::moe_experts");
   launch_gate_up(x, T * K, K, records, proj, p, scratch, InlineRoute{});
-  launch_down(scratch, T, K, records, weights, proj, p, SharedTerm{shared, shared_logit}, out);
+  launch_down(scratch, T, K, records, weights, proj, p, sh, out);
 }
 
 bool routes_in_gate_up(const InlineRoute& r, int K, const RecordMat (&proj)[3]) {
@@ -578,8 +584,7 @@ void moe_down(const float* h, int T, int K, const uint8_t* const* records, const
   if (T <= 0) return;
   const Projections p = checked_projections(T, K, proj, "cuda::moe_down");
   if (!aligned(h, 16) || !aligned(out, 16)) arg_fail("cuda::moe_down: h and out must be 16-byte aligned");
-  if (shared && !shared_logit) arg_fail("cuda::moe_down: a shared expert's output without its gate's logits");
-  launch_down(h, T, K, records, weights, proj, p, SharedTerm{shared, shared_logit}, out);
+  launch_down(h, T, K, records, weights, proj, p, shared_term(shared, shared_logit, "cuda::moe_down"), out);
 }
 
 }  // namespace ms::cuda
