@@ -19,6 +19,11 @@ inline int device_attribute(cudaDeviceAttr attr) {
   return v;
 }
 
+inline int multiprocessors() {
+  static const int n = device_attribute(cudaDevAttrMultiProcessorCount);
+  return n;
+}
+
 // The shared memory a block may opt in to on the device (asked once).
 inline int optin_smem() {
   static const int m = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
@@ -120,7 +125,6 @@ struct KernelLimits {
 // and `cols` (the columns that need the shared memory) name the call when they do not fit.
 template <class Kernel>
 int resident_blocks(Kernel kernel, int threads, size_t smem, KernelLimits& lim, const char* who, int cols) {
-  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   std::lock_guard<std::mutex> lock(lim.mu);
   if (lim.max_smem == 0) lim.max_smem = allow_max_smem(kernel), lim.overlap = can_overlap(kernel);
   if (smem > size_t(lim.max_smem))
@@ -130,7 +134,7 @@ int resident_blocks(Kernel kernel, int threads, size_t smem, KernelLimits& lim, 
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&lim.per_sm, kernel, threads, smem));
     lim.smem = smem;
   }
-  return std::max(1, lim.per_sm) * sms;
+  return std::max(1, lim.per_sm) * multiprocessors();
 }
 
 inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }

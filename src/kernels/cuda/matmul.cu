@@ -61,7 +61,8 @@ __global__ void __launch_bounds__(kThreads) bf16_matmul_kernel(const float* __re
 constexpr int kMmaWarps = kThreads / 32;
 
 // The tensor-core kernel (mma_row_sets): kMmaWarps / ks row sets a block, each warp a 16-row tile
-// and a share of its lane blocks. Two or three blocks fit on a multiprocessor at T = 1 (kMatvecBlocksPerSm).
+// and a share of its lane blocks. Two or three blocks fit on a multiprocessor at T = 1 (kMatvecBlocksPerSm),
+// or one of twice the warps (wide_blocks).
 // Launched overlapped (launch.cuh): its launch and first weight prefetches overlap the kernel
 // before. On the H200 that took an expert-sized 4-bit matvec from 4.9 to 3.7 us, the dense 8192²
 // from 17.7 to 16.0 us and the 4-bit lm_head from 85 to 88 % of the copy rate. A block lets the
@@ -82,10 +83,15 @@ inline constexpr int kMatvecBlocksPerSm = M == 1 && TT == 1 && kMatvecAtOnce<BIT
 
 // Warps of a block. With TT > 1, those two blocks' warps as one block a multiprocessor, which
 // stages the tokens once for all of them: on the H200 that took 4-bit 8192² batches of 4 and 16
-// tokens from 31.5 to 27.2 and from 97 to 71.5 us. At T = 1 it lost (fewer and larger row sets over
-// fewer multiprocessors): an expert's 3-bit gate/up 4.2 to 6.3 us, the 4-bit 8192² 16.1 to 17.6 us.
-template <int BITS, int L, int G, int TT, int M>
-inline constexpr int kMatvecWarps = TT == 1 ? kMmaWarps : kMmaWarps * kMatvecBlocksPerSm<BITS, L, G, TT, M>;
+// tokens from 31.5 to 27.2 and from 97 to 71.5 us. At T = 1 two or three blocks of kMmaWarps fit
+// on a multiprocessor, or with WIDE one of twice as many warps (wide_blocks).
+template <int BITS, int L, int G, int TT, int M, bool WIDE>
+inline constexpr int kMatvecWarps =
+    TT == 1 ? (WIDE ? 2 * kMmaWarps : kMmaWarps) : kMmaWarps * kMatvecBlocksPerSm<BITS, L, G, TT, M>;
+
+template <int BITS, int L, int G, int TT, int M, bool WIDE>
+inline constexpr int kMatvecMinBlocks =
+    std::max(1, kMatvecBlocksPerSm<BITS, L, G, TT, M> * kMmaWarps / kMatvecWarps<BITS, L, G, TT, M, WIDE>);
 
 // The M matrices of one product, of one shape: W, or gate and up.
 template <int M>
@@ -95,12 +101,11 @@ struct WeightSet {
 
 // y = x · W[0]ᵀ, or with M = 2 y = silu(x · W[0]ᵀ) · (x · W[1]ᵀ) (silu_mul's formula), the MLP's gate
 // and up in one launch.
-template <int BITS, int L, int G, int TT, int M>
-__global__ void __launch_bounds__(kMatvecWarps<BITS, L, G, TT, M> * 32,
-                                  kMatvecBlocksPerSm<BITS, L, G, TT, M> * kMmaWarps / kMatvecWarps<BITS, L, G, TT, M>)
+template <int BITS, int L, int G, int TT, int M, bool WIDE>
+__global__ void __launch_bounds__(kMatvecWarps<BITS, L, G, TT, M, WIDE> * 32, kMatvecMinBlocks<BITS, L, G, TT, M, WIDE>)
     matvec_mma_kernel(const float* __restrict__ x, int T, WeightSet<M> W, float* __restrict__ y, int ks_log2) {
   constexpr int U = M == 1 ? kMatvecAtOnce<BITS, L, G, TT> : kBlocksAtOnce<BITS, L>;
-  constexpr int WARPS = kMatvecWarps<BITS, L, G, TT, M>;
+  constexpr int WARPS = kMatvecWarps<BITS, L, G, TT, M, WIDE>;
   extern __shared__ __align__(16) uint2 smem[];
   const int rows = W.w[0].rows, cols = W.w[0].cols;
   const SplitSmem s = split_smem<L>(smem, TT, cols);  // rest: partial sums [WARPS][M][16][TT]
@@ -149,10 +154,10 @@ void launch_bf16_tokens(const float* x, int T, const WeightArgs& W, float* y) {
     launch_bf16<1>(x, T, W, y);
 }
 
-template <int BITS, int L, int G, int TT, int M>
+template <int BITS, int L, int G, int TT, int M, bool WIDE = false>
 void launch_mma(const float* x, int T, const WeightSet<M>& W, float* y) {
-  auto kernel = matvec_mma_kernel<BITS, L, G, TT, M>;
-  constexpr int warps = kMatvecWarps<BITS, L, G, TT, M>;
+  auto kernel = matvec_mma_kernel<BITS, L, G, TT, M, WIDE>;
+  constexpr int warps = kMatvecWarps<BITS, L, G, TT, M, WIDE>;
   static KernelLimits lim;
   const int rows = W.w[0].rows, cols = W.w[0].cols;
   const size_t smem = mma_smem_bytes(TT, cols, L, M, warps);
@@ -166,14 +171,45 @@ void launch_mma(const float* x, int T, const WeightSet<M>& W, float* y) {
 
 bool scales_fit(const WeightArgs& W) { return aligned(W.scales, 8) && aligned(W.biases, 8); }
 
+// Whether a matvec (T = 1) of W goes to blocks of 2·kMmaWarps warps, one a multiprocessor: at 2 to
+// 4 bits, where its rows have 4096 columns or more, which every block stages whole (its threads
+// each convert 16 values or more of x; twice the threads halve that), and those blocks' row sets
+// still fill the multiprocessors. On the H200 in a graph (us, bench_cuda_matvec, medians of 3),
+// against blocks of kMmaWarps: the dense 8192² at 4, 3 and 2 bits 14.46 -> 13.61, 15.03 -> 13.98,
+// 12.57 -> 11.50, the dense 4096² at 4 and 2 bits 5.89 -> 5.82 and 5.89 -> 5.50 (3 bits 6.63 both),
+// the 4-bit out_proj (2048 x 4096) 4.82 -> 4.64; decode of the 8-layer 80B synth with 4-bit dense
+// weights 1939 -> 2019 tok/s (medians of 5, the same tokens). At 8 bits, where two blocks of
+// kMmaWarps already fit on a multiprocessor, it lost: out_proj 5.62 -> 6.07, the dense 4096²
+// 7.60 -> 7.92 (8192² 21.03 -> 20.54). So did narrower rows (an expert's 4-bit gate/up 3.18 ->
+// 3.73, the 4-bit lm_head 46.4 -> 51.1) and the 3-bit out_proj, whose 64 row sets leave half the
+// multiprocessors idle (5.14 -> 5.80).
+constexpr int kWideCols = 4096;
+
+template <int L>
+bool wide_blocks(const WeightArgs& W) {
+  if (W.cols < kWideCols) return false;
+  const int sms = multiprocessors(), warps = 2 * kMmaWarps;
+  const int ks_log2 = mma_split_log2(W.rows, quads_of(W.cols, L) / L, 1, sms, warps);
+  return mma_sets(W.rows, warps, ks_log2) >= sms - sms / 16;
+}
+
+// T tokens one at a time a block (T = 1, or rows too wide to stage a batch of).
+template <int BITS, int L, int G>
+void launch_one_token(const float* x, int T, const WeightArgs& W, float* y) {
+  if constexpr (BITS < 8) {
+    if (T == 1 && wide_blocks<L>(W)) return launch_mma<BITS, L, G, 1, 1, true>(x, T, WeightSet<1>{{W}}, y);
+  }
+  launch_mma<BITS, L, G, 1, 1>(x, T, WeightSet<1>{{W}}, y);  // rows too wide to stage are refused (resident_blocks)
+}
+
 // Affine weights on the tensor cores, in the lane layout their rows allow.
 template <int BITS>
 void launch_affine(const float* x, int T, const WeightArgs& W, float* y) {
   with_lane_layout<BITS>(W.cols, W.chunks_per_group_log2, scales_fit(W), [&](auto L, auto G) {
-    if (T > 1 && mma_smem_bytes(kBatch, W.cols, L, 1, kMatvecWarps<BITS, L, G, kBatch, 1>) <= size_t(optin_smem()))
+    if (T > 1 && mma_smem_bytes(kBatch, W.cols, L, 1, kMatvecWarps<BITS, L, G, kBatch, 1, false>) <= size_t(optin_smem()))
       launch_mma<BITS, L, G, kBatch, 1>(x, T, WeightSet<1>{{W}}, y);
     else
-      launch_mma<BITS, L, G, 1, 1>(x, T, WeightSet<1>{{W}}, y);  // rows too wide to stage are refused (resident_blocks)
+      launch_one_token<BITS, L, G>(x, T, W, y);
   });
 }
 
