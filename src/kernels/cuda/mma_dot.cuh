@@ -657,7 +657,7 @@ __device__ __forceinline__ void mma_row_sets(const StagedX& X, const WeightArgs 
         v[m] = sum_lanes(partial[(((((r / 16) << ks_log2) + j) * M + m) * 16 + r % 16) * TT + tt], ks);
       if (j == 0 && set * rows_per_set + r < rows) store(set * rows_per_set + r, tt, v);
     }
-    if (set + int(gridDim.x) < nsets) __syncthreads();  // the partial sums are read before the next set's
+    if (set + int(gridDim.x) < nsets) __syncthreads();  // all have read `partial` before the next set writes it
   }
 }
 

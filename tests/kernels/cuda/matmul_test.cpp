@@ -74,11 +74,11 @@ TEST(CudaMatmul, AffineMatchesCpu) {
   // Rows past a 16-row tile and columns past a 128-column quad (7 x 192, 33 x 320, where the
   // group divides the columns) too; a last, partial lane block after whole ones (33 x 384 at q4
   // g32, 70 x 768 at q2 and q3 g128); more row sets than the grid has blocks (52000 x 1024); wide
-  // blocks (matmul.cu's wide_blocks), whole (2048 x 4096) and with a partial tile and lane block
-  // (2000 x 4160).
-  const Shape shapes[] = {{5, 128, 1},     {512, 2048, 1}, {129, 1024, 4},  {64, 4096, 7},   {2048, 512, 1},
-                          {7, 192, 1},     {33, 320, 2},   {1000, 2048, 1}, {33, 384, 1},    {70, 768, 1},
-                          {52000, 1024, 1}, {2048, 4096, 1}, {2000, 4160, 1}};
+  // blocks (matmul.cu's wide_blocks) at 4 bits, whole (2048 x 4096) and with a partial tile and
+  // lane block (2000 x 4160), and at 2 and 3 bits (4000 x 4096).
+  const Shape shapes[] = {{5, 128, 1},      {512, 2048, 1},  {129, 1024, 4},  {64, 4096, 7},   {2048, 512, 1},
+                          {7, 192, 1},      {33, 320, 2},    {1000, 2048, 1}, {33, 384, 1},    {70, 768, 1},
+                          {52000, 1024, 1}, {2048, 4096, 1}, {2000, 4160, 1}, {4000, 4096, 1}};
   Rng rng(2);
   for (int bits : {2, 3, 4, 8})
     for (int group : {32, 64, 128})
