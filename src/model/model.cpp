@@ -38,7 +38,8 @@ uint64_t per_slot_row(const EngineIndex& index) {  // one slot in every MoE laye
 }
 
 // Splits a budget (`what`: "memory budget", "VRAM budget"): dense weights, KV and recurrent
-// state for `context` tokens, activations of a prefill chunk, and the rest as equal pools.
+// state for `context` tokens, activations of a prefill chunk, and the rest as equal pools. A
+// model without routed experts (an empty index) needs only the first three.
 MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, uint64_t budget,
                        int context, const char* what) {
   MemoryPlan p;
@@ -54,11 +55,15 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
   p.activations = 512ull * (16ull * cfg.hidden + uint64_t(cfg.vocab)) * sizeof(float);
   const uint64_t per_slot = per_slot_row(index);
   const uint64_t floor = p.fixed() + per_slot * uint64_t(cfg.top_k);
-  if (budget < floor)
-    fail("{} {} is below the floor of {}: dense weights {}, KV/state for {} tokens {}, activations {}, "
-         "and {} expert slots per layer x {} layers ({} per slot row)",
-         what, gib(budget), gib(floor), gib(p.dense), context, gib(p.kv), gib(p.activations), cfg.top_k,
-         index.layers.size(), gib(per_slot));
+  if (budget < floor) {
+    const std::string pools =
+        per_slot ? fmt::format(", and {} expert slots per layer x {} layers ({} per slot row)", cfg.top_k,
+                               index.layers.size(), gib(per_slot))
+                 : std::string();
+    fail("{} {} is below the floor of {}: dense weights {}, KV/state for {} tokens {}, activations {}{}", what,
+         gib(budget), gib(floor), gib(p.dense), context, gib(p.kv), gib(p.activations), pools);
+  }
+  if (per_slot == 0) return p;
   p.slots = int(std::min<uint64_t>((budget - p.fixed()) / per_slot, uint64_t(cfg.n_experts)));
   p.pool = per_slot * uint64_t(p.slots);
   return p;
@@ -132,6 +137,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     }
     check_floor(dir, vram, index, m->cfg_.top_k, "VRAM ");
     m->device_experts_ = std::make_shared<DeviceExpertStore>(*m->experts_, vram);
+  } else if (opt.vram_budget) {
+    m->plan_ = plan_memory(m->cfg_, EngineIndex{}, m->device_->bytes(), opt.vram_budget, opt.context, "VRAM budget");
   }
   m->decode_graphs_ = opt.cuda_graphs && m->every_expert_resident();
   // Only decode ahead reads the embedding on the GPU, so it takes VRAM only where decode steps are

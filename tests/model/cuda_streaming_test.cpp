@@ -128,6 +128,25 @@ TEST(CudaStreaming, VramBudgetSizesThePoolsAndRefusesBelowTheFloor) {
   for (const LayerStats& l : model->device_experts()->stats()) EXPECT_EQ(l.capacity, p.slots) << l.name;
 }
 
+// A checkpoint directory has no expert store: its experts are dense weights in VRAM, and the
+// budget's floor is those weights, the KV cache and the activations; what the embedding may take
+// is what they leave.
+TEST(CudaStreaming, VramBudgetOfACheckpointCountsItsWeights) {
+  MS_REQUIRE_GPU();
+  MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", src);
+  ModelOptions opt = on_gpu();
+  opt.vram_budget = 1ull << 30;
+  const MemoryPlan p = Model::load(src, opt)->memory_plan();
+  EXPECT_GT(p.dense, 4ull << 20);  // the checkpoint's weights as copied to the GPU
+  EXPECT_GT(p.kv, 0u);
+  EXPECT_EQ(p.slots, 0);
+  EXPECT_EQ(p.pool, 0u);
+  opt.vram_budget = p.fixed() - 1;
+  test::expect_error([&] { Model::load(src, opt); }, {"VRAM budget", "below the floor", "dense weights"});
+  opt.vram_budget = p.fixed();
+  EXPECT_EQ(Model::load(src, opt)->memory_plan().total(), p.fixed());
+}
+
 TEST(CudaStreaming, HostCacheBelowOneTokenIsRefused) {
   MS_REQUIRE_GPU();
   const std::string dir = std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4";
