@@ -69,6 +69,24 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
   return p;
 }
 
+// A checkpoint directory streams nothing: its experts are dense weights, and a budget below them
+// all is refused with the way out.
+MemoryPlan plan_checkpoint(const std::string& dir, const ModelConfig& cfg, uint64_t weight_bytes, uint64_t budget,
+                           int context, const char* what) {
+  try {
+    return plan_memory(cfg, EngineIndex{}, weight_bytes, budget, context, what);
+  } catch (const Error& e) {
+    fail("{}: {}; a checkpoint directory keeps every expert in memory: `moestream convert` it to stream them", dir,
+         e.what());
+  }
+}
+
+uint64_t tensor_bytes(const TensorStore& store) {
+  uint64_t b = 0;
+  for (const std::string& name : store.names()) b += store.get(name).nbytes;
+  return b;
+}
+
 void check_floor(const std::string& dir, const StoreOptions& o, const EngineIndex& index, int top_k, const char* where) {
   for (const auto& l : index.layers)
     if (const int cap = layer_capacity(o, l); cap < top_k)
@@ -138,7 +156,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     check_floor(dir, vram, index, m->cfg_.top_k, "VRAM ");
     m->device_experts_ = std::make_shared<DeviceExpertStore>(*m->experts_, vram);
   } else if (opt.vram_budget) {
-    m->plan_ = plan_memory(m->cfg_, EngineIndex{}, m->device_->bytes(), opt.vram_budget, opt.context, "VRAM budget");
+    m->plan_ = plan_checkpoint(dir, m->cfg_, m->device_->bytes(), opt.vram_budget, opt.context, "VRAM budget");
   }
   m->decode_graphs_ = opt.cuda_graphs && m->every_expert_resident();
   // Only decode ahead reads the embedding on the GPU, so it takes VRAM only where decode steps are
@@ -156,8 +174,13 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
 
 std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOptions& opt) {
   ModelConfig cfg = load_config(dir);
-  if (!is_engine_dir(dir))
-    return std::unique_ptr<Model>(new Model(TensorStore::open(dir), std::move(cfg), nullptr, {}, opt.context));
+  if (!is_engine_dir(dir)) {
+    TensorStore store = TensorStore::open(dir);
+    MemoryPlan plan;
+    if (opt.device == Device::Cpu && opt.memory_budget > 0)
+      plan = plan_checkpoint(dir, cfg, tensor_bytes(store), opt.memory_budget, opt.context, "memory budget");
+    return std::unique_ptr<Model>(new Model(std::move(store), std::move(cfg), nullptr, plan, opt.context));
+  }
   EngineIndex index = read_engine_index(dir, cfg);
   const std::string dense_path = dir + "/" + kEngineDenseFile;
   TensorStore dense = TensorStore::open(dense_path);

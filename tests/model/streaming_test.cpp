@@ -97,6 +97,23 @@ TEST(Streaming, PoolBelowOneTokensExpertsIsRefused) {
   }
 }
 
+// A checkpoint directory streams nothing: --memory's floor is its weights (experts too), the KV
+// cache and the activations, and below it the error says to convert the checkpoint.
+TEST(Streaming, MemoryBudgetOfACheckpointCountsItsWeights) {
+  MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", src);
+  ModelOptions opt;
+  opt.memory_budget = 1ull << 30;
+  const MemoryPlan p = Model::load(src, opt)->memory_plan();
+  EXPECT_GT(p.dense, 4ull << 20);  // the checkpoint's tensors
+  EXPECT_GT(p.kv, 0u);
+  EXPECT_EQ(p.slots, 0);
+  opt.memory_budget = p.fixed() - 1;
+  test::expect_error([&] { Model::load(src, opt); },
+                     {"qwen3-next-tiny", "memory budget", "below the floor", "dense weights", "moestream convert"});
+  opt.memory_budget = p.fixed();
+  EXPECT_EQ(Model::load(src, opt)->memory_plan().total(), p.fixed());
+}
+
 // A copy of the embedded model whose blob of layer 2 can be damaged.
 std::string damaged_copy(const std::string& tag) {
   const std::string dir = test::scratch_dir(tag) + "/model";
