@@ -81,12 +81,6 @@ MemoryPlan plan_checkpoint(const std::string& dir, const ModelConfig& cfg, uint6
   }
 }
 
-uint64_t tensor_bytes(const TensorStore& store) {
-  uint64_t b = 0;
-  for (const std::string& name : store.names()) b += store.get(name).nbytes;
-  return b;
-}
-
 void check_floor(const std::string& dir, const StoreOptions& o, const EngineIndex& index, int top_k, const char* where) {
   for (const auto& l : index.layers)
     if (const int cap = layer_capacity(o, l); cap < top_k)
@@ -175,11 +169,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
 std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOptions& opt) {
   ModelConfig cfg = load_config(dir);
   if (!is_engine_dir(dir)) {
-    TensorStore store = TensorStore::open(dir);
-    MemoryPlan plan;
+    std::unique_ptr<Model> m(new Model(TensorStore::open(dir), std::move(cfg), nullptr, {}, opt.context));
     if (opt.device == Device::Cpu && opt.memory_budget > 0)
-      plan = plan_checkpoint(dir, cfg, tensor_bytes(store), opt.memory_budget, opt.context, "memory budget");
-    return std::unique_ptr<Model>(new Model(std::move(store), std::move(cfg), nullptr, plan, opt.context));
+      m->plan_ = plan_checkpoint(dir, m->cfg_, m->w_.dense_bytes + m->w_.expert_bytes, opt.memory_budget, opt.context,
+                                 "memory budget");
+    return m;
   }
   EngineIndex index = read_engine_index(dir, cfg);
   const std::string dense_path = dir + "/" + kEngineDenseFile;
