@@ -234,7 +234,8 @@ inline constexpr int kStageSteps = 2;
 // B registers (byte p of the X of the codes code_of names: A register 0's in .x, 1's in .y; bytes
 // in the order 0, 2, 1, 3, see quad_entries; then zero_quads(L) quads of zeros), pow2
 // [TT][nquads·4/G] holds 2^e and xsum [TT][nquads·4/G] Σx (for the bias term b·Σx) by unit (rows
-// nquads·4 apart). Every thread of the block must call it; it ends with a barrier.
+// nquads·4 apart). THREADS threads (whole warps) call it, `tid` from 0 in each; the caller
+// syncs before the values are read (stage_split: the whole block, with the barrier).
 // Staging sits on every matvec's critical path, between the wait for x and the first MMA, so a
 // thread takes one step of a chunk (8 values; the 4G threads of a unit are adjacent lanes) rather
 // than a whole chunk, and its stores are 16 bytes wide and spread over the banks. On the H200
@@ -242,24 +243,24 @@ inline constexpr int kStageSteps = 2;
 // from 11.5 to 10.6 us at 8, the 8-bit dense 4096² from 9.7 to 8.4 us, and decode of the 8-layer
 // 80B-shaped synth from 1064 to 1108 tok/s (medians of 3).
 template <int BITS, int L, int G, int THREADS>
-__device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT, int valid, int cols, uint2* xb,
-                                            float* pow2, float* xsum) {
+__device__ __forceinline__ void stage_split_part(int tid, const float* __restrict__ x, int TT, int valid, int cols,
+                                                 uint2* xb, float* pow2, float* xsum) {
   const int nchunks = cols / kChunk, nquads = quads_of(cols, L), padded = nquads * kQuadChunks;
-  for (int i = threadIdx.x; i < zero_quads(L) * quad_entries(TT); i += THREADS)
+  for (int i = tid; i < zero_quads(L) * quad_entries(TT); i += THREADS)
     xb[size_t(nquads) * quad_entries(TT) + i] = {0, 0};
   const int n = TT * padded * kMmaSteps;  // (token, chunk, step), step fastest
   for (int base = 0; base < n; base += kStageSteps * THREADS) {
     float a[kStageSteps][2][4] = {};
 #pragma unroll
     for (int k = 0; k < kStageSteps; ++k) {
-      const int i = base + k * THREADS + int(threadIdx.x), t = i / kMmaSteps / padded, c = i / kMmaSteps % padded;
+      const int i = base + k * THREADS + tid, t = i / kMmaSteps / padded, c = i / kMmaSteps % padded;
       if (i < n && t < valid && c < nchunks)
         load_step<BITS>(x + size_t(t) * cols + size_t(c) * kChunk, i % kMmaSteps, a[k]);
     }
 #pragma unroll
     for (int k = 0; k < kStageSteps; ++k) {
       if (base + k * THREADS >= n) break;  // uniform: every lane reaches the shuffles
-      const int i = base + k * THREADS + int(threadIdx.x), j = i % kMmaSteps;
+      const int i = base + k * THREADS + tid, j = i % kMmaSteps;
       const int t = i / kMmaSteps / padded, c = i / kMmaSteps % padded;
       float mx = 0.f, sum = 0.f;
 #pragma unroll
@@ -314,6 +315,13 @@ __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT,
       dst[odd ^ 1] = odd ? lo : hi;
     }
   }
+}
+
+// stage_split_part by every thread of a block of THREADS, then a barrier.
+template <int BITS, int L, int G, int THREADS>
+__device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT, int valid, int cols, uint2* xb,
+                                            float* pow2, float* xsum) {
+  stage_split_part<BITS, L, G, THREADS>(int(threadIdx.x), x, TT, valid, cols, xb, pow2, xsum);
   __syncthreads();
 }
 

@@ -47,18 +47,18 @@ __device__ __forceinline__ void lane_best(const int (&key)[kWarpTopSlots], int& 
     if (key[s] > best) best = key[s], slot = s;
 }
 
-// route_kernel's top-k, weights and records for E <= kWarpTopExperts and K <= 32, by the block's
-// first warp: lane l holds p[l + 32s] in registers, and a round is a warp max of the lanes' bests
-// and a warp min of the indices that hold it (ties to the lower index, as cpu::top_k); only the
-// winning lane rescans its values. On the H200 (512 experts, k = 10) that took the kernel from
-// 12.0 to 7.5 us (ncu) and from 9.8 to 5.4 us in a graph, against block_top_k's k rounds of
-// block-wide argmaxes and barriers.
-__device__ void warp_route_top_k(const float* p, int E, int K, bool norm_topk, int* id, float* w,
-                                 const uint8_t* const* table, const uint8_t** rec) {
+// route_row's top-k, weights and records, by the block's first warp: lane l holds p[l + 32s] in
+// registers, and a round is a warp max of the lanes' bests and a warp min of the indices that
+// hold it (ties to the lower index, as cpu::top_k); only the winning lane rescans its values. On
+// the H200 (512 experts, k = 10) that took route_kernel from 12.0 to 7.5 us (ncu) and from 9.8 to
+// 5.4 us in a graph, against block_top_k's k rounds of block-wide argmaxes and barriers. tab: the
+// table's entries in shared memory (where table is given).
+__device__ void warp_route_top_k(const float (&pv)[kWarpTopSlots], int E, int K, bool norm_topk, int* id, float* w,
+                                 const uint8_t* const* tab, const uint8_t** rec) {
   const int lane = threadIdx.x & 31;
   int key[kWarpTopSlots];
 #pragma unroll
-  for (int s = 0; s < kWarpTopSlots; ++s) key[s] = lane + 32 * s < E ? rank_key(p[lane + 32 * s]) : -2;
+  for (int s = 0; s < kWarpTopSlots; ++s) key[s] = lane + 32 * s < E ? rank_key(pv[s]) : -2;
   int best, slot;
   lane_best(key, best, slot);
   float sum = 0.f, picked = 0.f;
@@ -81,7 +81,81 @@ __device__ void warp_route_top_k(const float* p, int E, int K, bool norm_topk, i
   if (lane >= K) return;
   id[lane] = mine;
   w[lane] = norm_topk ? picked / sum : picked;
-  if (table) rec[lane] = mine < E ? table[mine] : nullptr;
+  if (tab) rec[lane] = mine < E ? tab[mine] : nullptr;
+}
+
+// Shared memory route_row takes for E experts: the exponentials [E], the warps' maxima, the
+// table's entries [E] (8-byte aligned).
+__host__ __device__ inline size_t route_row_floats(int E, int warps) { return size_t(E + warps + 1) / 2 * 2; }
+__host__ __device__ inline size_t route_row_bytes(int E, int warps) {
+  return route_row_floats(E, warps) * sizeof(float) + size_t(E) * sizeof(const uint8_t*);
+}
+
+// Lane l's sum of p[l], p[l + 32], ... in turn, then warp_sum's: cpu::warp_order_sum's order, so
+// that the probabilities are cpu::softmax's bits (route_softmax).
+__device__ __forceinline__ float warp_order_total(const float* p, int E) {
+  float part = 0.f;
+  for (int i = int(threadIdx.x & 31); i < E; i += 32) part += p[i];
+  return warp_sum(part);
+}
+
+// The routing of one row of E <= kWarpTopExperts logits, K <= 32, by a block of THREADS: route_softmax's
+// probabilities (the same bits) and warp_route_top_k's picks, in three barriers rather than the
+// six of route_softmax and the top-k after it. Every thread reads its logits and its entries of the
+// table at once and takes the block's maximum from the warps' maxima; warp 0 sums the
+// exponentials, divides its own values in its registers and takes the top k of them, while the
+// other warps run meanwhile(thread) (their thread's index from 0): gate_up_mma_kernel stages x
+// there. On the H200 in a decode step of the 8-layer 80B-shaped synth (clock64 in each block's
+// first thread, the mean over blocks) the routing and then x's staging ended 5.9 us after the
+// kernel began, the two side by side 4.8 us.
+// Writes id, w and rec [K] (from warp 0) and probs [E] where given; every thread of the block
+// calls it, and it ends with a barrier.
+template <int THREADS, class Meanwhile>
+__device__ void route_row(const float* logits, int E, int K, bool norm_topk, float* probs, int* id, float* w,
+                          const uint8_t* const* table, const uint8_t** rec, float* smem, Meanwhile&& meanwhile) {
+  constexpr int kWarps = THREADS / 32, kPer = kWarpTopExperts / THREADS;
+  static_assert(kWarpTopExperts % THREADS == 0, "a whole number of logits a thread");
+  float* e = smem;
+  float* warp_max_of = smem + E;
+  const uint8_t** tab = reinterpret_cast<const uint8_t**>(smem + route_row_floats(E, kWarps));
+  const int tid = threadIdx.x, lane = tid & 31;
+  float v[kPer];
+  const uint8_t* t[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {  // every load issued before any store waits for one
+    const int i = tid + j * THREADS;
+    v[j] = i < E ? logits[i] : -INFINITY;
+    t[j] = table && i < E ? table[i] : nullptr;
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (table && tid + j * THREADS < E) tab[tid + j * THREADS] = t[j];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) mx = fmaxf(mx, v[j]);
+  mx = warp_max(mx);
+  if (lane == 0) warp_max_of[tid >> 5] = mx;
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < kWarps; ++k) mx = fmaxf(mx, warp_max_of[k]);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (tid + j * THREADS < E) e[tid + j * THREADS] = float(exp(double(v[j] - mx)));
+  __syncthreads();
+  if (tid < 32) {
+    const float total = warp_order_total(e, E);
+    float pv[kWarpTopSlots];
+#pragma unroll
+    for (int k = 0; k < kWarpTopSlots; ++k) {
+      const int i = lane + 32 * k;
+      pv[k] = i < E ? e[i] / total : 0.f;
+      if (probs && i < E) probs[i] = pv[k];
+    }
+    warp_route_top_k(pv, E, K, norm_topk, id, w, table ? tab : nullptr, rec);
+  } else {
+    meanwhile(tid - 32);
+  }
+  __syncthreads();
 }
 
 // The softmax of one row of logits x [E] into p (shared memory) and, where given, probs, by a
@@ -100,11 +174,9 @@ __device__ void route_softmax(const float* x, int E, float* p, float* probs) {
   mx = block_reduce<THREADS, true>(mx);
   for (int i = threadIdx.x; i < E; i += THREADS) p[i] = float(exp(double(x[i] - mx)));
   __syncthreads();
-  if (threadIdx.x < 32) {  // lane l's values l, l + 32, ... in turn, then warp_sum's xor 16, 8, ... 1
-    float part = 0.f;
-    for (int i = int(threadIdx.x); i < E; i += 32) part += p[i];
-    part = warp_sum(part);
-    if (threadIdx.x == 0) total = part;
+  if (threadIdx.x < 32) {
+    const float t = warp_order_total(p, E);
+    if (threadIdx.x == 0) total = t;
   }
   __syncthreads();
   const float sum = total;
@@ -115,22 +187,26 @@ __device__ void route_softmax(const float* x, int E, float* p, float* probs) {
   __syncthreads();
 }
 
-// softmax, top-k and the picked weights of one row of logits, a block per row (route_softmax, then
-// warp_route_top_k or block_top_k).
+// Whether a row of E experts, top K, goes to route_row (else route_softmax and block_top_k).
+__host__ __device__ inline bool routes_in_warp(int E, int K) { return E <= kWarpTopExperts && K <= 32; }
+
+// softmax, top-k and the picked weights of one row of logits, a block per row (route_row, or
+// route_softmax and block_top_k). smem: route_kernel_bytes.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, int K, bool norm_topk,
                                                               float* probs, int* ids, float* weights,
                                                               const uint8_t* const* table, const uint8_t** records) {
   start_after_kernel_before();  // launched by launch_after
-  extern __shared__ __align__(16) float p[];  // [E], then taken flags [E]
-  unsigned char* taken = reinterpret_cast<unsigned char*>(p + E);
-  route_softmax<kRouteThreads>(logits + size_t(blockIdx.x) * E, E, p, probs + size_t(blockIdx.x) * E);
+  extern __shared__ __align__(16) float p[];  // route_row's, or [E] then taken flags [E]
   int* id = ids + size_t(blockIdx.x) * K;
   float* w = weights + size_t(blockIdx.x) * K;
   const uint8_t** rec = table ? records + size_t(blockIdx.x) * K : nullptr;
-  if (E <= kWarpTopExperts && K <= 32) {
-    if (threadIdx.x < 32) warp_route_top_k(p, E, K, norm_topk, id, w, table, rec);
+  const float* row = logits + size_t(blockIdx.x) * E;
+  if (routes_in_warp(E, K)) {
+    route_row<kRouteThreads>(row, E, K, norm_topk, probs + size_t(blockIdx.x) * E, id, w, table, rec, p, [](int) {});
     return;
   }
+  unsigned char* taken = reinterpret_cast<unsigned char*>(p + E);
+  route_softmax<kRouteThreads>(row, E, p, probs + size_t(blockIdx.x) * E);
   // Every thread sums the picked probabilities in round order (the same sum in each), and the
   // thread of a round writes its id, weight and record: no thread reads back what another wrote.
   // Thread k < kRouteThreads keeps round k's pick and reads its record after the rounds: read
@@ -150,27 +226,27 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   for (int k = int(threadIdx.x) + kRouteThreads; k < K; k += kRouteThreads) w[k] /= s;  // past a round each thread
 }
 
-// Where route_in_block keeps the routed records in its shared memory, in floats from its start
-// (after p [E], the ids [K] and the weights [K]; 8-byte aligned), and the bytes it takes in all.
-__host__ __device__ inline int route_records_at(int E, int K) { return (E + 2 * K + 1) / 2 * 2; }
-inline size_t route_smem_bytes(int E, int K) {
-  return size_t(route_records_at(E, K)) * sizeof(float) + size_t(K) * sizeof(const uint8_t*);
+size_t route_kernel_bytes(int E, int K) {
+  return routes_in_warp(E, K) ? route_row_bytes(E, kRouteThreads / 32) : size_t(E) * (sizeof(float) + 1);
 }
 
-// route_kernel's routing of one token (warp_route_top_k's: a table, E <= kWarpTopExperts,
-// K <= 32) by a block of THREADS that then runs slot j's expert: every such block routes the token
-// for itself, the same bits, and block (0, 0) writes what route_topk would. Returns slot j's
-// record. smem: route_smem_bytes(E, K), 8-byte aligned.
-template <int THREADS>
-__device__ const uint8_t* route_in_block(const InlineRoute& r, int K, int j, float* smem) {
-  float* p = smem;
-  int* id = reinterpret_cast<int*>(p + r.E);
+// Shared memory route_in_block takes for E experts, top K, in a block of `warps` warps: route_row's,
+// then the records, ids and weights [K] (8-byte aligned).
+inline size_t route_in_block_bytes(int E, int K, int warps) {
+  return route_row_bytes(E, warps) + size_t(K) * (sizeof(const uint8_t*) + sizeof(int) + sizeof(float));
+}
+
+// route_kernel's routing of one token (route_row's: a table, E <= kWarpTopExperts, K <= 32) by a
+// block of THREADS that then runs slot j's expert, and meanwhile(thread) on the warps
+// after the first (route_row): every such block routes the token for itself, the same bits, and
+// block (0, 0) writes what route_topk would. Returns slot j's record. smem: route_in_block_bytes.
+template <int THREADS, class Meanwhile>
+__device__ const uint8_t* route_in_block(const InlineRoute& r, int K, int j, float* smem, Meanwhile&& meanwhile) {
+  const uint8_t** rec = reinterpret_cast<const uint8_t**>(smem + route_row_bytes(r.E, THREADS / 32) / sizeof(float));
+  int* id = reinterpret_cast<int*>(rec + K);
   float* w = reinterpret_cast<float*>(id + K);
-  const uint8_t** rec = reinterpret_cast<const uint8_t**>(smem + route_records_at(r.E, K));
   const bool writes = blockIdx.x == 0 && blockIdx.y == 0;
-  route_softmax<THREADS>(r.logits, r.E, p, writes ? r.probs : nullptr);
-  if (threadIdx.x < 32) warp_route_top_k(p, r.E, K, r.norm_topk, id, w, r.table, rec);
-  __syncthreads();
+  route_row<THREADS>(r.logits, r.E, K, r.norm_topk, writes ? r.probs : nullptr, id, w, r.table, rec, smem, meanwhile);
   if (const int k = threadIdx.x; writes && k < K) r.ids[k] = id[k], r.weights[k] = w[k], r.records[k] = rec[k];
   return rec[j];
 }
@@ -185,11 +261,11 @@ struct SharedTerm {
 // The shared term of out[t][row]: its gate and value, which a kernel may load ahead, where it has
 // nothing else in flight rather than after its last sum.
 struct SharedValue {
-  float gate = 0.f, s = 0.f;
+  float logit = 0.f, s = 0.f;  // the gate's sigmoid taken in plus: no wait on the loads before then
   __device__ __forceinline__ void load(const SharedTerm& sh, int t, int H, int row) {
-    if (sh.s) gate = sigmoid(sh.logit[t]), s = sh.s[size_t(t) * H + row];
+    if (sh.s) logit = sh.logit[t], s = sh.s[size_t(t) * H + row];
   }
-  __device__ __forceinline__ float plus(float o, const SharedTerm& sh) const { return sh.s ? o + gate * s : o; }
+  __device__ __forceinline__ float plus(float o, const SharedTerm& sh) const { return sh.s ? o + sigmoid(logit) * s : o; }
 };
 
 // o plus the shared term of out[t][row], loaded now.
@@ -288,21 +364,29 @@ __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(co
                                                                          int ks_log2, InlineRoute route) {
   extern __shared__ __align__(16) uint2 smem[];
   constexpr int U = kBlocksAtOnce<BITS, L>;
-  const int H = gate.cols, I = gate.rows, j = blockIdx.y, warp = threadIdx.x >> 5;
+  const int H = gate.cols, I = gate.rows, j = blockIdx.y;
   // rest: partial sums [kGateUpMmaWarps][2][16], then route_in_block's
+  constexpr int kThreads = kGateUpMmaWarps * 32;
   const SplitSmem s = split_smem<L>(smem, 1, H);
+  const float* xj = x + size_t(j / K) * H;
   grid_dependency_wait();
   const uint8_t* record = nullptr;
-  if constexpr (ROUTED)
-    record = route_in_block<kGateUpMmaWarps * 32>(route, K, j, s.rest + kGateUpMmaWarps * 2 * 16);
-  else
+  if constexpr (ROUTED) {
+    // x stages while the first warp picks the experts.
+    record = route_in_block<kThreads>(route, K, j, s.rest + kGateUpMmaWarps * 2 * 16, [&](int tid) {
+      stage_split_part<BITS, L, G, kThreads - 32>(tid, xj, 1, 1, H, s.xb, s.pow2, s.xsum);
+    });
+  } else {
     record = records[j];
+  }
   const WeightArgs W[2] = {weights_of(record, gate), weights_of(record, up)};
-  const int2 blocks = warp_blocks(s.nquads / L, ks_log2, warp);
-  const int r0 = tile_row0<kGateUpMmaWarps>(blockIdx.x, ks_log2);
+  if constexpr (!ROUTED) {
+    const int2 blocks = warp_blocks(s.nquads / L, ks_log2, int(threadIdx.x >> 5));
+    const int r0 = tile_row0<kGateUpMmaWarps>(blockIdx.x, ks_log2);
 #pragma unroll
-  for (int m = 0; m < 2; ++m) prefetch_rows<BITS, L, U>(W[m], r0, blocks.x, blocks.y);
-  stage_split<BITS, L, G, kGateUpMmaWarps * 32>(x + size_t(j / K) * H, 1, 1, H, s.xb, s.pow2, s.xsum);
+    for (int m = 0; m < 2; ++m) prefetch_rows<BITS, L, U>(W[m], r0, blocks.x, blocks.y);
+    stage_split<BITS, L, G, kThreads>(xj, 1, 1, H, s.xb, s.pow2, s.xsum);
+  }
   mma_row_sets<BITS, L, G, U, 1, 2, kGateUpMmaWarps>(StagedX{s.xb, s.pow2, s.xsum, s.nquads, 1, 0}, W, ks_log2, s.rest,
                                                      [&](int row, int, const float (&v)[2]) {
                                                        h[size_t(j) * I + row] = v[0] / (1.0f + expf(-v[0])) * v[1];
@@ -313,6 +397,10 @@ __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(co
 // Block (b, t): rows [16b, 16b + 16) of out[t] on the tensor cores. The K rows h[t·K + k] are
 // staged together as K tokens; the warps take the (slot, lane block) items, and once all are done
 // each row is summed over the slots in k order: out = Σ_k fl(w_k · y_k), as down_sum_bf16_kernel.
+// Nothing is asked of the L2 ahead: the addresses would need the routed records first, whose load
+// then held up the staging's. Without that, with the products w_k · y_k formed by a thread each
+// and the shared gate's sigmoid taken last, the kernel's blocks on the H200 ended 4.9 us after they
+// began rather than 5.3 (decode of the 8-layer 80B-shaped synth, clock64 in each block).
 template <int BITS, int L, int G>
 __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const float* __restrict__ h, int K,
                                                                     const uint8_t* const* records,
@@ -327,7 +415,6 @@ __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const floa
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   auto weights_k = [&](int k) { return weights_of(records[size_t(t) * K + k], down); };
   grid_dependency_wait();
-  if (warp < items) prefetch_rows<BITS, L, 1>(weights_k(warp / nblocks), r0, warp % nblocks, warp % nblocks + 1);
   // The slots' weights and the shared term, read while x stages rather than after the last sum:
   // on the H200 that took this kernel from 8.3 to 7.0-7.2 us in a decode step at Qwen3-Next-80B's
   // shape (traced). (Reading the records and weights before the wait measured no better.)
@@ -349,13 +436,19 @@ __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const floa
     }
   }
   __syncthreads();
+  // Each (slot, row)'s w_k · y_k by a thread of its own, into its first partial, then each row's
+  // sum of them in k order.
+  for (int e = i; e < K * 16; e += kDownMmaWarps * 32) {
+    const int k = e / 16, r = e % 16;
+    float y = 0.f;
+    for (int lb = 0; lb < nblocks; ++lb) y += partial[(k * nblocks + lb) * 16 + r];
+    partial[k * nblocks * 16 + r] = __fmul_rn(slot_weights[k], y);
+  }
+  __syncthreads();
   if (i < 16 && r0 + i < H) {
     float o = 0.f;
-    for (int k = 0; k < K; ++k) {
-      float y = 0.f;
-      for (int lb = 0; lb < nblocks; ++lb) y += partial[(k * nblocks + lb) * 16 + i];
-      o = __fadd_rn(o, __fmul_rn(slot_weights[k], y));
-    }
+#pragma unroll 4
+    for (int k = 0; k < K; ++k) o = __fadd_rn(o, partial[k * nblocks * 16 + i]);
     out[size_t(t) * H + size_t(r0 + i)] = sv.plus(o, shared);
   }
   grid_dependents_may_start();
@@ -412,7 +505,7 @@ void launch_gate_up_mma(const float* x, int n, int K, const uint8_t* const* reco
                         const ProjArgs& up, float* h, const InlineRoute& route) {
   auto kernel = gate_up_mma_kernel<BITS, L, G, ROUTED>;
   static KernelLimits lim;
-  const size_t smem = gate_up_mma_smem(gate.cols, L) + (ROUTED ? route_smem_bytes(route.E, K) : 0);
+  const size_t smem = gate_up_mma_smem(gate.cols, L) + (ROUTED ? route_in_block_bytes(route.E, K, kGateUpMmaWarps) : 0);
   const int resident = resident_blocks(kernel, kGateUpMmaWarps * 32, smem, lim, "cuda::moe_experts: gate/up", gate.cols);
   const int ks_log2 = mma_split_log2(gate.rows, quads_of(gate.cols, L) / L, n, resident, kGateUpMmaWarps);
   const dim3 grid(unsigned(mma_sets(gate.rows, kGateUpMmaWarps, ks_log2)), unsigned(n));
@@ -486,7 +579,7 @@ void route_topk(const float* logits, int T, int E, int K, bool norm_topk, float*
   if (K < 1 || K > E) arg_fail("cuda::route_topk: top-k " + std::to_string(K) + " outside 1.." + std::to_string(E));
   if (T <= 0) return;
   if (table && !records) arg_fail("cuda::route_topk: a table of records and nowhere to put the routed ones");
-  launch_after(route_kernel, unsigned(T), kRouteThreads, size_t(E) * (sizeof(float) + 1), logits, E, K, norm_topk, probs,
+  launch_after(route_kernel, unsigned(T), kRouteThreads, route_kernel_bytes(E, K), logits, E, K, norm_topk, probs,
                ids, weights, table, records);
   CUDA_CHECK_LAUNCH();
 }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -43,8 +44,11 @@ double rel_error(const Vec& gpu, const Vec& cpu, const std::vector<double>& mag)
 
 TEST(CudaMatmul, Bf16MatchesCpu) {
   MS_REQUIRE_CUDA();
-  const Shape shapes[] = {{1, 32, 1},     {7, 96, 1},     {512, 2048, 1}, {2048, 512, 3},  {300, 4096, 5},
-                          {64, 8192, 9},  {1000, 12288, 2}, {40, 16384, 3}, {151, 2048, 64}};
+  // T = 1 with rows of up to 2048 columns and no more rows than 16 a multiprocessor: the few-rows
+  // kernel (the router's 513 x 2048, pycoder's 129 x 256); the others the staged one.
+  const Shape shapes[] = {{1, 32, 1},      {7, 96, 1},      {129, 256, 1},  {512, 2048, 1},   {513, 2048, 1},
+                          {2048, 2048, 1}, {3000, 1024, 1}, {40, 4096, 1},  {2048, 512, 3},   {300, 4096, 5},
+                          {64, 8192, 9},   {1000, 12288, 2}, {40, 16384, 3}, {151, 2048, 64}};
   Rng rng(1);
   for (const Shape& s : shapes) {
     const Vec wf = rng.normals(size_t(s.rows) * s.cols, 0.05f), x = rng.normals(size_t(s.T) * s.cols);
@@ -310,9 +314,10 @@ TEST(CudaMatmul, AffineCarriesNaNAndInfinity) {
 TEST(CudaMatmul, ChainedCallsWaitForEachOther) {
   MS_REQUIRE_CUDA();
   Rng rng(12);
-  for (int n : {512, 4096}) {
+  for (const auto& [n, bf16] : {std::pair{512, false}, std::pair{4096, false}, std::pair{512, true}, std::pair{2048, true}}) {
     QuantBuffer qb;
-    const TestWeights tw = affine_weights(rng, n, n, 4, 64, qb);
+    std::vector<uint16_t> w;
+    const TestWeights tw = bf16 ? bf16_weights(rng, n, n, w) : affine_weights(rng, n, n, 4, 64, qb);
     Vec y = rng.normals(size_t(n)), next = y;
     DeviceBuffer a = dev(y), b = dev(Vec(size_t(n), NAN));
     // All three queued before the host does anything else, so that each can start while the one
@@ -334,7 +339,7 @@ TEST(CudaMatmul, ChainedCallsWaitForEachOther) {
       err = std::max(err, std::isnan(e) ? INFINITY : e);
     }
     const std::string what = std::to_string(n) + "x" + std::to_string(n) + ", 3 chained calls (err/bound)";
-    record("matmul affine", what, err, 1.0);
+    record(bf16 ? "matmul bf16" : "matmul affine", what, err, 1.0);
     EXPECT_LE(err, 1.0) << what;
   }
 }
