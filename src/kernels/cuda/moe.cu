@@ -258,7 +258,7 @@ struct SharedTerm {
   const float* logit;  // [T]: the shared expert gate's logit of each token
 };
 
-// The shared term of out[t][row]: its gate and value, which a kernel may load ahead, where it has
+// The shared term of out[t][row]: its gate's logit and value, which a kernel may load ahead, where it has
 // nothing else in flight rather than after its last sum.
 struct SharedValue {
   float logit = 0.f, s = 0.f;  // the gate's sigmoid taken in plus: no wait on the loads before then
@@ -657,8 +657,8 @@ void moe_experts(const float* x, int T, int K, const uint8_t* const* records, co
 }
 
 bool routes_in_gate_up(const InlineRoute& r, int K, const RecordMat (&proj)[3]) {
-  return r.logits && r.table && r.E > 0 && r.E <= kWarpTopExperts && K >= 1 && K <= 32 && K <= r.E &&
-         proj[0].bits != 16 && proj[0].bits == proj[1].bits;
+  return r.logits && r.table && r.E > 0 && K >= 1 && K <= r.E && routes_in_warp(r.E, K) && proj[0].bits != 16 &&
+         proj[0].bits == proj[1].bits;
 }
 
 void moe_gate_up_routed(const float* x, int K, const InlineRoute& r, const RecordMat (&proj)[3], float* h) {
