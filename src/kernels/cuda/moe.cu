@@ -39,45 +39,118 @@ constexpr int kWarpTopExperts = 32 * kWarpTopSlots;
 // values do), below every number for a NaN (never picked, as block_top_k) and for the taken (-1).
 __device__ __forceinline__ int rank_key(float v) { return isnan(v) ? -2 : __float_as_int(v); }
 
-// The best of a lane's keys (the lowest slot among equals) and its slot.
-__device__ __forceinline__ void lane_best(const int (&key)[kWarpTopSlots], int& best, int& slot) {
-  best = INT_MIN, slot = 0;
+// A tournament round over the first N of a lane's keys and their slots: the better of each pair
+// into the pair's first place, the left (the lower slot) where they tie.
+template <int N>
+__device__ __forceinline__ void keep_better_halves(int (&k)[kWarpTopSlots], int (&s)[kWarpTopSlots]) {
 #pragma unroll
-  for (int s = 0; s < kWarpTopSlots; ++s)
-    if (key[s] > best) best = key[s], slot = s;
+  for (int i = 0; i < N / 2; ++i) {
+    const bool right = k[2 * i + 1] > k[2 * i];
+    k[i] = right ? k[2 * i + 1] : k[2 * i];
+    s[i] = right ? s[2 * i + 1] : s[2 * i];
+  }
 }
 
-// route_row's top-k, weights and records, by the block's first warp: lane l holds p[l + 32s] in
-// registers, and a round is a warp max of the lanes' bests and a warp min of the indices that
-// hold it (ties to the lower index, as cpu::top_k); only the winning lane rescans its values. On
-// the H200 (512 experts, k = 10) that took route_kernel from 12.0 to 7.5 us (ncu) and from 9.8 to
-// 5.4 us in a graph, against block_top_k's k rounds of block-wide argmaxes and barriers. tab: the
-// table's entries in shared memory (where table is given).
+// The best of a lane's keys (the lowest slot among equals) and its slot, as a tournament: four
+// levels of compares rather than a chain of sixteen, on the path of every round of the top-k.
+__device__ __forceinline__ void lane_best(const int (&key)[kWarpTopSlots], int& best, int& slot) {
+  static_assert(kWarpTopSlots == 16, "four levels");
+  int k[kWarpTopSlots], s[kWarpTopSlots];
+#pragma unroll
+  for (int i = 0; i < kWarpTopSlots; ++i) k[i] = key[i], s[i] = i;
+  keep_better_halves<16>(k, s);
+  keep_better_halves<8>(k, s);
+  keep_better_halves<4>(k, s);
+  keep_better_halves<2>(k, s);
+  best = k[0], slot = s[0];
+}
+
+// Keys ranked in one pass rather than in rounds: at most this many may reach or pass the threshold.
+constexpr int kMaxCandidates = 64;
+
+// The top k by rounds: a round is a warp max of the lanes' bests and a warp min of the indices
+// that hold it (ties to the lower index, as cpu::top_k); only the winning lane rescans its keys.
+// Round r's index and value go to lane r (an index of INT_MAX and -inf where only NaNs are left,
+// as block_top_k).
+__device__ __forceinline__ void top_k_by_rounds(int (&key)[kWarpTopSlots], int best, int slot, int K, int& mine,
+                                                float& picked) {
+  const int lane = threadIdx.x & 31;
+  for (int round = 0; round < K; ++round) {
+    const int top = __reduce_max_sync(0xffffffffu, best);
+    const unsigned at = __reduce_min_sync(0xffffffffu, best == top ? unsigned(32 * slot + lane) : UINT_MAX);
+    if (round == lane) picked = top >= 0 ? __int_as_float(top) : -INFINITY, mine = top >= 0 ? int(at) : INT_MAX;
+    const bool won = top >= 0 && int(at % 32) == lane;  // every lane rescans, the winner's keys changed
+#pragma unroll
+    for (int s = 0; s < kWarpTopSlots; ++s)
+      if (won && s == int(at / 32)) key[s] = -1;
+    lane_best(key, best, slot);
+  }
+}
+
+// The k-th best of the lanes' bests (ties to the lower lane), k <= 32: a threshold no key of the
+// top k is below, since k lanes hold a key at least as good.
+__device__ __forceinline__ int kth_lane_best(int best, int k) {
+  const int lane = threadIdx.x & 31;
+  int rank = 0;
+#pragma unroll
+  for (int l = 0; l < 32; ++l) {
+    const int other = __shfl_sync(0xffffffffu, best, l);
+    rank += other > best || (other == best && l < lane);
+  }
+  return __shfl_sync(0xffffffffu, best, __ffs(__ballot_sync(0xffffffffu, rank == k - 1)) - 1);
+}
+
+// route_row's top-k, weights and records, by the block's first warp; lane l holds p[l + 32s] in
+// registers. The keys at or past kth_lane_best (and numbers: not below 0) are listed in `listed`
+// [kMaxCandidates] and each is ranked against the others (ties to the lower index, as
+// cpu::top_k): in a decode step of the 8-layer 80B-shaped synth on the H200 (512 experts, k = 10)
+// the ten rounds of top_k_by_rounds had taken 2.2 us. Rows where more keys reach the threshold
+// (ties: equal logits) take the rounds. Either way round r's pick goes to lane r, and where fewer
+// than K keys are numbers the rest are INT_MAX and -inf, as block_top_k's. picks: [32] in shared
+// memory. tab: the table's entries in shared memory (where table is given).
 __device__ void warp_route_top_k(const float (&pv)[kWarpTopSlots], int E, int K, bool norm_topk, int* id, float* w,
-                                 const uint8_t* const* tab, const uint8_t** rec) {
+                                 const uint8_t* const* tab, const uint8_t** rec, int2* listed, int2* picks) {
   const int lane = threadIdx.x & 31;
   int key[kWarpTopSlots];
 #pragma unroll
   for (int s = 0; s < kWarpTopSlots; ++s) key[s] = lane + 32 * s < E ? rank_key(pv[s]) : -2;
   int best, slot;
   lane_best(key, best, slot);
-  float sum = 0.f, picked = 0.f;
-  int mine = -1;
-  for (int round = 0; round < K; ++round) {
-    const int top = __reduce_max_sync(0xffffffffu, best);
-    const unsigned at = __reduce_min_sync(0xffffffffu, best == top ? unsigned(32 * slot + lane) : UINT_MAX);
-    // Only NaNs left: no index, as block_top_k.
-    const int i = top >= 0 ? int(at) : INT_MAX;
-    const float v = top >= 0 ? __int_as_float(top) : -INFINITY;
-    sum += v;
-    if (round == lane) picked = v, mine = i;
-    if (top >= 0 && int(at % 32) == lane) {
+  const int threshold = max(kth_lane_best(best, K), 0);
+  int n = 0;
 #pragma unroll
-      for (int s = 0; s < kWarpTopSlots; ++s)
-        if (s == int(at / 32)) key[s] = -1;
-      lane_best(key, best, slot);
-    }
+  for (int s = 0; s < kWarpTopSlots; ++s) n += key[s] >= threshold;
+  int first = n;  // an inclusive scan of n over the lanes, then exclusive
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int below = __shfl_up_sync(0xffffffffu, first, d);
+    if (lane >= d) first += below;
   }
+  const int listed_n = __shfl_sync(0xffffffffu, first, 31);
+  first -= n;
+  int mine = INT_MAX;
+  float picked = -INFINITY;
+  if (listed_n <= kMaxCandidates) {
+#pragma unroll
+    for (int s = 0; s < kWarpTopSlots; ++s)
+      if (key[s] >= threshold) listed[first++] = make_int2(key[s], lane + 32 * s);
+    __syncwarp();
+    for (int c = lane; c < listed_n; c += 32) {
+      const int2 me = listed[c];
+      int rank = 0;
+      for (int o = 0; o < listed_n; ++o) {
+        const int2 other = listed[o];
+        rank += other.x > me.x || (other.x == me.x && other.y < me.y);
+      }
+      if (rank < K) picks[rank] = me;
+    }
+    __syncwarp();
+    if (lane < min(listed_n, K)) mine = picks[lane].y, picked = __int_as_float(picks[lane].x);
+  } else {
+    top_k_by_rounds(key, best, slot, K, mine, picked);
+  }
+  float sum = 0.f;  // in round order, as block_top_k's
+  for (int k = 0; k < K; ++k) sum += __shfl_sync(0xffffffffu, picked, k);
   if (lane >= K) return;
   id[lane] = mine;
   w[lane] = norm_topk ? picked / sum : picked;
@@ -85,8 +158,11 @@ __device__ void warp_route_top_k(const float (&pv)[kWarpTopSlots], int E, int K,
 }
 
 // Shared memory route_row takes for E experts: the exponentials [E], the warps' maxima, the
-// table's entries [E] (8-byte aligned).
-__host__ __device__ inline size_t route_row_floats(int E, int warps) { return size_t(E + warps + 1) / 2 * 2; }
+// listed keys [kMaxCandidates] and picks [32] of warp_route_top_k, the table's entries [E]
+// (8-byte aligned).
+__host__ __device__ inline size_t route_row_floats(int E, int warps) {
+  return size_t(E + warps + 1) / 2 * 2 + 2 * size_t(kMaxCandidates + 32);
+}
 __host__ __device__ inline size_t route_row_bytes(int E, int warps) {
   return route_row_floats(E, warps) * sizeof(float) + size_t(E) * sizeof(const uint8_t*);
 }
@@ -99,15 +175,24 @@ __device__ __forceinline__ float warp_order_total(const float* p, int E) {
   return warp_sum(part);
 }
 
+// a / b as IEEE float division rounds it, given inverse = 1.0 / double(b), for finite a >= 0 and
+// b >= 1 (an exponential over the sum it is part of): one double multiply and two conversions,
+// where float division is a reciprocal, its refinement and a check for its slow path. It is exact:
+// the product is within 2^-52 of a / b relative to it, and a quotient of floats is never a
+// midpoint between two floats nor nearer one than 2^-49 relative (a - b·m is a nonzero multiple of
+// the coarser of the two grids), so that both round to the same float. No a, b of 2.4e9 tried
+// on the host (random, and every float of six binades over 40 divisors) told them apart.
+__device__ __forceinline__ float quotient(float a, double inverse) { return float(double(a) * inverse); }
+
 // The routing of one row of E <= kWarpTopExperts logits, K <= 32, by a block of THREADS: route_softmax's
 // probabilities (the same bits) and warp_route_top_k's picks, in three barriers rather than the
 // six of route_softmax and the top-k after it. Every thread reads its logits and its entries of the
 // table at once and takes the block's maximum from the warps' maxima; warp 0 sums the
-// exponentials, divides its own values in its registers and takes the top k of them, while the
-// other warps run meanwhile(thread) (their thread's index from 0): gate_up_mma_kernel stages x
-// there. On the H200 in a decode step of the 8-layer 80B-shaped synth (clock64 in each block's
-// first thread, the mean over blocks) the routing and then x's staging ended 5.9 us after the
-// kernel began, the two side by side 4.8 us.
+// exponentials, divides its own values in its registers (quotient) and takes the top k of them,
+// while the other warps run meanwhile(thread) (their thread's index from 0): gate_up_mma_kernel
+// stages x there. On the H200 in a decode step of the 8-layer 80B-shaped synth (globaltimer in
+// each block, the median over blocks) the routing and x's staging beside it ended 5.06 us after
+// the wait with float division and top_k_by_rounds, 3.73 us with quotient and the listed keys.
 // Writes id, w and rec [K] (from warp 0) and probs [E] where given; every thread of the block
 // calls it, and it ends with a barrier.
 template <int THREADS, class Meanwhile>
@@ -117,6 +202,7 @@ __device__ void route_row(const float* logits, int E, int K, bool norm_topk, flo
   static_assert(kWarpTopExperts % THREADS == 0, "a whole number of logits a thread");
   float* e = smem;
   float* warp_max_of = smem + E;
+  int2* listed = reinterpret_cast<int2*>(smem + (E + kWarps + 1) / 2 * 2);
   const uint8_t** tab = reinterpret_cast<const uint8_t**>(smem + route_row_floats(E, kWarps));
   const int tid = threadIdx.x, lane = tid & 31;
   float v[kPer];
@@ -143,15 +229,15 @@ __device__ void route_row(const float* logits, int E, int K, bool norm_topk, flo
     if (tid + j * THREADS < E) e[tid + j * THREADS] = float(exp(double(v[j] - mx)));
   __syncthreads();
   if (tid < 32) {
-    const float total = warp_order_total(e, E);
+    const double inverse = 1.0 / double(warp_order_total(e, E));
     float pv[kWarpTopSlots];
 #pragma unroll
     for (int k = 0; k < kWarpTopSlots; ++k) {
       const int i = lane + 32 * k;
-      pv[k] = i < E ? e[i] / total : 0.f;
+      pv[k] = i < E ? quotient(e[i], inverse) : 0.f;
       if (probs && i < E) probs[i] = pv[k];
     }
-    warp_route_top_k(pv, E, K, norm_topk, id, w, table ? tab : nullptr, rec);
+    warp_route_top_k(pv, E, K, norm_topk, id, w, table ? tab : nullptr, rec, listed, listed + kMaxCandidates);
   } else {
     meanwhile(tid - 32);
   }
