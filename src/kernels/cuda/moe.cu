@@ -104,10 +104,11 @@ __device__ __forceinline__ int kth_lane_best(int best, int k) {
 // registers. The keys at or past kth_lane_best (and numbers: not below 0) are listed in `listed`
 // [kMaxCandidates] and each is ranked against the others (ties to the lower index, as
 // cpu::top_k): in a decode step of the 8-layer 80B-shaped synth on the H200 (512 experts, k = 10)
-// the ten rounds of top_k_by_rounds had taken 2.2 us. Rows where more keys reach the threshold
-// (ties: equal logits) take the rounds. Either way round r's pick goes to lane r, and where fewer
-// than K keys are numbers the rest are INT_MAX and -inf, as block_top_k's. picks: [32] in shared
-// memory. tab: the table's entries in shared memory (where table is given).
+// the ten rounds of top_k_by_rounds had taken 2.2 us (clock64), this about 1.6 (globaltimer, an
+// instrumented build), still the longest part of the routing. Rows where more keys reach the
+// threshold (ties: equal logits) take the rounds. Either way round r's pick goes to lane r, and
+// where fewer than K keys are numbers the rest are INT_MAX and -inf, as block_top_k's. picks: [32]
+// in shared memory. tab: the table's entries in shared memory (where table is given).
 __device__ void warp_route_top_k(const float (&pv)[kWarpTopSlots], int E, int K, bool norm_topk, int* id, float* w,
                                  const uint8_t* const* tab, const uint8_t** rec, int2* listed, int2* picks) {
   const int lane = threadIdx.x & 31;
@@ -157,11 +158,12 @@ __device__ void warp_route_top_k(const float (&pv)[kWarpTopSlots], int E, int K,
   if (tab) rec[lane] = mine < E ? tab[mine] : nullptr;
 }
 
-// Shared memory route_row takes for E experts: the exponentials [E], the warps' maxima, the
-// listed keys [kMaxCandidates] and picks [32] of warp_route_top_k, the table's entries [E]
-// (8-byte aligned).
+// Shared memory route_row takes for E experts: the exponentials [E] and the warps' maxima, then
+// (8-byte aligned) the listed keys [kMaxCandidates] and picks [32] of warp_route_top_k, then the
+// table's entries [E].
+__host__ __device__ inline size_t route_row_listed_at(int E, int warps) { return size_t(E + warps + 1) / 2 * 2; }
 __host__ __device__ inline size_t route_row_floats(int E, int warps) {
-  return size_t(E + warps + 1) / 2 * 2 + 2 * size_t(kMaxCandidates + 32);
+  return route_row_listed_at(E, warps) + 2 * size_t(kMaxCandidates + 32);
 }
 __host__ __device__ inline size_t route_row_bytes(int E, int warps) {
   return route_row_floats(E, warps) * sizeof(float) + size_t(E) * sizeof(const uint8_t*);
@@ -202,7 +204,7 @@ __device__ void route_row(const float* logits, int E, int K, bool norm_topk, flo
   static_assert(kWarpTopExperts % THREADS == 0, "a whole number of logits a thread");
   float* e = smem;
   float* warp_max_of = smem + E;
-  int2* listed = reinterpret_cast<int2*>(smem + (E + kWarps + 1) / 2 * 2);
+  int2* listed = reinterpret_cast<int2*>(smem + route_row_listed_at(E, kWarps));
   const uint8_t** tab = reinterpret_cast<const uint8_t**>(smem + route_row_floats(E, kWarps));
   const int tid = threadIdx.x, lane = tid & 31;
   float v[kPer];
