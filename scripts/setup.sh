@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the build and test dependencies (Debian 12 packages) that are missing.
 set -euo pipefail
-pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libcpp-httplib-dev liburing-dev libpcre2-dev
+pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libboost-dev libcpp-httplib-dev liburing-dev libpcre2-dev
       libutf8proc-dev libhwy-dev libfmt-dev libcli11-dev libxxhash-dev libgtest-dev libbenchmark-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -47,9 +47,24 @@ void add_serve(CLI::App& app) {
                   "On SIGTERM, seconds in-flight requests may take to finish before they are cancelled")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body accepted; larger get 413")
+  HttpLimits& l = o->http;
+  cmd->add_option("--max-body-bytes", l.max_body_bytes, "Largest request body accepted (after de-chunking); larger get 413")
       ->capture_default_str()
       ->check(CLI::Range(size_t(1024), size_t(1) << 30));
+  cmd->add_option("--header-timeout", l.header_timeout_s,
+                  "Seconds a connection may take to send a request's head (idle keep-alive time included)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--body-timeout", l.body_timeout_s, "Seconds a client may take to send a request's body")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--max-connections", l.max_connections, "Open connections served at once; more get 503")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t(1), size_t(65536)));
+  cmd->add_option("--max-client-connections", l.max_client_connections,
+                  "Open connections from one client address; more get 503")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t(1), size_t(65536)));
   cmd->callback([model, o] {
     const sigset_t signals = stop_signals();
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);

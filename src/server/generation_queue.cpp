@@ -15,12 +15,27 @@ Job::Update Job::take(std::chrono::milliseconds timeout) {
   return u;
 }
 
+void Job::set_listener(std::function<void()> listener) {
+  std::lock_guard lock(mu_);
+  listener_ = std::move(listener);
+}
+
+void Job::notify() {
+  cv_.notify_all();
+  std::function<void()> l;
+  {
+    std::lock_guard lock(mu_);
+    l = listener_;
+  }
+  if (l) l();
+}
+
 bool Job::on_text(const std::string& piece) {
   {
     std::lock_guard lock(mu_);
     text_ += piece;
   }
-  cv_.notify_all();
+  notify();
   return !cancelled_;
 }
 
@@ -31,7 +46,7 @@ void Job::finish(GenerationResult r, std::string error) {
     error_ = std::move(error);
     done_ = true;
   }
-  cv_.notify_all();
+  notify();
 }
 
 GenerationQueue::GenerationQueue(Session& session, EngineStats& stats, size_t limit)

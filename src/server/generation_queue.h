@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,6 +29,8 @@ class Job {
   };
   // Waits up to `timeout` for new text or the end.
   Update take(std::chrono::milliseconds timeout);
+  // Called (on the generation thread, without the job's lock) whenever text or the end arrives.
+  void set_listener(std::function<void()> listener);
   // Valid once take() said done.
   const GenerationResult& result() const { return result_; }
   const std::string& error() const { return error_; }  // non-empty when generation threw
@@ -37,12 +40,15 @@ class Job {
   void finish(GenerationResult r, std::string error = "");
 
  private:
+  void notify();
+
   GenerationRequest req_;
   std::atomic<bool> cancelled_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   std::string text_;
   bool done_ = false;
+  std::function<void()> listener_;
   GenerationResult result_;
   std::string error_;
 };

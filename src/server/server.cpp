@@ -1,9 +1,6 @@
 #include "server/server.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
-
-#include <sys/socket.h>
 
 #include <chrono>
 #include <ctime>
@@ -23,10 +20,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr auto kPoll = std::chrono::milliseconds(200);
-// A waiting response writes a keep-alive this often, so that a client that left is noticed
-// (a write to a closed connection fails) and its generation cancelled.
-constexpr auto kHeartbeat = std::chrono::milliseconds(1000);
+// Threads that parse requests, render templates and tokenize prompts (the I/O thread never does).
+constexpr size_t kRequestWorkers = 2;
 
 ResidentBytes weight_bytes(const Model& m) {
   ResidentBytes b;
@@ -40,12 +35,21 @@ std::string random_id(const char* prefix) {
   return fmt::format("{}{:016x}{:08x}", prefix, rng(), uint32_t(rng()));
 }
 
-void send_json(httplib::Response& res, int status, const ojson& body) {
-  res.status = status;
-  res.set_content(body.dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
+HttpResponse json_response(int status, const ojson& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = body.dump(-1, ' ', false, ojson::error_handler_t::replace);
+  return r;
 }
 
-void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, e.to_json()); }
+HttpResponse error_response(const ApiError& e) { return json_response(e.status, e.to_json()); }
+
+HttpResponse text_response(std::string body, const char* content_type) {
+  HttpResponse r;
+  r.content_type = content_type;
+  r.body = std::move(body);
+  return r;
+}
 
 ojson usage(const GenerationResult& r) {
   const int completion = int(r.tokens.size());
@@ -65,8 +69,8 @@ std::string basename_of(const std::string& dir) {
   return p.filename().string();
 }
 
-bool authorized(const httplib::Request& req, const std::string& key) {
-  const std::string got = req.get_header_value("Authorization");
+bool authorized(const HttpRequest& req, const std::string& key) {
+  const std::string got = req.header("Authorization");
   const std::string want = "Bearer " + key;
   // Constant time in the key's length: no early exit on the first differing byte.
   unsigned diff = got.size() != want.size();
@@ -180,32 +184,16 @@ HttpServer::HttpServer(const Engine& engine, ServerOptions opts)
       stats_(engine.model().config(), weight_bytes(engine.model()), &engine.model()),
       session_(engine, &stats_),
       queue_(session_, stats_, opts_.queue_limit),
-      http_(std::make_unique<httplib::Server>()) {
+      http_(std::make_unique<HttpTransport>(opts_.http, kRequestWorkers)) {
   if (opts_.model_name.empty()) opts_.model_name = basename_of(engine.dir());
-  // Every request holds an HTTP thread while it waits: enough of them that a full queue is
-  // answered with 429 rather than left hanging in the accept backlog.
-  const size_t threads = opts_.queue_limit + 8;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  // httplib's default sets SO_REUSEPORT, with which a second server on a taken port starts and
-  // silently shares it; SO_REUSEADDR alone still allows a quick restart.
-  http_->set_socket_options([](int sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
-  http_->set_payload_max_length(opts_.max_body_bytes);
-  http_->set_keep_alive_timeout(5);
   add_routes();
 }
 
 HttpServer::~HttpServer() = default;
 
-int HttpServer::bind() {
-  const int port = opts_.port == 0 ? http_->bind_to_any_port(opts_.host) : (http_->bind_to_port(opts_.host, opts_.port) ? opts_.port : -1);
-  if (port <= 0) fail("serve: cannot listen on {}:{} (address in use, or not an address of this machine?)", opts_.host, opts_.port);
-  return port;
-}
+int HttpServer::bind() { return http_->bind(opts_.host, opts_.port); }
 
-void HttpServer::serve() { http_->listen_after_bind(); }
+void HttpServer::serve() { http_->run(); }
 
 void HttpServer::shutdown() {
   if (draining_.exchange(true)) return;
@@ -215,7 +203,7 @@ void HttpServer::shutdown() {
     queue_.cancel_all();
     queue_.wait_idle(std::chrono::hours(1));
   }
-  // Let the HTTP threads write what the finished generations made before the sockets close.
+  // Let the I/O thread write what the finished generations made before the sockets close.
   const auto until = Clock::now() + std::chrono::seconds(5);
   while (open_responses_ > 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   http_->stop();
@@ -230,67 +218,50 @@ std::string HttpServer::stats_json() const {
 }
 
 void HttpServer::add_routes() {
-  httplib::Server& h = *http_;
-  h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    if (!opts_.api_key.empty() && !authorized(req, opts_.api_key)) {
-      send_error(res, ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", "invalid_request_error", "",
-                               "invalid_api_key"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (draining_ && req.method == "POST") {
-      send_error(res, ApiError(503, "the server is shutting down", "server_error", "", "shutting_down"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
+  HttpTransport& h = *http_;
+  // Checked on a request's head, before its body is read.
+  h.set_admission([this](const HttpRequest& req) -> std::optional<HttpResponse> {
+    if (req.path == "/health") return std::nullopt;
+    if (!opts_.api_key.empty() && !authorized(req, opts_.api_key))
+      return error_response(ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                     "invalid_request_error", "", "invalid_api_key"));
+    if (draining_ && req.method == "POST")
+      return error_response(ApiError(503, "the server is shutting down", "server_error", "", "shutting_down"));
+    return std::nullopt;
   });
-  // httplib's own refusals (unknown path, body over the limit, bad request line) get bodies
-  // in OpenAI's form too.
-  h.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    std::string message = fmt::format("HTTP {} for {} {}", res.status, req.method, req.path);
-    std::string code;
-    if (res.status == 404) message = fmt::format("no such endpoint: {} {}", req.method, req.path), code = "not_found";
-    if (res.status == 413) message = "the request body is larger than the server accepts (--max-body-bytes)", code = "payload_too_large";
-    send_error(res, ApiError(res.status, message, "invalid_request_error", "", code));
-  });
-  h.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    send_error(res, ApiError(500, "internal error: " + what, "server_error"));
+  // The transport's own refusals (unknown path, limits, malformed requests) in OpenAI's form.
+  h.set_error_body([](int status, const std::string& message, const std::string& code) {
+    const char* type = status >= 500 ? "server_error" : "invalid_request_error";
+    return error_response(ApiError(status, message, type, "", code));
   });
 
-  auto guarded = [this](void (HttpServer::*handler)(const httplib::Request&, httplib::Response&)) {
-    return [this, handler](const httplib::Request& req, httplib::Response& res) {
+  auto guarded = [this](HttpResponse (HttpServer::*handler)(const HttpRequest&)) {
+    return [this, handler](const HttpRequest& req) {
       try {
-        (this->*handler)(req, res);
+        return (this->*handler)(req);
       } catch (const ApiError& e) {
         if (e.status == 429) stats_.record_rejected();
-        send_error(res, e);
+        return error_response(e);
       }
     };
   };
-  h.Post("/v1/chat/completions", guarded(&HttpServer::chat_completions));
-  h.Post("/v1/completions", guarded(&HttpServer::completions));
-  h.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  using Runs = HttpTransport::Runs;
+  h.route("POST", "/v1/chat/completions", guarded(&HttpServer::chat_completions), Runs::OnWorker);
+  h.route("POST", "/v1/completions", guarded(&HttpServer::completions), Runs::OnWorker);
+  h.route("GET", "/v1/models", [this](const HttpRequest&) {
     ojson model = {{"id", opts_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "moestream"},
                    {"max_model_len", engine_.model().config().max_positions}};
-    send_json(res, 200, {{"object", "list"}, {"data", ojson::array({model})}});
-  });
-  h.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (draining_) send_json(res, 503, {{"status", "stopping"}});
-    else send_json(res, 200, {{"status", "ok"}});
-  });
-  h.Get("/api/stats", [this](const httplib::Request&, httplib::Response& res) { res.set_content(stats_json(), "application/json"); });
-  h.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    return json_response(200, {{"object", "list"}, {"data", ojson::array({model})}});
+  }, Runs::OnIoThread);
+  h.route("GET", "/health", [this](const HttpRequest&) {
+    return draining_ ? json_response(503, {{"status", "stopping"}}) : json_response(200, {{"status", "ok"}});
+  }, Runs::OnIoThread);
+  h.route("GET", "/api/stats", [this](const HttpRequest&) { return text_response(stats_json(), "application/json"); },
+          Runs::OnIoThread);
+  h.route("GET", "/metrics", [this](const HttpRequest&) {
     QueueState q{queue_.waiting(), opts_.queue_limit, queue_.busy()};
-    res.set_content(prometheus_text(stats_.snapshot(), q), "text/plain; version=0.0.4");
-  });
+    return text_response(prometheus_text(stats_.snapshot(), q), "text/plain; version=0.0.4");
+  }, Runs::OnIoThread);
 }
 
 GenerationRequest HttpServer::generation_request(std::vector<int> prompt, const CompletionOptions& o, const char* prompt_param) const {
@@ -319,7 +290,7 @@ GenerationRequest HttpServer::generation_request(std::vector<int> prompt, const 
   return g;
 }
 
-void HttpServer::chat_completions(const httplib::Request& req, httplib::Response& res) {
+HttpResponse HttpServer::chat_completions(const HttpRequest& req) {
   ChatRequest cr = parse_chat_request(parse_body(req.body));
   const ChatTemplate* tmpl = engine_.chat_template();
   if (!tmpl) throw ApiError(400, "this model has no chat template: use /v1/completions", "invalid_request_error");
@@ -332,54 +303,73 @@ void HttpServer::chat_completions(const httplib::Request& req, httplib::Response
   }
   GenerationRequest g = generation_request(engine_.tokenizer().encode(prompt), cr.options, "messages");
   const bool tools = !cr.tools.is_null();
-  start_job(res, std::move(g),
-            std::make_shared<Formatter>(opts_.model_name, true, cr.options.stream, cr.options.include_usage, tools));
+  return start_job(std::move(g),
+                   std::make_shared<Formatter>(opts_.model_name, true, cr.options.stream, cr.options.include_usage, tools));
 }
 
-void HttpServer::completions(const httplib::Request& req, httplib::Response& res) {
+HttpResponse HttpServer::completions(const HttpRequest& req) {
   TextCompletionRequest tr = parse_completion_request(parse_body(req.body), engine_.model().config().vocab);
   std::vector<int> ids = tr.prompt_ids.empty() ? engine_.tokenizer().encode(tr.prompt) : tr.prompt_ids;
   GenerationRequest g = generation_request(std::move(ids), tr.options, "prompt");
-  start_job(res, std::move(g), std::make_shared<Formatter>(opts_.model_name, false, tr.options.stream, tr.options.include_usage, false));
+  return start_job(std::move(g), std::make_shared<Formatter>(opts_.model_name, false, tr.options.stream, tr.options.include_usage, false));
 }
 
-void HttpServer::start_job(httplib::Response& res, GenerationRequest g, std::shared_ptr<Formatter> f) {
+// A generation's response body as the transport pulls it: the formatter's framing around the
+// job's text, a heartbeat while it is quiet; abandoning it cancels the job.
+class HttpServer::JobStream : public HttpStream {
+ public:
+  JobStream(std::shared_ptr<Job> job, std::shared_ptr<Formatter> f, std::atomic<int>& open)
+      : job_(std::move(job)), f_(std::move(f)), open_(open) {
+    ++open_;
+  }
+  ~JobStream() override { release(); }
+
+  void start(std::function<void()> wake) override { job_->set_listener(std::move(wake)); }
+
+  std::string pull(bool& done) override {
+    std::string out;
+    if (!begun_) out = f_->begin(), begun_ = true;
+    Job::Update u = job_->take(std::chrono::milliseconds(0));
+    if (!u.text.empty()) out += f_->text(u.text);
+    if (u.done) {
+      out += job_->error().empty() ? f_->end(job_->result()) : f_->error(job_->error());
+      done = true;
+      release();
+    }
+    return out;
+  }
+
+  std::string heartbeat() override { return f_->heartbeat(); }
+
+  // Whatever ended the response early (client gone, write timeout, server stop): nobody reads on.
+  void abandon() override { release(); }
+
+ private:
+  void release() {
+    if (released_) return;
+    released_ = true;
+    job_->set_listener(nullptr);
+    job_->cancel();
+    --open_;
+  }
+
+  std::shared_ptr<Job> job_;
+  std::shared_ptr<Formatter> f_;
+  std::atomic<int>& open_;
+  bool begun_ = false, released_ = false;
+};
+
+HttpResponse HttpServer::start_job(GenerationRequest g, std::shared_ptr<Formatter> f) {
   auto job = std::make_shared<Job>(std::move(g));
   if (!queue_.submit(job)) {
     if (draining_) throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
     throw ApiError(429, fmt::format("too many requests: {} are already waiting (--queue-limit); retry later", opts_.queue_limit),
                    "rate_limit_error", "", "queue_full");
   }
-  ++open_responses_;
-  struct Progress {
-    bool begun = false;
-    Clock::time_point last_write = Clock::now();
-  };
-  auto progress = std::make_shared<Progress>();
-  res.set_chunked_content_provider(
-      f->content_type(),
-      [job, f, progress](size_t, httplib::DataSink& sink) {
-        std::string out;
-        if (!progress->begun) out = f->begin(), progress->begun = true;
-        Job::Update u = job->take(kPoll);
-        if (!u.text.empty()) out += f->text(u.text);
-        if (u.done) out += job->error().empty() ? f->end(job->result()) : f->error(job->error());
-        if (out.empty() && Clock::now() - progress->last_write >= kHeartbeat) out = f->heartbeat();
-        if (!out.empty()) {
-          if (!sink.write(out.data(), out.size())) {
-            job->cancel();
-            return false;
-          }
-          progress->last_write = Clock::now();
-        }
-        if (u.done) sink.done();
-        return true;
-      },
-      [this, job](bool) {
-        // Whatever ended the response (done, write failure, server stop), nobody reads on.
-        job->cancel();
-        --open_responses_;
-      });
+  HttpResponse r;
+  r.content_type = f->content_type();
+  r.stream = std::make_shared<JobStream>(std::move(job), std::move(f), open_responses_);
+  return r;
 }
 
 }  // namespace ms

@@ -9,12 +9,7 @@
 #include "runtime/session.h"
 #include "runtime/stats.h"
 #include "server/generation_queue.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}
+#include "server/http_transport.h"
 
 namespace ms {
 
@@ -26,7 +21,7 @@ struct ServerOptions {
   size_t queue_limit = 16;  // requests that may wait behind the running one
   double request_timeout_s = 600;  // from arrival (queueing included) to the end of generation
   double drain_timeout_s = 10;  // on shutdown: how long in-flight requests may take to finish
-  size_t max_body_bytes = 4 << 20;
+  HttpLimits http;  // body and head sizes, read deadlines, connections per client
 };
 
 class HttpServer {
@@ -44,11 +39,12 @@ class HttpServer {
 
  private:
   class Formatter;
+  class JobStream;
   void add_routes();
-  void chat_completions(const httplib::Request& req, httplib::Response& res);
-  void completions(const httplib::Request& req, httplib::Response& res);
+  HttpResponse chat_completions(const HttpRequest& req);
+  HttpResponse completions(const HttpRequest& req);
   GenerationRequest generation_request(std::vector<int> prompt, const CompletionOptions& o, const char* prompt_param) const;
-  void start_job(httplib::Response& res, GenerationRequest g, std::shared_ptr<Formatter> f);
+  HttpResponse start_job(GenerationRequest g, std::shared_ptr<Formatter> f);
   std::string stats_json() const;
 
   const Engine& engine_;
@@ -56,9 +52,9 @@ class HttpServer {
   EngineStats stats_;
   Session session_;
   GenerationQueue queue_;
-  std::unique_ptr<httplib::Server> http_;
   std::atomic<bool> draining_{false};
   std::atomic<int> open_responses_{0};  // streamed responses not yet finished writing
+  std::unique_ptr<HttpTransport> http_;  // last: its connections' streams count open_responses_
 };
 
 }  // namespace ms
