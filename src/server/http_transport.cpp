@@ -128,6 +128,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void refuse(HttpResponse r) {
     http::response<http::string_body> res{http::status(r.status), 11};
     fill(res, r, false);
+    res.body() = std::move(r.body);
+    res.prepare_payload();
     whole_ = std::move(res);
     stream_.expires_after(kRefusalWrite);
     http::async_write(stream_, *whole_, [self = shared_from_this()](beast::error_code, size_t) { self->close(); });

@@ -1,9 +1,12 @@
 #pragma once
 // Starting `moestream serve` on a free loopback port for a test, and talking to it.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -159,6 +162,49 @@ inline std::vector<json> sse_events(const std::string& body, bool* done) {
   }
   if (pos != body.size()) throw std::runtime_error("SSE body ends inside an event");
   return events;
+}
+
+// A TCP connection to the server's loopback port, or -1.
+inline int connect_loopback(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+  close(fd);
+  return -1;
+}
+
+// Reads from `fd` until the peer closes it or `timeout` passes; `closed` says which.
+inline std::string read_until_closed(int fd, std::chrono::milliseconds timeout, bool* closed = nullptr) {
+  std::string out;
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  if (closed) *closed = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return out;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, int(left.count())) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) {
+      if (closed) *closed = true;
+      return out;
+    }
+    out.append(buf, size_t(n));
+  }
+}
+
+// Sends raw bytes on a fresh connection and reads whatever comes back.
+inline std::string raw_exchange(int port, const std::string& bytes) {
+  int fd = connect_loopback(port);
+  if (fd < 0) return "";
+  (void)!write(fd, bytes.data(), bytes.size());
+  shutdown(fd, SHUT_WR);
+  std::string out = read_until_closed(fd, std::chrono::milliseconds(2000));
+  close(fd);
+  return out;
 }
 
 }  // namespace ms::test

@@ -252,33 +252,6 @@ TEST_F(ServerTest, LoadOfConcurrentStreamingClients) {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
-int connect_loopback(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
-  close(fd);
-  return -1;
-}
-
-// Sends raw bytes on a fresh connection and reads whatever comes back.
-std::string raw_exchange(int port, const std::string& bytes) {
-  std::string out;
-  int fd = connect_loopback(port);
-  if (fd < 0) return out;
-  timeval tv{2, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  (void)!write(fd, bytes.data(), bytes.size());
-  shutdown(fd, SHUT_WR);
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, size_t(n));
-  close(fd);
-  return out;
-}
-
 // Mutated requests (flipped, inserted, deleted bytes; swapped values) and raw garbage: every
 // answer is 200 or a 4xx OpenAI error, and the server still answers /health.
 TEST_F(ServerTest, FuzzedRequestsLeaveTheServerHealthy) {

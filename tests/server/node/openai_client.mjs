@@ -1,6 +1,6 @@
 // The official `openai` npm client against `moestream serve` (pycoder-moe): a chat, a streamed
 // chat, a conversation with tools holding an assistant tool call and the tool's result, a text
-// completion, an error, then SIGTERM and exit status 0.
+// completion, errors, chunked and gzip bodies through Node's fetch, then SIGTERM and exit status 0.
 //   node openai_client.mjs MOESTREAM_BINARY MODEL_DIR
 // Exits 77 (ctest: skipped) when the model or the installed client is missing.
 import { spawn } from 'node:child_process';
@@ -135,6 +135,36 @@ async function main() {
     });
     const wrongKey = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'wrong', maxRetries: 0 });
     await assert.rejects(wrongKey.models.list(), OpenAI.AuthenticationError);
+
+    // Node's own HTTP client: a chunked body (a stream of unknown length) is served, a gzip body
+    // is refused by name, and a chunked body over --max-body-bytes gets 413.
+    const url = `http://127.0.0.1:${port}/v1/completions`;
+    const headers = { 'Content-Type': 'application/json', Authorization: 'Bearer node-test-key' };
+    const chunkedBody = (parts) => new ReadableStream({
+      start(c) {
+        for (const p of parts) c.enqueue(new TextEncoder().encode(p));
+        c.close();
+      },
+    });
+    const chunked = await fetch(url, {
+      method: 'POST', headers, duplex: 'half',
+      body: chunkedBody(['{"prompt": "def add', '(a, b):", "max_', 'tokens": 2}']),
+    });
+    assert.equal(chunked.status, 200, await chunked.clone().text());
+    assert.equal((await chunked.json()).object, 'text_completion');
+    const { gzipSync } = await import('node:zlib');
+    const gz = await fetch(url, {
+      method: 'POST', headers: { ...headers, 'Content-Encoding': 'gzip' },
+      body: gzipSync(JSON.stringify({ prompt: 'x'.repeat(1 << 20), max_tokens: 1 })),
+    });
+    assert.equal(gz.status, 415);
+    assert.equal((await gz.json()).error.code, 'unsupported_media_type');
+    const huge = await fetch(url, {
+      method: 'POST', headers, duplex: 'half',
+      body: chunkedBody(Array.from({ length: 8 }, () => ' '.repeat(1 << 20))),
+    }).catch((e) => e);
+    if (!(huge instanceof Error)) assert.equal(huge.status, 413);  // or the connection closed under the upload
+    console.log('chunked and gzip bodies: ok');
   } finally {
     child.kill('SIGTERM');
   }
