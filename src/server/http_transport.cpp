@@ -5,7 +5,10 @@
 #include <boost/beast/http.hpp>
 #include <fmt/format.h>
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <map>
 #include <unordered_map>
@@ -324,6 +327,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
       });
     });
     write_piece(std::move(head), false);
+    watch_peer();
+  }
+
+  // While a response streams nothing is read, so a client that leaves would only be noticed by
+  // a failing write: wait for the socket to turn readable, and end the response at once on EOF.
+  // Bytes that arrive instead (a pipelined request) stay for the next read.
+  void watch_peer() {
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+      if (ec || self->closed_ || !self->body_stream_) return;
+      char byte;
+      const ssize_t n = ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return self->close();
+      if (n < 0) self->watch_peer();
+    });
   }
 
   // Writes what the stream has, or its heartbeat when it has been quiet; else waits for a wake.

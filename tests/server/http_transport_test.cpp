@@ -271,8 +271,7 @@ TEST_F(HttpLayerTest, ExpectContinueAndHttp10AreServed) {
   const std::string interim = read_until_closed(fd, 1000ms);
   EXPECT_EQ(status_line(interim), "HTTP/1.1 100 Continue") << interim;
   (void)!write(fd, body.data(), body.size());
-  shutdown(fd, SHUT_WR);
-  const std::string out = read_until_closed(fd, 10000ms);
+  const std::string out = read_until_closed(fd, 3000ms);
   close(fd);
   EXPECT_EQ(status_line(out), "HTTP/1.1 200 OK") << out.substr(0, 300);
 
@@ -282,7 +281,8 @@ TEST_F(HttpLayerTest, ExpectContinueAndHttp10AreServed) {
       raw_exchange(server_->port(), fmt::format("POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{}", bad.size(), bad));
   EXPECT_EQ(status_line(streamed), "HTTP/1.0 400 Bad Request") << streamed.substr(0, 300);
   const std::string sbody = R"({"prompt": "def f():", "max_tokens": 2, "stream": true})";
-  const std::string ok = raw_exchange(server_->port(), fmt::format("POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{}", sbody.size(), sbody));
+  const std::string ok = raw_exchange(
+      server_->port(), fmt::format("POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{}", sbody.size(), sbody), false);
   EXPECT_EQ(status_line(ok), "HTTP/1.0 200 OK") << ok.substr(0, 300);
   EXPECT_EQ(ok.find("Transfer-Encoding"), std::string::npos) << ok.substr(0, 300);
   EXPECT_NE(ok.find("data: [DONE]"), std::string::npos) << ok;

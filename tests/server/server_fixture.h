@@ -196,12 +196,13 @@ inline std::string read_until_closed(int fd, std::chrono::milliseconds timeout, 
   }
 }
 
-// Sends raw bytes on a fresh connection and reads whatever comes back.
-inline std::string raw_exchange(int port, const std::string& bytes) {
+// Sends raw bytes on a fresh connection and reads whatever comes back. With `half_close` the
+// sending side is shut after the bytes (the server takes that as a client gone once it answers).
+inline std::string raw_exchange(int port, const std::string& bytes, bool half_close = true) {
   int fd = connect_loopback(port);
   if (fd < 0) return "";
   (void)!write(fd, bytes.data(), bytes.size());
-  shutdown(fd, SHUT_WR);
+  if (half_close) shutdown(fd, SHUT_WR);
   std::string out = read_until_closed(fd, std::chrono::milliseconds(2000));
   close(fd);
   return out;
