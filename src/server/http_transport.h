@@ -21,8 +21,8 @@ struct HttpLimits {
   double header_timeout_s = 10;  // from waiting for a request (keep-alive idle time included) to its last header byte
   double body_timeout_s = 60;    // from the header's end to the body's last byte
   double write_timeout_s = 30;   // a response write the client does not read in time ends the connection
-  size_t max_connections = 512;
-  size_t max_client_connections = 64;  // open connections from one client address
+  size_t max_connections = 256;
+  size_t max_client_connections = 32;  // open connections from one client address
 };
 
 struct HttpRequest {
