@@ -408,6 +408,70 @@ TEST_F(LimitsTest, DeadlineCutsTheAnswerOffWithFinishReasonTimeout) {
   EXPECT_EQ(finish, "timeout");
 }
 
+// A prompt long enough that processing it whole takes many seconds here (~6000 tokens): a
+// disconnect, the deadline and SIGTERM's drain must each stop it within a chunk or two.
+std::string long_prompt_body(bool stream) {
+  json ids = json::array();
+  for (int i = 0; i < 6000; ++i) ids.push_back(100 + (i * 37) % 3000);
+  return json({{"prompt", ids}, {"max_tokens", 4}, {"stream", stream}}).dump();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+TEST(ServerPrefill, DisconnectStopsALongPromptWithinAChunk) {
+  MS_REQUIRE_SHARED(kModel, dir);
+  ServerProcess server(dir, {});
+  ASSERT_GT(server.port(), 0);
+  const std::string body = long_prompt_body(false);
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  int fd = connect_loopback(server.port());
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
+  std::this_thread::sleep_for(500ms);  // processing the prompt by now
+  close(fd);
+  const auto closed_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(cancelled_soon(server, 0));
+  EXPECT_LT(seconds_since(closed_at), 3.0) << "the prompt ran on after its client left";
+  const json recent = json::parse(server.client().Get("/api/stats")->body)["recent_requests"];
+  ASSERT_TRUE(recent.is_array() && !recent.empty()) << recent.dump();
+  EXPECT_EQ(recent.back()["completion_tokens"], 0);
+}
+
+TEST(ServerPrefill, DeadlineStopsALongPromptWithinAChunk) {
+  MS_REQUIRE_SHARED(kModel, dir);
+  ServerProcess server(dir, {"--request-timeout", "1"});
+  ASSERT_GT(server.port(), 0);
+  for (bool stream : {false, true}) {
+    const auto start = std::chrono::steady_clock::now();
+    StreamResult r = post_streaming(server, "/v1/completions", long_prompt_body(stream));
+    EXPECT_LT(seconds_since(start), 4.0) << "the prompt ran on past its deadline";
+    EXPECT_EQ(r.status, 200);
+    std::string finish;
+    if (stream) check_stream(r.body, false, &finish);
+    else finish = json::parse(r.body)["choices"][0]["finish_reason"];
+    EXPECT_EQ(finish, "timeout") << r.body.substr(0, 300);
+  }
+}
+
+TEST(ServerPrefill, SigtermDrainStopsALongPromptWithinAChunk) {
+  MS_REQUIRE_SHARED(kModel, dir);
+  ServerProcess server(dir, {"--drain-timeout", "0.2"});
+  ASSERT_GT(server.port(), 0);
+  StreamResult r;
+  std::thread t([&] { r = post_streaming(server, "/v1/completions", long_prompt_body(true)); });
+  std::this_thread::sleep_for(800ms);  // processing the prompt by now
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(server.signal_and_wait(SIGTERM, 30s), 0);
+  EXPECT_LT(seconds_since(start), 4.0) << "the drain waited for the whole prompt";
+  t.join();
+  std::string finish;
+  check_stream(r.body, false, &finish);
+  EXPECT_EQ(finish, "cancelled");
+}
+
 TEST(ServerAuth, ApiKeyIsRequiredWhenSet) {
   MS_REQUIRE_SHARED(kModel, dir);
   ServerProcess server(dir, {"--api-key", "sesame"});
