@@ -16,18 +16,15 @@ Job::Update Job::take(std::chrono::milliseconds timeout) {
 }
 
 void Job::set_listener(std::function<void()> listener) {
-  std::lock_guard lock(mu_);
+  std::lock_guard lock(listener_mu_);
   listener_ = std::move(listener);
 }
 
 void Job::notify() {
   cv_.notify_all();
-  std::function<void()> l;
-  {
-    std::lock_guard lock(mu_);
-    l = listener_;
-  }
-  if (l) l();
+  // Called under its own lock, so that once set_listener(nullptr) returns no call is under way.
+  std::lock_guard lock(listener_mu_);
+  if (listener_) listener_();
 }
 
 bool Job::on_text(const std::string& piece) {

@@ -29,7 +29,8 @@ class Job {
   };
   // Waits up to `timeout` for new text or the end.
   Update take(std::chrono::milliseconds timeout);
-  // Called (on the generation thread, without the job's lock) whenever text or the end arrives.
+  // Called on the generation thread whenever text or the end arrives; it must not block.
+  // Once set_listener(nullptr) has returned, the old listener is not running and never will.
   void set_listener(std::function<void()> listener);
   // Valid once take() said done.
   const GenerationResult& result() const { return result_; }
@@ -48,6 +49,7 @@ class Job {
   std::condition_variable cv_;
   std::string text_;
   bool done_ = false;
+  std::mutex listener_mu_;  // guards listener_ and its calls
   std::function<void()> listener_;
   GenerationResult result_;
   std::string error_;

@@ -223,8 +223,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // A read that failed: a closed or timed-out connection just ends; a malformed or oversized
   // request is answered (the connection closes after, its framing being unknown).
   void refuse_read(beast::error_code ec, bool in_head) {
-    if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
-        ec == net::error::operation_aborted || ec == net::error::connection_reset)
+    if (ec == http::error::end_of_stream || ec == http::error::partial_message || ec == net::error::eof ||
+        ec == beast::error::timeout || ec == net::error::operation_aborted || ec == net::error::connection_reset ||
+        ec == net::error::broken_pipe)
       return close();
     body_pending_ = true;
     if (ec == http::error::body_limit)
