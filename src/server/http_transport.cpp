@@ -116,6 +116,7 @@ class HttpTransport::Impl {
   std::unordered_map<Connection*, std::weak_ptr<Connection>> live_;
   std::map<std::string, size_t> per_client_;
   std::atomic<bool> stopped_{false};
+  std::atomic<size_t> open_{0}, accepted_{0}, refused_{0}, timed_out_{0}, rejected_{0};
 };
 
 // One client connection: requests are read and answered one at a time (HTTP/1.1 keep-alive),
@@ -189,6 +190,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // What the transport refuses on sight of a head: encodings it does not decode, framing it
   // does not take, unknown routes, and whatever the server's admission check refuses.
   std::optional<HttpResponse> check_head() {
+    std::optional<HttpResponse> refusal = transport_refusal();
+    if (refusal) ++srv_.rejected_;
+    else if (srv_.admission_) refusal = srv_.admission_(req_);
+    return refusal;
+  }
+
+  std::optional<HttpResponse> transport_refusal() {
     const std::string encoding = trimmed(req_.header("Content-Encoding"));
     if (!encoding.empty() && !iequals(encoding, "identity"))
       return srv_.error(415, fmt::format("Content-Encoding '{}' is not accepted: send the body uncompressed", encoding.substr(0, 64)),
@@ -205,7 +213,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
                           "method_not_allowed");
       return srv_.error(404, fmt::format("no such endpoint: {} {}", req_.method.substr(0, 16), req_.path.substr(0, 256)), "not_found");
     }
-    if (srv_.admission_) return srv_.admission_(req_);
     return std::nullopt;
   }
 
@@ -223,6 +230,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // A read that failed: a closed or timed-out connection just ends; a malformed or oversized
   // request is answered (the connection closes after, its framing being unknown).
   void refuse_read(beast::error_code ec, bool in_head) {
+    if (ec == beast::error::timeout) ++srv_.timed_out_;
+    else if (ec != http::error::end_of_stream && ec != net::error::eof) ++srv_.rejected_;
     if (ec == http::error::end_of_stream || ec == http::error::partial_message || ec == net::error::eof ||
         ec == beast::error::timeout || ec == net::error::operation_aborted || ec == net::error::connection_reset ||
         ec == net::error::broken_pipe)
@@ -285,9 +294,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     stream_.expires_after(seconds(srv_.limits_.write_timeout_s));
     http::async_write(stream_, *whole_, [self = shared_from_this(), keep](beast::error_code ec, size_t) {
       self->whole_.reset();
-      if (ec) return self->close();
+      if (ec) return self->fail_write(ec);
       self->next(keep);
     });
+  }
+
+  void fail_write(beast::error_code ec) {
+    if (ec == beast::error::timeout) ++srv_.timed_out_;
+    close();
   }
 
   void next(bool keep) {
@@ -370,7 +384,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     stream_.expires_after(seconds(srv_.limits_.write_timeout_s));
     net::async_write(stream_, net::buffer(out_), [self = shared_from_this(), last](beast::error_code ec, size_t) {
       self->writing_ = false;
-      if (ec) return self->close();
+      if (ec) return self->fail_write(ec);
       self->last_write_ = Clock::now();
       if (!last) return self->pump();
       self->body_stream_.reset();
@@ -434,6 +448,7 @@ void HttpTransport::Impl::accept() {
     size_t& mine = per_client_[client];
     if (live_.size() >= limits_.max_connections || mine >= limits_.max_client_connections) {
       if (mine == 0) per_client_.erase(client);
+      ++refused_;
       conn->refuse(error(503,
                          live_.size() >= limits_.max_connections
                              ? "too many open connections; retry later"
@@ -442,7 +457,9 @@ void HttpTransport::Impl::accept() {
                          "too_many_connections"));
     } else {
       ++mine;
+      ++accepted_;
       live_.emplace(conn.get(), conn);
+      open_ = live_.size();
       conn->start();
     }
     accept();
@@ -451,6 +468,7 @@ void HttpTransport::Impl::accept() {
 
 void HttpTransport::Impl::forget(Connection* c, const std::string& client) {
   if (live_.erase(c) == 0) return;  // a refused connection was never counted
+  open_ = live_.size();
   auto it = per_client_.find(client);
   if (it != per_client_.end() && --it->second == 0) per_client_.erase(it);
 }
@@ -486,5 +504,10 @@ void HttpTransport::run() {
 }
 
 void HttpTransport::stop() { impl_->stop(); }
+
+HttpCounters HttpTransport::counters() const {
+  const Impl& i = *impl_;
+  return {i.open_.load(), i.accepted_.load(), i.refused_.load(), i.timed_out_.load(), i.rejected_.load()};
+}
 
 }  // namespace ms

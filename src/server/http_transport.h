@@ -25,6 +25,15 @@ struct HttpLimits {
   size_t max_client_connections = 32;  // open connections from one client address
 };
 
+// What the transport has seen of its clients, for /api/stats and /metrics.
+struct HttpCounters {
+  size_t open = 0;       // connections open now
+  size_t accepted = 0;   // connections taken
+  size_t refused = 0;    // connections refused over --max-connections / --max-client-connections
+  size_t timed_out = 0;  // connections closed at a head, body or write deadline
+  size_t rejected = 0;   // requests the transport refused itself (malformed, too large, encoded, unknown route)
+};
+
 struct HttpRequest {
   std::string method, target, path;  // path: target without the query
   std::vector<std::pair<std::string, std::string>> headers;
@@ -80,6 +89,8 @@ class HttpTransport {
   void run();
   // From any thread: stops accepting, ends every connection (abandoning streams), run() returns.
   void stop();
+  // From any thread.
+  HttpCounters counters() const;
 
  private:
   class Impl;

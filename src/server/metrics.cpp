@@ -36,7 +36,7 @@ double mean(const std::vector<RequestRecord>& recent, double RequestRecord::*fie
 
 }  // namespace
 
-std::string prometheus_text(const StatsSnapshot& s, const QueueState& q) {
+std::string prometheus_text(const StatsSnapshot& s, const QueueState& q, const HttpCounters& http) {
   Writer w;
   w.metric("uptime_seconds", "gauge", "Seconds since the server started.", s.uptime_s);
   w.metric("requests_served_total", "counter", "Generation requests finished, whatever the reason.", double(s.requests_served));
@@ -53,6 +53,13 @@ std::string prometheus_text(const StatsSnapshot& s, const QueueState& q) {
   w.metric("queue_waiting", "gauge", "Requests waiting for the generation thread.", double(q.waiting));
   w.metric("queue_limit", "gauge", "Most requests that may wait (--queue-limit).", double(q.limit));
   w.metric("queue_running", "gauge", "Requests generating now (0 or 1).", q.running ? 1 : 0);
+  w.metric("http_connections_open", "gauge", "Client connections open now.", double(http.open));
+  w.metric("http_connections_accepted_total", "counter", "Client connections taken.", double(http.accepted));
+  w.metric("http_connections_refused_total", "counter",
+           "Client connections refused over --max-connections or --max-client-connections.", double(http.refused));
+  w.metric("http_timeouts_total", "counter", "Connections closed at a head, body or write deadline.", double(http.timed_out));
+  w.metric("http_rejected_total", "counter", "Requests refused by the HTTP layer (malformed, too large, encoded, no route).",
+           double(http.rejected));
 
   w.family("resident_bytes", "gauge", "Bytes held in memory, by kind.");
   w.sample("resident_bytes", double(s.resident.dense), "kind=\"dense\"");

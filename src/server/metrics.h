@@ -3,6 +3,7 @@
 #include <string>
 
 #include "runtime/stats.h"
+#include "server/http_transport.h"
 
 namespace ms {
 
@@ -11,6 +12,6 @@ struct QueueState {
   bool running = false;
 };
 
-std::string prometheus_text(const StatsSnapshot& s, const QueueState& q);
+std::string prometheus_text(const StatsSnapshot& s, const QueueState& q, const HttpCounters& http);
 
 }  // namespace ms

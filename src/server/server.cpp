@@ -213,6 +213,8 @@ std::string HttpServer::stats_json() const {
   ojson j = {{"model", opts_.model_name}};
   ojson s = to_json(stats_.snapshot());
   j["queue"] = {{"waiting", queue_.waiting()}, {"running", queue_.busy() ? 1 : 0}, {"limit", opts_.queue_limit}};
+  const HttpCounters h = http_->counters();
+  j["http"] = {{"open", h.open}, {"accepted", h.accepted}, {"refused", h.refused}, {"timed_out", h.timed_out}, {"rejected", h.rejected}};
   for (auto it = s.begin(); it != s.end(); ++it) j[it.key()] = it.value();
   return j.dump();
 }
@@ -260,7 +262,7 @@ void HttpServer::add_routes() {
           Runs::OnIoThread);
   h.route("GET", "/metrics", [this](const HttpRequest&) {
     QueueState q{queue_.waiting(), opts_.queue_limit, queue_.busy()};
-    return text_response(prometheus_text(stats_.snapshot(), q), "text/plain; version=0.0.4");
+    return text_response(prometheus_text(stats_.snapshot(), q, http_->counters()), "text/plain; version=0.0.4");
   }, Runs::OnIoThread);
 }
 

@@ -51,6 +51,12 @@ class HttpLayerTest : public ::testing::Test {
     EXPECT_LT(took.count(), 1000) << "/health took " << took.count() << " ms";
   }
 
+  // The transport's counters as /api/stats reports them.
+  static json http_counters() {
+    auto r = server_->client().Get("/api/stats");
+    return r ? json::parse(r->body)["http"] : json();
+  }
+
   static size_t server_rss() {
     std::ifstream in("/proc/" + std::to_string(server_->pid()) + "/status");
     std::string line;
@@ -87,6 +93,7 @@ TEST_F(HttpLayerTest, IdleConnectionsDoNotStarveHealth) {
 // A head sent a byte at a time (slowloris) is cut off at the header timeout, however steadily the
 // bytes come; /health answers meanwhile.
 TEST_F(HttpLayerTest, DrippedHeadIsCutOffAtTheHeaderTimeout) {
+  const int timed_out_before = http_counters()["timed_out"];
   std::vector<int> drips;
   for (int i = 0; i < 30; ++i) drips.push_back(connect_loopback(server_->port()));
   const std::string head = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
@@ -111,6 +118,7 @@ TEST_F(HttpLayerTest, DrippedHeadIsCutOffAtTheHeaderTimeout) {
   EXPECT_EQ(still_open, 0u) << "dripping connections were still open after " << took << " ms";
   EXPECT_LT(took, 3500);
   for (int fd : drips) close(fd);
+  EXPECT_GE(http_counters()["timed_out"].get<int>(), timed_out_before + 30);
 }
 
 // A body slower than the body timeout is dropped; the next client is served.
@@ -133,6 +141,7 @@ TEST_F(HttpLayerTest, SlowBodyIsCutOffAtTheBodyTimeout) {
 // One client may hold at most --max-client-connections; the next gets a 503 and is closed, and
 // the quota is free again once its connections close.
 TEST_F(HttpLayerTest, ConnectionsPerClientAreCapped) {
+  const int refused_before = http_counters()["refused"];
   std::vector<int> held;
   for (int i = 0; i < kClientQuota; ++i) held.push_back(connect_loopback(server_->port()));
   std::this_thread::sleep_for(200ms);  // let the server accept them all
@@ -147,6 +156,12 @@ TEST_F(HttpLayerTest, ConnectionsPerClientAreCapped) {
   for (int fd : held) close(fd);
   std::this_thread::sleep_for(300ms);
   expect_healthy_within_a_second();
+  const json after = http_counters();
+  EXPECT_EQ(after["refused"].get<int>(), refused_before + 1);
+  EXPECT_LE(after["open"].get<int>(), 2) << "closed connections are still counted";
+  const std::string metrics = server_->client().Get("/metrics")->body;
+  EXPECT_NE(metrics.find("moestream_http_connections_refused_total " + std::to_string(refused_before + 1)), std::string::npos)
+      << metrics.substr(0, 2000);
 }
 
 // Chunked bodies: within the limit they are served; over it they are refused as soon as the
@@ -190,6 +205,7 @@ TEST_F(HttpLayerTest, ChunkedBodiesAreBoundedAfterDechunking) {
 // Compressed bodies are refused (a 99 KiB gzip body once decoded to 100 MiB): 415, whatever the
 // encoding and its spelling.
 TEST_F(HttpLayerTest, CompressedBodiesAreRefused) {
+  const int rejected_before = http_counters()["rejected"];
   httplib::Client c = server_->client();
   c.set_compress(true);  // httplib's client gzips the body and says so
   auto r = c.Post("/v1/completions", std::string(R"({"prompt": "def f():", "max_tokens": 2})") + std::string(20000, ' '),
@@ -204,6 +220,7 @@ TEST_F(HttpLayerTest, CompressedBodiesAreRefused) {
                                                                       enc, body.size(), body));
     EXPECT_EQ(status_line(out), "HTTP/1.1 415 Unsupported Media Type") << enc << ": " << out.substr(0, 200);
   }
+  EXPECT_EQ(http_counters()["rejected"].get<int>(), rejected_before + 8);
   // Identity is no encoding.
   auto plain = httplib::Client("127.0.0.1", server_->port())
                    .Post("/v1/completions", {{"Content-Encoding", "identity"}}, R"({"prompt": "x", "max_tokens": 1})",
