@@ -76,7 +76,7 @@ TEST(Cli, WrongArgumentsExitTwoWithOneLine) {
   expect_usage_error("generate " + m + " --ids 3,x,5", "'x'");
   expect_usage_error("generate " + m + " --ids 3,,5", "--ids");
   expect_usage_error("generate " + m + " --ids -3", "--ids");
-  expect_usage_error("generate " + m + " --ids 3 --max-tokens -1", "--max-tokens: Value -1 not in range 1 to");
+  expect_usage_error("generate " + m + " --ids 3 --max-tokens -1", "--max-tokens: -1 is outside [1, ");
   expect_usage_error("generate " + m + " --ids 3 --max-tokens 0", "--max-tokens");
   expect_usage_error("generate " + m + " --ids 3 --max-tokens many", "--max-tokens");
   expect_usage_error("logits " + m + " --ids 3,4 --out x.safetensors --mtp-hidden middle", "--mtp-hidden");
