@@ -585,6 +585,19 @@ int Model::decode_ahead(State& state, int first, int max_steps, bool routes,
 
 std::vector<float> Model::mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state) const {
   if (!w_.mtp) fail("this model has no MTP head (no mtp.* tensors)");
+  if (T <= 0) fail("mtp_forward needs at least one row");
+  // In chunks as forward's prompts: the head is one full-attention layer, whose rows do not
+  // depend on the chunk they run in.
+  std::vector<float> logits;
+  for (int done = 0; done < T;) {
+    const int n = next_chunk(T - done);
+    append(logits, mtp_chunk(hidden + size_t(done) * size_t(cfg_.hidden), next_ids + done, n, pos0 + done, state));
+    done += n;
+  }
+  return logits;
+}
+
+std::vector<float> Model::mtp_chunk(const float* hidden, const int* next_ids, int T, int pos0, State& state) const {
 #if MOESTREAM_CUDA
   if (device_) {
     if (!state.device) state.device = std::make_shared<DeviceState>(cfg_, state.planned_positions());

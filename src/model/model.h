@@ -163,6 +163,8 @@ class Model {
   // Captures the sequence's decode step anew unless its graph is of this kind and holds kv.
   void capture_if_stale(const CudaBackend& be, int pos0, std::vector<const float*> kv, StepKind kind) const;
   bool every_expert_resident() const;  // Cuda builds
+  // One chunk of mtp_forward (T <= prefill_chunk_) on the model's backend.
+  std::vector<float> mtp_chunk(const float* hidden, const int* next_ids, int T, int pos0, State& state) const;
   template <class B>
   std::vector<float> mtp_forward_on(const B& be, const float* hidden, const int* next_ids, int T, int pos0) const;
   template <class B>

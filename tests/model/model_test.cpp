@@ -1,7 +1,7 @@
 // A long prompt runs in chunks (ModelOptions::prefill_chunk, Model::next_chunk) whose activations
 // the memory plan counts: every position's logits, hidden states and routes are bit-identical to
 // one whole forward, on a checkpoint and on a streamed 4-bit engine directory, whatever the
-// prompt's length past the last chunk.
+// prompt's length past the last chunk; so are the MTP head's logits.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -63,6 +63,24 @@ TEST(PrefillChunks, ChunkedPromptIsBitIdenticalToOneForward) {
 TEST(PrefillChunks, StreamedEngineDirectoryChunksBitIdentically) {
   const std::string engine = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
   for (int T : {600, 385}) expect_chunked_is_whole(engine, 128, T);
+}
+
+TEST(PrefillChunks, MtpHeadChunksBitIdentically) {
+  const std::string dir = test::shared_path("fixtures/qwen3-next-tiny");
+  if (dir.empty()) GTEST_SKIP() << "fixtures/qwen3-next-tiny not found: set MOESTREAM_SHARED to the shared/ folder";
+  const std::vector<int> ids = random_ids(450, load_config(dir).vocab, 7);
+  std::vector<float> mtp[2];
+  for (int i = 0; i < 2; ++i) {
+    ModelOptions opt;
+    opt.prefill_chunk = i ? 128 : kWhole;
+    auto model = Model::load(dir, opt);
+    ASSERT_TRUE(model->has_mtp());
+    State state = model->new_state();
+    const ForwardResult r = model->forward(ids.data(), int(ids.size()), state, {.hidden = true});
+    mtp[i] = model->mtp_forward(r.hidden_pre_norm.data(), ids.data() + 1, int(ids.size()) - 1, 0, state);
+  }
+  ASSERT_EQ(mtp[0].size(), size_t(ids.size() - 1) * size_t(load_config(dir).vocab));
+  EXPECT_TRUE(same_bits(mtp[1], mtp[0]));
 }
 
 TEST(PrefillChunks, NextChunkNeverLeavesALoneToken) {
