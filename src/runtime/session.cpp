@@ -115,8 +115,7 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   if (const char* why = prefill(req, res.reused_tokens, sampler, seen, fr)) {
     // The state holds the prompt's prefix processed_ names; the last prompt's checkpoint stays
     // valid, since this one's tokens went in at or past its end.
-    res.finish_reason = why;
-    res.time_to_first_token_s = seconds_since(start);
+    res.finish_reason = why;  // and no first token: its time stays 0
     return res;
   }
   last_prompt_ = req.prompt;
