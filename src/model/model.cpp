@@ -76,9 +76,10 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
                           (uint64_t(cfg.lin_v_heads) * cfg.lin_k_dim * cfg.lin_v_dim +
                            uint64_t(2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim) * 4) * sizeof(float);
   p.kv = kv_per_token * uint64_t(context) + linear;
-  // A prefill chunk's activations (Model::next_chunk keeps every forward within one) and the
-  // last position's logits.
-  p.activations = (uint64_t(opt.prefill_chunk) * activation_floats_per_token(cfg) + uint64_t(cfg.vocab)) * sizeof(float);
+  // A prefill chunk's activations (Model::next_chunk keeps every forward within one; a context
+  // shorter than a chunk holds no longer prompt) and the last position's logits.
+  const uint64_t chunk = uint64_t(std::min(opt.prefill_chunk, context));
+  p.activations = (chunk * activation_floats_per_token(cfg) + uint64_t(cfg.vocab)) * sizeof(float);
   const uint64_t per_slot = per_slot_row(index);
   const uint64_t floor = p.fixed() + per_slot * uint64_t(cfg.top_k);
   if (budget < floor) {

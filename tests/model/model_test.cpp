@@ -117,6 +117,11 @@ TEST(PrefillChunks, PlanCountsTheChunksActivations) {
   EXPECT_GT(b->memory_plan().activations, 6 * a->memory_plan().activations);
   EXPECT_EQ(a->memory_plan().total() <= small.memory_budget, true);
   EXPECT_GE(a->memory_plan().slots, b->memory_plan().slots);
+  // A context shorter than a chunk holds no longer prompt: its activations are the context's.
+  ModelOptions short_context = large;
+  short_context.context = 256;
+  const auto c = Model::load(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", short_context);
+  EXPECT_LT(c->memory_plan().activations, b->memory_plan().activations / 3);
 }
 
 }  // namespace
