@@ -25,7 +25,7 @@ void add_synth(CLI::App& app) {
   cmd->add_option("--like", a->like, "Dimensions: 80b-a3b (Qwen3-Next-80B-A3B) or tiny (for tests)")
       ->check(CLI::IsMember({"80b-a3b", "tiny"}))
       ->required();
-  cmd->add_option("--layers", a->layers, "Decoder layers (default: the shape's own, 48 for 80b-a3b)")->check(int_in(1, 4096));
+  cmd->add_option("--layers", a->layers, "Decoder layers (default: the shape's own, 48 for 80b-a3b)")->check(int_in(1, 1 << 20));
   add_engine_output_options(cmd, a->opt.out, a->opt.expert_bits, a->opt.expert_group);
   cmd->add_option("--dense-bits", a->opt.dense_bits, "Bits of dense matrices: 16 = bf16, 8 or 4 = quantized")
       ->check(CLI::IsMember({4, 8, 16}))

@@ -186,7 +186,7 @@ TEST(Cli, VramAndHostCacheNeedDeviceCuda) {
   EXPECT_EQ(run_cli("generate --vram 8G --ids 3" + model, &out, &err), 1);
   EXPECT_NE(err.find("--vram and --host-cache"), std::string::npos) << err;
   EXPECT_NE(err.find("--device cuda"), std::string::npos) << err;
-  EXPECT_EQ(run_cli("generate --device cuda --host-cache 8Q --ids 3" + model, &out, &err), 1);
+  EXPECT_EQ(run_cli("generate --device cuda --host-cache 8Q --ids 3" + model, &out, &err), 2);  // refused with the flags
   EXPECT_NE(err.find("8Q"), std::string::npos) << err;
   EXPECT_EQ(run_cli("generate --device cuda --host-policy mru --ids 3" + model, &out, &err), 2);
   EXPECT_NE(err.find("--host-policy"), std::string::npos) << err;

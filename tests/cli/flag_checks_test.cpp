@@ -128,7 +128,7 @@ TEST(FlagChecks, ConvertAndSynthRefuseNonsense) {
   expect_refused("convert --out b", {"--from ''", "--from"});
   expect_refused("convert --from a", {"--out ''", "--out"});
   for (const Refused& c : std::vector<Refused>{{"--layers 0", "--layers"}, {"--layers -2", "--layers"},
-                                               {"--layers 100000", "--layers"}, {"--seed -1", "--seed"},
+                                               {"--layers 2000000", "--layers"}, {"--layers 1e3", "--layers"}, {"--seed -1", "--seed"},
                                                {"--out ''", "--out"}, {"--expert-bits 7", "--expert-bits"}})
     expect_refused("synth --like tiny --out b", c);
 }
