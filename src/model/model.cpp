@@ -286,6 +286,12 @@ void Model::decoder_layer(const B& be, const LayerWeights& lw, int T, typename B
   be.add_rmsnorm(x, y.data(), T, cfg_.hidden, be.vec(next_norm), offset, cfg_.rms_eps, h);
 }
 
+void Model::check_ids(const int* ids, int T) const {
+  for (int t = 0; t < T; ++t)
+    if (ids[t] < 0 || ids[t] >= cfg_.vocab)
+      fail("token id {} at position {} is outside the vocabulary [0, {})", ids[t], t, cfg_.vocab);
+}
+
 int Model::next_chunk(int remaining) const {
   if (remaining <= prefill_chunk_) return remaining;
   return remaining - prefill_chunk_ == 1 ? prefill_chunk_ - kPrefillChunkAlign : prefill_chunk_;
@@ -315,6 +321,7 @@ void join_chunk(ForwardResult& all, ForwardResult&& chunk, bool all_logits) {
 
 ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardOptions& opt) const {
   if (T <= 0) fail("forward needs at least one token");
+  check_ids(ids, T);  // all of them before a chunk changes the state
   if (T <= prefill_chunk_) return forward_chunk(ids, T, state, opt);
   ForwardResult all;
   for (int done = 0; done < T;) {

@@ -96,6 +96,9 @@ class Model {
   // form, whose bits differ from the chunked form a whole prefill gives it), or all that remain.
   int next_chunk(int remaining) const;
   int prefill_chunk() const { return prefill_chunk_; }
+  // Fails naming the first of ids outside the vocabulary and its position: what forward checks
+  // before its first chunk runs, for a caller that runs a prompt chunk by chunk itself.
+  void check_ids(const int* ids, int T) const;
 
   // Greedy decode steps on the GPU, each launched before the host reads the token of the one
   // before, so that the GPU never waits for the host between steps: `first` (a token the state

@@ -97,6 +97,7 @@ void Session::record_stats(const ForwardResult& fr) {
 GenerationResult Session::generate(const GenerationRequest& req, const std::function<bool(const std::string&)>& on_text) {
   if (req.prompt.empty()) fail("the prompt is empty");
   if (req.max_tokens < 0) fail("max_tokens must be >= 0, is {}", req.max_tokens);
+  engine_.model().check_ids(req.prompt.data(), int(req.prompt.size()));  // before any chunk runs
   for (const auto& s : req.stop)
     if (s.empty()) fail("a stop string is empty");
   Sampler sampler(req.sampling);

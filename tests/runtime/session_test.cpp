@@ -238,6 +238,24 @@ TEST_F(PrefillSessionTest, DeadlineStopsThePrefillWithinAChunk) {
   EXPECT_LT(late, 2 * chunk + 0.25) << "returned " << late << " s past the deadline; a chunk takes " << chunk << " s";
 }
 
+TEST_F(PrefillSessionTest, IdOutsideTheVocabularyIsRefusedBeforeAnyChunkRuns) {
+  Session s(*engine_);
+  const GenerationResult first = s.generate(long_prompt(2 * kChunk, 4));
+  // The conversation's next turn, once with an id outside the vocabulary in its fifth chunk.
+  GenerationRequest next = long_prompt(2 * kChunk, 4);
+  next.prompt.insert(next.prompt.end(), first.tokens.begin(), first.tokens.end());
+  const GenerationRequest tail = long_prompt(3 * kChunk, 0);
+  next.prompt.insert(next.prompt.end(), tail.prompt.begin(), tail.prompt.end());
+  GenerationRequest bad = next;
+  bad.prompt[4 * kChunk + 3] = engine_->model().config().vocab;
+  test::expect_error([&] { s.generate(bad); }, {"token id", std::to_string(4 * kChunk + 3), "outside the vocabulary"});
+  // Nothing of it ran: the cache still holds the first turn, which the good next turn reuses.
+  const GenerationResult reused = s.generate(next);
+  EXPECT_EQ(reused.reused_tokens, 2 * kChunk + int(first.tokens.size()) - 1);
+  Session fresh(*engine_);
+  EXPECT_EQ(reused.tokens, fresh.generate(next).tokens);
+}
+
 TEST_F(PrefillSessionTest, CancelledPrefillLeavesACacheTheNextRequestReuses) {
   const GenerationRequest whole = long_prompt(6 * kChunk + 5, 6);
   Session fresh(*engine_);
