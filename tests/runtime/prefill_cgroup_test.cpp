@@ -78,9 +78,10 @@ void expect_prefill_within_budget(const Case& c) {
 TEST(PrefillMemory, LongPromptsPeakWithinTheMemoryBudget) {
   if (test::MemoryCgroup(kCgroupLimit).path().empty())
     GTEST_SKIP() << "cannot create a memory cgroup under /sys/fs/cgroup/memory (needs cgroup v1 and root)";
+  // The case (127 MB before prompts ran in chunks), and a tighter budget on a shorter
+  // context.
   expect_prefill_within_budget({4000, "50M", size_t(50) << 20, 4096});
   expect_prefill_within_budget({1500, "40M", size_t(40) << 20, 2048});
-  expect_prefill_within_budget({7000, "60M", size_t(60) << 20, 8192});
 }
 
 }  // namespace
