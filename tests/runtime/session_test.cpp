@@ -185,6 +185,13 @@ class PrefillSessionTest : public ::testing::Test {
     return r;
   }
   static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  // Prompt tokens the model has run so far, as a session's statistics count them (a chunk's
+  // routes are recorded as it ends).
+  static uint64_t tokens_run(const EngineStats& stats) {
+    for (const LayerUsage& l : stats.snapshot().layers)
+      if (l.moe) return l.routed_total / uint64_t(engine_->model().config().top_k);
+    return 0;
+  }
   // Seconds one chunk's prefill takes (the fastest of three).
   static double chunk_seconds() {
     double best = 1e9;
@@ -204,15 +211,18 @@ TEST_F(PrefillSessionTest, CancelFromAnotherThreadStopsThePrefillWithinAChunk) {
   const double chunk = chunk_seconds();
   const int n = 40 * kChunk;  // some forty chunks: far longer than the wait below
   for (double after : {0.0, 2.5, 6.5}) {  // in chunks' time: before the first chunk ends, and later
-    Session s(*engine_);
+    EngineStats stats(engine_->model().config(), {});
+    Session s(*engine_, &stats);
     std::atomic<bool> cancel{false};
     GenerationRequest req = long_prompt(n, 8);
     req.cancel = &cancel;
     Clock::time_point cancelled_at;
+    uint64_t tokens_at_cancel = 0;
     std::thread canceller([&] {
       std::this_thread::sleep_for(std::chrono::duration<double>(after * chunk));
       cancelled_at = Clock::now();
       cancel = true;
+      tokens_at_cancel = tokens_run(stats);  // read after the flag: at most the chunk then under way follows
     });
     const GenerationResult r = s.generate(req);
     const auto returned_at = Clock::now();
@@ -220,22 +230,32 @@ TEST_F(PrefillSessionTest, CancelFromAnotherThreadStopsThePrefillWithinAChunk) {
     EXPECT_EQ(r.finish_reason, "cancelled");
     EXPECT_TRUE(r.tokens.empty());
     // The chunk under way when the flag was set finishes; nothing after it runs.
+    EXPECT_LE(tokens_run(stats), tokens_at_cancel + kChunk);
+    EXPECT_LT(tokens_run(stats), uint64_t(n));
+    // A later chunk attends to more positions than the first, whose time `chunk` is.
     const double late = seconds(returned_at - cancelled_at);
-    EXPECT_LT(late, 2 * chunk + 0.25) << "returned " << late << " s after the cancel; a chunk takes " << chunk << " s";
+    EXPECT_LT(late, 3 * chunk + 0.5) << "returned " << late << " s after the cancel; a first chunk takes " << chunk << " s";
   }
 }
 
 TEST_F(PrefillSessionTest, DeadlineStopsThePrefillWithinAChunk) {
   const double chunk = chunk_seconds();
-  Session s(*engine_);
+  EngineStats stats(engine_->model().config(), {});
+  Session s(*engine_, &stats);
   GenerationRequest req = long_prompt(40 * kChunk, 8);
-  const auto start = Clock::now();
-  req.deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(3.5 * chunk));
+  req.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(3.5 * chunk));
+  uint64_t tokens_at_deadline = 0;
+  std::thread reader([&] {
+    std::this_thread::sleep_until(req.deadline);
+    tokens_at_deadline = tokens_run(stats);
+  });
   const GenerationResult r = s.generate(req);
   const double late = seconds(Clock::now() - req.deadline);
+  reader.join();
   EXPECT_EQ(r.finish_reason, "timeout");
   EXPECT_TRUE(r.tokens.empty());
-  EXPECT_LT(late, 2 * chunk + 0.25) << "returned " << late << " s past the deadline; a chunk takes " << chunk << " s";
+  EXPECT_LE(tokens_run(stats), tokens_at_deadline + kChunk);
+  EXPECT_LT(late, 3 * chunk + 0.5) << "returned " << late << " s past the deadline; a first chunk takes " << chunk << " s";
 }
 
 TEST_F(PrefillSessionTest, IdOutsideTheVocabularyIsRefusedBeforeAnyChunkRuns) {
@@ -272,9 +292,7 @@ TEST_F(PrefillSessionTest, CancelledPrefillLeavesACacheTheNextRequestReuses) {
   // The stats see every chunk's routes as it ends: cancel once two chunks went through.
   std::thread watcher([&] {
     while (!cancel) {
-      const StatsSnapshot snap = stats.snapshot();
-      for (const LayerUsage& l : snap.layers)
-        if (l.moe) seen_tokens = int(l.routed_total / uint64_t(engine_->model().config().top_k));
+      seen_tokens = int(tokens_run(stats));
       if (seen_tokens >= 2 * kChunk) cancel = true;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
