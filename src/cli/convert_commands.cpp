@@ -6,12 +6,13 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "runtime/convert.h"
 
 namespace ms::cli {
 
 void add_engine_output_options(CLI::App* cmd, std::string& out, int& expert_bits, int& expert_group) {
-  cmd->add_option("--out", out, "Output directory (must not exist unless --force)")->required();
+  cmd->add_option("--out", out, "Output directory (must not exist unless --force)")->required()->check(non_empty());
   cmd->add_option("--expert-bits", expert_bits, "Bits of routed expert weights; 16 = bf16, unquantized")
       ->check(CLI::IsMember({2, 3, 4, 8, 16}))
       ->capture_default_str();
@@ -29,10 +30,14 @@ void add_convert(CLI::App& app) {
     std::string proj_bits, layer_bits;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--from", a->opt.from, "Hugging Face checkpoint directory (config.json, safetensors)")->required();
+  cmd->add_option("--from", a->opt.from, "Hugging Face checkpoint directory (config.json, safetensors)")
+      ->required()
+      ->check(non_empty());
   add_engine_output_options(cmd, a->opt.out, a->opt.expert_bits, a->opt.expert_group);
-  cmd->add_option("--proj-bits", a->proj_bits, "Per-projection expert bits, e.g. gate=2,up=2,down=3");
-  cmd->add_option("--layer-bits", a->layer_bits, "Per-layer expert bits (all projections), e.g. 0:8,5:3,mtp:8");
+  cmd->add_option("--proj-bits", a->proj_bits, "Per-projection expert bits, e.g. gate=2,up=2,down=3")
+      ->check(bits_list('=', {"gate", "up", "down"}));
+  cmd->add_option("--layer-bits", a->layer_bits, "Per-layer expert bits (all projections), e.g. 0:8,5:3,mtp:8")
+      ->check(bits_list(':'));
   cmd->add_option("--dense-bits", a->opt.dense_bits, "Bits of dense matrices: 16 = as stored, 8 or 4 = quantized")
       ->check(CLI::IsMember({4, 8, 16}))
       ->capture_default_str();

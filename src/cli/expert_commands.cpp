@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "cli/model_options.h"
 #include "experts/simulate.h"
 #include "runtime/engine.h"
@@ -26,10 +27,13 @@ void add_simulate(CLI::App& app) {
     int slots = 0, experts = 0;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--routes", a->routes, "Traces: safetensors with docN.routes int16 [layers, T, top_k]")->required();
-  cmd->add_option("--slots", a->slots, "Pool slots per layer")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--routes", a->routes, "Traces: safetensors with docN.routes int16 [layers, T, top_k]")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--slots", a->slots, "Pool slots per layer")->required()->check(int_in(1, 1 << 20));
   cmd->add_option("--policy", a->policy, "Eviction policy")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
-  cmd->add_option("--experts", a->experts, "Experts per layer (default: largest id in the traces + 1)");
+  cmd->add_option("--experts", a->experts, "Experts per layer (default: largest id in the traces + 1)")
+      ->check(int_in(1, 1 << 20));
   cmd->callback([a] {
     RouteTraces t = load_route_traces(a->routes, a->experts);
     const PolicyKind kind = parse_policy(a->policy);
@@ -61,9 +65,9 @@ void add_profile(CLI::App& app) {
   auto a = std::make_shared<Args>();
   add_model_options(cmd, a->m, true);
   cmd->add_option("--prompts", a->prompts, "Text file, one prompt per line")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--out", a->out, "Where to write the profile");
-  cmd->add_option("--margin", a->margin, "Caps = high-water x margin")->check(CLI::Range(1.0, 10.0));
-  cmd->add_option("--max-tokens", a->max_tokens, "Tokens generated per prompt")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--out", a->out, "Where to write the profile")->check(non_empty());
+  cmd->add_option("--margin", a->margin, "Caps = high-water x margin")->check(real_in(1.0, 10.0));
+  cmd->add_option("--max-tokens", a->max_tokens, "Tokens generated per prompt")->check(int_in(0, 1 << 30));
   cmd->callback([a] {
     ModelOptions opt = model_options(a->m);
     opt.experts.slots = 0;  // every expert may stay: nothing is evicted, resident = high-water

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "cli/model_options.h"
 #include "model/model.h"
 #include "runtime/generate.h"
@@ -53,7 +54,7 @@ void add_logits(CLI::App& app) {
   add_model_options(cmd, a->m);
   cmd->add_flag("--stats", a->stats, "Print expert pool statistics at the end");
   cmd->add_option("--ids", a->ids, "Comma-separated token ids")->required();
-  cmd->add_option("--out", a->out, "Output .safetensors file (tensor 'logits' [T, vocab])")->required();
+  cmd->add_option("--out", a->out, "Output .safetensors file (tensor 'logits' [T, vocab])")->required()->check(non_empty());
   cmd->add_flag("--mtp", a->mtp, "Also write 'mtp_logits' [T-1, vocab] from the MTP head");
   cmd->add_option("--mtp-hidden", a->mtp_hidden, "Hidden state the MTP head reads: pre or post the final norm")
       ->check(CLI::IsMember({"pre", "post"}));
@@ -88,7 +89,7 @@ void add_generate(CLI::App& app) {
   add_model_options(cmd, a->m);
   cmd->add_flag("--stats", a->stats, "Print prefill/decode timing and expert pool statistics at the end");
   cmd->add_option("--ids", a->ids, "Comma-separated prompt token ids")->required();
-  cmd->add_option("--max-tokens", a->max_tokens, "Tokens to generate")->check(CLI::Range(1, INT32_MAX));
+  cmd->add_option("--max-tokens", a->max_tokens, "Tokens to generate")->check(int_in(1, INT32_MAX));
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past an end-of-sequence token");
   cmd->callback([a] {
     std::vector<int> ids = parse_ids(a->ids);
@@ -125,7 +126,7 @@ std::string human_bytes(double b) {
 void add_inspect(CLI::App& app) {
   auto* cmd = app.add_subcommand("inspect", "Describe a model: architecture, layers, parameters and bytes");
   auto model_dir = std::make_shared<std::string>();
-  cmd->add_option("--model", *model_dir, "Model directory")->required();
+  cmd->add_option("--model", *model_dir, "Model directory")->required()->check(non_empty());
   cmd->callback([model_dir] {
     auto model = Model::load(*model_dir);
     const ModelConfig& c = model->config();

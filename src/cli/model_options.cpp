@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/flag_checks.h"
 #include "util/error.h"
 #if MOESTREAM_CUDA
 #include "experts/device_store.h"
@@ -75,21 +76,27 @@ uint64_t parse_bytes(const std::string& text) {
   else if (unit == "T" || unit == "TB" || unit == "TIB") mult = 1024.0 * 1024 * 1024 * 1024;
   else fail("'{}' has an unknown unit '{}' (expected K, M, G or T)", text, unit);
   if (!(v > 0) || !std::isfinite(v)) fail("'{}' is not a positive size", text);
-  return uint64_t(v * mult);
+  const double bytes = v * mult;
+  if (bytes < 1) fail("'{}' is less than a byte (a unit, e.g. {}G, makes it more)", text, text);
+  if (bytes > double(uint64_t(1) << 62)) fail("'{}' is larger than any memory", text);
+  return uint64_t(bytes);
 }
 
 void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   auto* m = cmd->add_option("--model", a.model, default_model ? "Model directory (default: the embedded pycoder-moe-q4)" : "Model directory");
   if (default_model) a.model = kDefaultModel;
   else m->required();
-  cmd->add_option("--expert-slots", a.expert_slots, "Resident expert slots per MoE layer (default: all)")->check(CLI::PositiveNumber);
-  cmd->add_option("--pool-profile", a.pool_profile, "Per-layer slot caps and pinned experts: JSON {\"layer_caps\": {\"0\": 40}, \"pins\": {\"0\": [3, 17]}}");
-  cmd->add_option("--memory", a.memory, "Memory budget (e.g. 8G): the expert pools get what dense, KV and activations leave");
+  m->check(non_empty());
+  cmd->add_option("--expert-slots", a.expert_slots, "Resident expert slots per MoE layer (default: all)")->check(int_in(1, 1 << 20));
+  cmd->add_option("--pool-profile", a.pool_profile, "Per-layer slot caps and pinned experts: JSON {\"layer_caps\": {\"0\": 40}, \"pins\": {\"0\": [3, 17]}}")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--memory", a.memory, "Memory budget (e.g. 8G): the expert pools get what dense, KV and activations leave")
+      ->check(byte_size());
   cmd->add_option("--context", a.context,
                   "Tokens the memory plan (--memory, --vram) holds KV for; a sequence's KV cache stays within it while "
                   "the sequence fits")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(int_in(1, 1 << 24));
   cmd->add_option("--policy", a.policy, "Expert eviction policy")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
   cmd->add_option("--io", a.io, "Expert reads: io_uring or a pread thread pool")->check(CLI::IsMember({"auto", "uring", "pread"}));
   cmd->add_flag("--no-direct-io", a.no_direct_io, "Read experts through the page cache (no O_DIRECT)");
@@ -98,8 +105,10 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
                   "Where the forward runs: cpu, cuda (dense weights and the expert pool in VRAM), or auto (cuda when a "
                   "GPU is present)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  cmd->add_option("--vram", a.vram, "cuda: VRAM budget (e.g. 16G): the expert pools get what dense, KV and activations leave");
-  cmd->add_option("--host-cache", a.host_cache, "cuda: host RAM caching experts between SSD and VRAM (e.g. 8G; default: none)");
+  cmd->add_option("--vram", a.vram, "cuda: VRAM budget (e.g. 16G): the expert pools get what dense, KV and activations leave")
+      ->check(byte_size());
+  cmd->add_option("--host-cache", a.host_cache, "cuda: host RAM caching experts between SSD and VRAM (e.g. 8G; default: none)")
+      ->check(byte_size());
   cmd->add_option("--host-policy", a.host_policy, "cuda: eviction policy of the host cache")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
   cmd->add_flag("--no-cuda-graphs", a.no_cuda_graphs,
                 "cuda: launch each kernel of a decode step from the host instead of replaying the step as a CUDA graph");

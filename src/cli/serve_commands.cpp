@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "cli/model_options.h"
 #include "server/server.h"
 #include "util/error.h"
@@ -16,6 +17,9 @@
 namespace ms::cli {
 
 namespace {
+
+// A year, in seconds: longer timeouts are mistakes, and their milliseconds would overflow.
+constexpr double kLongestTimeout = 365.0 * 24 * 3600;
 
 // SIGTERM and SIGINT are taken by one thread (blocked everywhere else, before any thread
 // starts) which asks the server to stop gracefully.
@@ -32,39 +36,42 @@ void add_serve(CLI::App& app) {
   auto model = std::make_shared<ModelArgs>();
   auto o = std::make_shared<ServerOptions>();
   add_model_options(cmd, *model, true);
-  cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
-  cmd->add_option("--port", o->port, "Port to listen on (0: any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health");
-  cmd->add_option("--model-name", o->model_name, "Model id to report (default: the model directory's name)");
+  cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str()->check(non_empty());
+  cmd->add_option("--port", o->port, "Port to listen on (0: any free port)")->capture_default_str()->check(int_in(0, 65535));
+  // An empty key would be no key: the server would run open while the user thought it guarded.
+  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health")
+      ->check(non_empty());
+  cmd->add_option("--model-name", o->model_name, "Model id to report (default: the model directory's name)")
+      ->check(non_empty());
   cmd->add_option("--queue-limit", o->queue_limit, "Requests that may wait behind the running one; more get 429")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(int_in(1, 4096));
   cmd->add_option("--request-timeout", o->request_timeout_s,
                   "Seconds from arrival until a request is cut off (finish_reason \"timeout\")")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(real_in(0.0, kLongestTimeout, true));
   cmd->add_option("--drain-timeout", o->drain_timeout_s,
-                  "On SIGTERM, seconds in-flight requests may take to finish before they are cancelled")
+                  "On SIGTERM, seconds in-flight requests may take to finish before they are cancelled (0: at once)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(real_in(0.0, kLongestTimeout));
   HttpLimits& l = o->http;
   cmd->add_option("--max-body-bytes", l.max_body_bytes, "Largest request body accepted (after de-chunking); larger get 413")
       ->capture_default_str()
-      ->check(CLI::Range(size_t(1024), size_t(1) << 30));
+      ->check(int_in(1024, int64_t(1) << 30));
   cmd->add_option("--header-timeout", l.header_timeout_s,
                   "Seconds a connection may take to send a request's head (idle keep-alive time included)")
       ->capture_default_str()
-      ->check(CLI::Range(0.1, 3600.0));
+      ->check(real_in(0.1, 3600.0));
   cmd->add_option("--body-timeout", l.body_timeout_s, "Seconds a client may take to send a request's body")
       ->capture_default_str()
-      ->check(CLI::Range(0.1, 3600.0));
+      ->check(real_in(0.1, 3600.0));
   cmd->add_option("--max-connections", l.max_connections, "Open connections served at once; more get 503")
       ->capture_default_str()
-      ->check(CLI::Range(size_t(1), size_t(65536)));
+      ->check(int_in(1, 65536));
   cmd->add_option("--max-client-connections", l.max_client_connections,
                   "Open connections from one client address; more get 503")
       ->capture_default_str()
-      ->check(CLI::Range(size_t(1), size_t(65536)));
+      ->check(int_in(1, 65536));
   cmd->callback([model, o] {
     const sigset_t signals = stop_signals();
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "runtime/synth.h"
 
 namespace ms::cli {
@@ -24,12 +25,14 @@ void add_synth(CLI::App& app) {
   cmd->add_option("--like", a->like, "Dimensions: 80b-a3b (Qwen3-Next-80B-A3B) or tiny (for tests)")
       ->check(CLI::IsMember({"80b-a3b", "tiny"}))
       ->required();
-  cmd->add_option("--layers", a->layers, "Decoder layers (default: the shape's own, 48 for 80b-a3b)")->check(CLI::PositiveNumber);
+  cmd->add_option("--layers", a->layers, "Decoder layers (default: the shape's own, 48 for 80b-a3b)")->check(int_in(1, 1 << 20));
   add_engine_output_options(cmd, a->opt.out, a->opt.expert_bits, a->opt.expert_group);
   cmd->add_option("--dense-bits", a->opt.dense_bits, "Bits of dense matrices: 16 = bf16, 8 or 4 = quantized")
       ->check(CLI::IsMember({4, 8, 16}))
       ->capture_default_str();
-  cmd->add_option("--seed", a->opt.seed, "Random seed (the weights are a function of it)")->capture_default_str();
+  cmd->add_option("--seed", a->opt.seed, "Random seed (the weights are a function of it)")
+      ->capture_default_str()
+      ->check(int_in(0, INT64_MAX));
   cmd->add_flag("--force", a->opt.force, "Replace an existing output directory");
   cmd->callback([a] {
     a->opt.shape = synth_shape(a->like);

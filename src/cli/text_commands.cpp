@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "cli/model_options.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
@@ -30,16 +31,19 @@ struct TextArgs {
 
 void add_text_options(CLI::App* cmd, TextArgs& a) {
   add_model_options(cmd, a.m, true);
-  cmd->add_option("--max-tokens", a.max_tokens, "Most tokens to generate")->check(CLI::Range(0, 1 << 30));
-  cmd->add_option("--temperature", a.sampling.temperature, "Sampling temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
-  cmd->add_option("--top-k", a.sampling.top_k, "Sample from the k most likely tokens (0: off)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-p", a.sampling.top_p, "Nucleus sampling mass (1: off)")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--min-p", a.sampling.min_p, "Drop tokens below min-p x the top probability")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--repetition-penalty", a.sampling.repetition_penalty, "Penalty on seen tokens (1: off)");
-  cmd->add_option("--presence-penalty", a.sampling.presence_penalty, "Subtracted once from each seen token's logit");
-  cmd->add_option("--frequency-penalty", a.sampling.frequency_penalty, "Subtracted per occurrence of a seen token");
-  cmd->add_option("--seed", a.sampling.seed, "Random seed (same seed, same output)");
-  cmd->add_option("--stop", a.stop, "Stop when this text appears (repeatable)");
+  cmd->add_option("--max-tokens", a.max_tokens, "Most tokens to generate")->check(int_in(0, 1 << 30));
+  cmd->add_option("--temperature", a.sampling.temperature, "Sampling temperature (0: greedy)")->check(real_in(0.0, 100.0));
+  cmd->add_option("--top-k", a.sampling.top_k, "Sample from the k most likely tokens (0: off)")->check(int_in(0, 1 << 30));
+  cmd->add_option("--top-p", a.sampling.top_p, "Nucleus sampling mass (1: off)")->check(real_in(0.0, 1.0, true));
+  cmd->add_option("--min-p", a.sampling.min_p, "Drop tokens below min-p x the top probability")->check(real_in(0.0, 1.0));
+  cmd->add_option("--repetition-penalty", a.sampling.repetition_penalty, "Penalty on seen tokens (1: off)")
+      ->check(real_in(0.0, 100.0, true));
+  cmd->add_option("--presence-penalty", a.sampling.presence_penalty, "Subtracted once from each seen token's logit")
+      ->check(real_in(-100.0, 100.0));
+  cmd->add_option("--frequency-penalty", a.sampling.frequency_penalty, "Subtracted per occurrence of a seen token")
+      ->check(real_in(-100.0, 100.0));
+  cmd->add_option("--seed", a.sampling.seed, "Random seed (same seed, same output)")->check(int_in(0, INT64_MAX));
+  cmd->add_option("--stop", a.stop, "Stop when this text appears (repeatable)")->check(non_empty());
   cmd->add_flag("--ignore-eos", a.ignore_eos, "Keep generating past end-of-sequence tokens");
   cmd->add_flag("--stats", a.stats, "Print prompt and decode tok/s and time to first token at the end");
   cmd->add_option("--system", a.system, "System prompt (chat template)");
@@ -76,7 +80,7 @@ void add_run(CLI::App& app) {
   auto prompt = std::make_shared<std::string>();
   auto chat = std::make_shared<bool>(false);
   add_text_options(cmd, *a);
-  cmd->add_option("--prompt", *prompt, "Prompt text")->required();
+  cmd->add_option("--prompt", *prompt, "Prompt text")->required()->check(non_empty());
   cmd->add_flag("--chat", *chat, "Wrap the prompt in the model's chat template as a user message");
   cmd->callback([a, prompt, chat] {
     a->sampling.validate();

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -22,8 +23,8 @@ struct TokenizerSource {
 
 void add_source_options(CLI::App* cmd, TokenizerSource& src) {
   auto* group = cmd->add_option_group("tokenizer", "Where the tokenizer comes from");
-  group->add_option("--model", src.model_dir, "Model directory (its tokenizer.json)");
-  group->add_option("--tokenizer", src.file, "A tokenizer.json file");
+  group->add_option("--model", src.model_dir, "Model directory (its tokenizer.json)")->check(non_empty());
+  group->add_option("--tokenizer", src.file, "A tokenizer.json file")->check(non_empty());
   group->require_option(1);
 }
 
@@ -44,7 +45,8 @@ void tokenize(const TokenizerSource& src) {
   std::fwrite(out.data(), 1, out.size(), stdout);
 }
 
-std::vector<int> parse_ids(const std::string& text) {
+// The ids of a JSON array, each within the tokenizer's vocabulary.
+std::vector<int> parse_ids(const std::string& text, int vocab) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -55,14 +57,16 @@ std::vector<int> parse_ids(const std::string& text) {
   std::vector<int> ids;
   for (size_t i = 0; i < j.size(); ++i) {
     if (!j[i].is_number_integer()) fail("detokenize: element {} of the array is not an integer", i);
-    ids.push_back(j[i].get<int>());
+    const int64_t id = j[i].is_number_unsigned() && j[i].get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : j[i].get<int64_t>();
+    if (id < 0 || id >= vocab) fail("detokenize: element {} of the array, {}, is outside the vocabulary [0, {})", i, j[i].dump(), vocab);
+    ids.push_back(int(id));
   }
   return ids;
 }
 
 void detokenize(const TokenizerSource& src) {
   Tokenizer tok = Tokenizer::load(src.path());
-  std::string text = tok.decode(parse_ids(read_stdin()));
+  std::string text = tok.decode(parse_ids(read_stdin(), tok.vocab_size()));
   std::fwrite(text.data(), 1, text.size(), stdout);
 }
 

@@ -16,12 +16,13 @@
 namespace ms {
 
 Model::Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan,
-             int kv_positions)
+             int kv_positions, int prefill_chunk)
     : store_(std::move(store)),
       cfg_(std::move(cfg)),
       experts_(std::move(experts)),
       plan_(plan),
-      kv_positions_(kv_positions) {
+      kv_positions_(kv_positions),
+      prefill_chunk_(prefill_chunk) {
   w_ = load_weights(cfg_, store_, experts_.get());
 }
 
@@ -37,11 +38,35 @@ uint64_t per_slot_row(const EngineIndex& index) {  // one slot in every MoE laye
   return b;
 }
 
+// Floats a forward keeps live per token at its peak (the buffers of model/*_block.cpp): x, its
+// norm and the layer's output beside the largest block's working set, the quantized matmul's
+// permuted copy of its input (kernels/cpu/quant_matmul.cpp) and the routes a forward may keep.
+uint64_t activation_floats_per_token(const ModelConfig& c) {
+  const uint64_t H = uint64_t(c.hidden), E = uint64_t(c.n_experts), K = uint64_t(c.top_k);
+  const bool gated = c.arch == Arch::Qwen3Next;
+  const uint64_t q_width = uint64_t(c.n_heads) * uint64_t(c.head_dim), kv_width = uint64_t(c.n_kv_heads) * uint64_t(c.head_dim);
+  // proj [q_raw, k, v], q, gate, then the normed k or the attention's output
+  const uint64_t attention = (gated ? 2 : 1) * q_width + 2 * kv_width + (gated ? 2 : 1) * q_width + std::max(kv_width, q_width);
+  const uint64_t kd = uint64_t(c.lin_k_heads) * uint64_t(c.lin_k_dim), vd = uint64_t(c.lin_v_heads) * uint64_t(c.lin_v_dim);
+  const uint64_t nv = uint64_t(c.lin_v_heads), conv = 2 * kd + vd;
+  // proj [qkvz, ba], q k v z g beta, then the conv's input and output (and b, a) or the rule's output
+  const uint64_t deltanet = (2 * kd + 2 * vd + 2 * nv) + (2 * kd + 2 * vd + 2 * nv) + std::max(2 * conv + 2 * nv, vd);
+  const uint64_t dense = 2 * uint64_t(c.dense_inter);
+  // the shared expert's output and its h, u; or router logits and probabilities, the routing, the
+  // per-slot partials, an expert's gathered rows, its output and its h, u
+  const uint64_t shared = c.shared_inter > 0 ? H : 0;
+  const uint64_t moe = E ? shared + std::max(2 * uint64_t(c.shared_inter), 2 * E + 3 * K + K * H + 2 * H + 2 * uint64_t(c.moe_inter)) : 0;
+  const uint64_t widest_input = std::max({H, q_width, vd, uint64_t(c.dense_inter), uint64_t(c.moe_inter), uint64_t(c.shared_inter)});
+  const uint64_t routes = uint64_t(c.n_layers) * (K + E);
+  return 3 * H + std::max({attention, deltanet, dense, moe}) + widest_input + routes;
+}
+
 // Splits a budget (`what`: "memory budget", "VRAM budget"): dense weights, KV and recurrent
 // state for `context` tokens, activations of a prefill chunk, and the rest as equal pools. A
 // model without routed experts (an empty index) needs only the first three.
 MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, uint64_t budget,
-                       int context, const char* what) {
+                       const ModelOptions& opt, const char* what) {
+  const int context = opt.context;
   MemoryPlan p;
   p.dense = dense_bytes;
   int full = 0;
@@ -51,8 +76,10 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
                           (uint64_t(cfg.lin_v_heads) * cfg.lin_k_dim * cfg.lin_v_dim +
                            uint64_t(2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim) * 4) * sizeof(float);
   p.kv = kv_per_token * uint64_t(context) + linear;
-  // A prefill chunk's activations: hidden states, projections and logits of 512 tokens.
-  p.activations = 512ull * (16ull * cfg.hidden + uint64_t(cfg.vocab)) * sizeof(float);
+  // A prefill chunk's activations (Model::next_chunk keeps every forward within one; a context
+  // shorter than a chunk holds no longer prompt) and the last position's logits.
+  const uint64_t chunk = uint64_t(std::min(opt.prefill_chunk, context));
+  p.activations = (chunk * activation_floats_per_token(cfg) + uint64_t(cfg.vocab)) * sizeof(float);
   const uint64_t per_slot = per_slot_row(index);
   const uint64_t floor = p.fixed() + per_slot * uint64_t(cfg.top_k);
   if (budget < floor) {
@@ -72,13 +99,19 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
 // A checkpoint directory streams nothing: its experts are dense weights, and a budget below them
 // all is refused with the way out.
 MemoryPlan plan_checkpoint(const std::string& dir, const ModelConfig& cfg, uint64_t weight_bytes, uint64_t budget,
-                           int context, const char* what) {
+                           const ModelOptions& opt, const char* what) {
   try {
-    return plan_memory(cfg, EngineIndex{}, weight_bytes, budget, context, what);
+    return plan_memory(cfg, EngineIndex{}, weight_bytes, budget, opt, what);
   } catch (const Error& e) {
     fail("{}: {}; a checkpoint directory keeps every expert in memory: `moestream convert` it to stream them", dir,
          e.what());
   }
+}
+
+// A chunk the DeltaNet kernels split as a whole prefill does, with room to move one alignment back.
+void check_prefill_chunk(int chunk) {
+  if (chunk < 2 * kPrefillChunkAlign || chunk % kPrefillChunkAlign != 0)
+    fail("prefill chunk {} must be a multiple of {} and at least {}", chunk, kPrefillChunkAlign, 2 * kPrefillChunkAlign);
 }
 
 void check_floor(const std::string& dir, const StoreOptions& o, const EngineIndex& index, int top_k, const char* where) {
@@ -138,19 +171,19 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     vram.top_k = m->cfg_.top_k;
     const EngineIndex& index = m->experts_->index();
     if (opt.vram_budget) {
-      m->plan_ = plan_memory(m->cfg_, index, m->device_->bytes(), opt.vram_budget, opt.context, "VRAM budget");
+      m->plan_ = plan_memory(m->cfg_, index, m->device_->bytes(), opt.vram_budget, opt, "VRAM budget");
       vram.slots = m->plan_.slots;
       vram.layer_caps.clear();
     } else if (vram.slots == 0 && vram.layer_caps.empty()) {
       // Unsized: every expert when they fit in 90 % of the free VRAM, else the pools get that.
       const uint64_t budget = m->device_->bytes() + usable_free_vram();
-      const MemoryPlan p = plan_memory(m->cfg_, index, m->device_->bytes(), budget, opt.context, "free VRAM");
+      const MemoryPlan p = plan_memory(m->cfg_, index, m->device_->bytes(), budget, opt, "free VRAM");
       if (p.slots < m->cfg_.n_experts) m->plan_ = p, vram.slots = p.slots;
     }
     check_floor(dir, vram, index, m->cfg_.top_k, "VRAM ");
     m->device_experts_ = std::make_shared<DeviceExpertStore>(*m->experts_, vram);
   } else if (opt.vram_budget) {
-    m->plan_ = plan_checkpoint(dir, m->cfg_, m->device_->bytes(), opt.vram_budget, opt.context, "VRAM budget");
+    m->plan_ = plan_checkpoint(dir, m->cfg_, m->device_->bytes(), opt.vram_budget, opt, "VRAM budget");
   }
   m->decode_graphs_ = opt.cuda_graphs && m->every_expert_resident();
   // Only decode ahead reads the embedding on the GPU, so it takes VRAM only where decode steps are
@@ -167,11 +200,12 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
 }
 
 std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOptions& opt) {
+  check_prefill_chunk(opt.prefill_chunk);
   ModelConfig cfg = load_config(dir);
   if (!is_engine_dir(dir)) {
-    std::unique_ptr<Model> m(new Model(TensorStore::open(dir), std::move(cfg), nullptr, {}, opt.context));
+    std::unique_ptr<Model> m(new Model(TensorStore::open(dir), std::move(cfg), nullptr, {}, opt.context, opt.prefill_chunk));
     if (opt.device == Device::Cpu && opt.memory_budget > 0)
-      m->plan_ = plan_checkpoint(dir, m->cfg_, m->w_.dense_bytes + m->w_.expert_bytes, opt.memory_budget, opt.context,
+      m->plan_ = plan_checkpoint(dir, m->cfg_, m->w_.dense_bytes + m->w_.expert_bytes, opt.memory_budget, opt,
                                  "memory budget");
     return m;
   }
@@ -184,13 +218,14 @@ std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOp
   if (opt.device == Device::Cuda) {
     store_opt = host_tier_options(dir, cfg, index, opt);
   } else if (opt.memory_budget > 0) {
-    plan = plan_memory(cfg, index, std::filesystem::file_size(dense_path), opt.memory_budget, opt.context, "memory budget");
+    plan = plan_memory(cfg, index, std::filesystem::file_size(dense_path), opt.memory_budget, opt, "memory budget");
     store_opt.slots = plan.slots;
     store_opt.layer_caps.clear();
   }
   check_floor(dir, store_opt, index, cfg.top_k, opt.device == Device::Cuda ? "host " : "");
   auto experts = std::make_unique<ExpertStore>(dir, index, store_opt);
-  return std::unique_ptr<Model>(new Model(std::move(dense), std::move(cfg), std::move(experts), plan, opt.context));
+  return std::unique_ptr<Model>(new Model(std::move(dense), std::move(cfg), std::move(experts), plan, opt.context,
+                                                opt.prefill_chunk));
 }
 
 #if MOESTREAM_CUDA
@@ -251,14 +286,64 @@ void Model::decoder_layer(const B& be, const LayerWeights& lw, int T, typename B
   be.add_rmsnorm(x, y.data(), T, cfg_.hidden, be.vec(next_norm), offset, cfg_.rms_eps, h);
 }
 
+void Model::check_ids(const int* ids, int T) const {
+  for (int t = 0; t < T; ++t)
+    if (ids[t] < 0 || ids[t] >= cfg_.vocab)
+      fail("token id {} at position {} is outside the vocabulary [0, {})", ids[t], t, cfg_.vocab);
+}
+
+int Model::next_chunk(int remaining) const {
+  if (remaining <= prefill_chunk_) return remaining;
+  return remaining - prefill_chunk_ == 1 ? prefill_chunk_ - kPrefillChunkAlign : prefill_chunk_;
+}
+
+namespace {
+
+template <class T>
+void append(std::vector<T>& to, const std::vector<T>& from) {
+  to.insert(to.end(), from.begin(), from.end());
+}
+
+// A chunk's result after those of the chunks before it: rows appended, the last's logits and token.
+void join_chunk(ForwardResult& all, ForwardResult&& chunk, bool all_logits) {
+  if (all_logits) append(all.logits, chunk.logits);
+  else all.logits = std::move(chunk.logits);
+  all.token = chunk.token;
+  append(all.hidden_pre_norm, chunk.hidden_pre_norm);
+  append(all.hidden_post_norm, chunk.hidden_post_norm);
+  all.routes.resize(chunk.routes.size());
+  all.router_probs.resize(chunk.router_probs.size());
+  for (size_t l = 0; l < chunk.routes.size(); ++l) append(all.routes[l], chunk.routes[l]);
+  for (size_t l = 0; l < chunk.router_probs.size(); ++l) append(all.router_probs[l], chunk.router_probs[l]);
+}
+
+}  // namespace
+
 ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardOptions& opt) const {
   if (T <= 0) fail("forward needs at least one token");
+  check_ids(ids, T);  // all of them before a chunk changes the state
+  if (T <= prefill_chunk_) return forward_chunk(ids, T, state, opt);
+  ForwardResult all;
+  for (int done = 0; done < T;) {
+    const int n = next_chunk(T - done);
+    ForwardOptions o = opt;
+    if (done + n < T) {  // only the last chunk's logits are asked for, unless every row's are
+      o.sample = nullptr;
+      o.logits = opt.all_logits;
+    }
+    join_chunk(all, forward_chunk(ids + done, n, state, o), opt.all_logits);
+    done += n;
+  }
+  return all;
+}
+
+ForwardResult Model::forward_chunk(const int* ids, int T, State& state, const ForwardOptions& opt) const {
   ForwardResult r;
 #if MOESTREAM_CUDA
   if (device_) {
     if (!state.device) state.device = std::make_shared<DeviceState>(cfg_, state.planned_positions());
     const CudaBackend be{*device_, *state.device, device_experts_.get()};
-    if (T == 1 && decode_graphs_)
+    if (T == 1 && decode_graphs_ && opt.logits)
       r = forward_captured(be, ids[0], state.position(), opt);
     else
       r = forward_on(be, ids, T, state.position(), opt);
@@ -313,12 +398,15 @@ ForwardResult Model::forward_on(const B& be, const int* ids, int T, int pos0, co
   typename B::Buf x = be.upload(std::move(embedded));
   typename B::Buf xn = be.alloc(x.size());
   run_layers(be, x.data(), xn.data(), T, pos0, opt, r);
-  const int rows = opt.all_logits ? T : 1;
-  typename B::Buf logits = be.alloc(size_t(rows) * size_t(cfg_.vocab));
-  final_logits(be, xn.data(), T, rows, logits.data());
-  if (opt.sample) r.token = opt.sample(logits.data() + size_t(rows - 1) * size_t(cfg_.vocab), B::kOnDevice);
+  typename B::Buf logits;
+  if (opt.logits) {
+    const int rows = opt.all_logits ? T : 1;
+    logits = be.alloc(size_t(rows) * size_t(cfg_.vocab));
+    final_logits(be, xn.data(), T, rows, logits.data());
+    if (opt.sample) r.token = opt.sample(logits.data() + size_t(rows - 1) * size_t(cfg_.vocab), B::kOnDevice);
+  }
   be.finish();
-  if (!opt.sample || opt.all_logits) r.logits = be.to_host(std::move(logits));
+  if (opt.logits && (!opt.sample || opt.all_logits)) r.logits = be.to_host(std::move(logits));
   if (opt.hidden) {
     r.hidden_pre_norm = be.to_host(std::move(x));
     r.hidden_post_norm = be.to_host(std::move(xn));
@@ -505,6 +593,19 @@ int Model::decode_ahead(State& state, int first, int max_steps, bool routes,
 
 std::vector<float> Model::mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state) const {
   if (!w_.mtp) fail("this model has no MTP head (no mtp.* tensors)");
+  if (T <= 0) fail("mtp_forward needs at least one row");
+  // In chunks as forward's prompts: the head is one full-attention layer, whose rows do not
+  // depend on the chunk they run in.
+  std::vector<float> logits;
+  for (int done = 0; done < T;) {
+    const int n = next_chunk(T - done);
+    append(logits, mtp_chunk(hidden + size_t(done) * size_t(cfg_.hidden), next_ids + done, n, pos0 + done, state));
+    done += n;
+  }
+  return logits;
+}
+
+std::vector<float> Model::mtp_chunk(const float* hidden, const int* next_ids, int T, int pos0, State& state) const {
 #if MOESTREAM_CUDA
   if (device_) {
     if (!state.device) state.device = std::make_shared<DeviceState>(cfg_, state.planned_positions());

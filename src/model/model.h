@@ -24,8 +24,15 @@ enum class Device { Cpu, Cuda };
 // Cuda when this build has the CUDA backend and a GPU it can run on is present, else Cpu.
 Device default_device();
 
+// Tokens a prompt's forward runs at once by default (ModelOptions::prefill_chunk): a multiple of
+// the DeltaNet kernels' 64-token chunk, so that a chunked prefill gives a whole one's bits.
+constexpr int kPrefillChunk = 512;
+constexpr int kPrefillChunkAlign = 64;
+
 struct ForwardOptions {
   bool all_logits = false;  // logits of every position, not only the last
+  // false: no logits and no sample at all (a prompt's chunk before its last, whose logits no one reads)
+  bool logits = true;
   bool hidden = false;      // keep the last hidden states (before and after the final norm)
   bool routes = false;      // keep the routed expert ids and router probabilities of every MoE layer
   // Picks the next token from the last position's logits where they are (device memory on
@@ -50,6 +57,9 @@ struct ModelOptions {
   StoreOptions experts;
   uint64_t memory_budget = 0;  // Cpu: bytes for everything (dense + KV + activations + pool); 0 = unset
   int context = 4096;          // tokens the KV budget provides for
+  // Most tokens one forward runs at once: longer prompts go through in chunks (Model::next_chunk)
+  // whose activations the memory plan counts. A multiple of kPrefillChunkAlign, at least twice it.
+  int prefill_chunk = kPrefillChunk;
   // Cuda: dense weights in VRAM, the forward on the GPU (builds with MOESTREAM_CUDA).
   Device device = Device::Cpu;
   uint64_t vram_budget = 0;  // Cuda: VRAM for dense + KV + activations + pool; 0 = unset
@@ -78,8 +88,17 @@ class Model {
   const ModelWeights& weights() const { return w_; }
   State new_state() const { return State(cfg_, kv_positions_); }
 
-  // Runs T tokens at the state's position through the model and advances the state.
+  // Runs T tokens at the state's position through the model and advances the state; more than
+  // prefill_chunk() tokens run chunk by chunk (next_chunk), their results joined.
   ForwardResult forward(const int* ids, int T, State& state, const ForwardOptions& opt = {}) const;
+  // Tokens the next chunk of a prompt with `remaining` tokens still to run takes: prefill_chunk(),
+  // or 64 fewer where that would leave one lone token (a lone token takes DeltaNet's recurrent
+  // form, whose bits differ from the chunked form a whole prefill gives it), or all that remain.
+  int next_chunk(int remaining) const;
+  int prefill_chunk() const { return prefill_chunk_; }
+  // Fails naming the first of ids outside the vocabulary and its position: what forward checks
+  // before its first chunk runs, for a caller that runs a prompt chunk by chunk itself.
+  void check_ids(const int* ids, int T) const;
 
   // Greedy decode steps on the GPU, each launched before the host reads the token of the one
   // before, so that the GPU never waits for the host between steps: `first` (a token the state
@@ -117,12 +136,15 @@ class Model {
   bool decode_graphs() const { return decode_graphs_; }
 
  private:
-  Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan, int kv_positions);
+  Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan, int kv_positions,
+        int prefill_chunk);
   static std::unique_ptr<Model> load_on_host(const std::string& dir, const ModelOptions& opt);
   void embed(const int* ids, int T, float* out) const;
   // The forward written once over a backend B (model/blocks.h): CpuBackend or CudaBackend.
   template <class B>
   ForwardResult forward_on(const B& be, const int* ids, int T, int pos0, const ForwardOptions& opt) const;
+  // One chunk's forward (T <= prefill_chunk_) on the model's backend; advances the state.
+  ForwardResult forward_chunk(const int* ids, int T, State& state, const ForwardOptions& opt) const;
   // The decoder layers over x [T, hidden] in place, and xn = final_norm(x) after them; each MoE
   // layer's routes into r with opt.routes.
   template <class B>
@@ -144,6 +166,8 @@ class Model {
   // Captures the sequence's decode step anew unless its graph is of this kind and holds kv.
   void capture_if_stale(const CudaBackend& be, int pos0, std::vector<const float*> kv, StepKind kind) const;
   bool every_expert_resident() const;  // Cuda builds
+  // One chunk of mtp_forward (T <= prefill_chunk_) on the model's backend.
+  std::vector<float> mtp_chunk(const float* hidden, const int* next_ids, int T, int pos0, State& state) const;
   template <class B>
   std::vector<float> mtp_forward_on(const B& be, const float* hidden, const int* next_ids, int T, int pos0) const;
   template <class B>
@@ -160,6 +184,7 @@ class Model {
   std::shared_ptr<DeviceExpertStore> device_experts_;  // after experts_: it borrows that store
   bool decode_graphs_ = false;  // Cuda: decode steps through forward_captured (ModelOptions::cuda_graphs)
   int kv_positions_ = 0;        // ModelOptions::context: what new states' KV caches plan for
+  int prefill_chunk_ = kPrefillChunk;  // ModelOptions::prefill_chunk
 };
 
 }  // namespace ms

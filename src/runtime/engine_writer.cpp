@@ -1,6 +1,7 @@
 #include "runtime/engine_writer.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <string_view>
 
 #include "quant/affine.h"
 #include "util/error.h"
@@ -19,10 +21,59 @@ namespace ms {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+constexpr std::string_view kTempSuffix = ".tmp-";
+constexpr size_t kTempRandom = 6;  // mkdtemp's XXXXXX
+
+// Whether `name` is what TempDir names a temporary directory for an output called `out_name`.
+bool is_temp_name(const std::string& name, const std::string& out_name) {
+  const std::string prefix = out_name + std::string(kTempSuffix);
+  return name.size() == prefix.size() + kTempRandom && name.compare(0, prefix.size(), prefix) == 0;
+}
+
+// kWriterLock of `dir` opened (created where missing) and locked without waiting; -1 when another
+// process holds it or it cannot be opened.
+int try_lock_writer(const fs::path& dir) {
+  const int fd = ::open((dir / TempDir::kWriterLock).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+int remove_dead_temp_dirs(const fs::path& out) {
+  const fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+  const std::string out_name = out.filename().string();
+  std::error_code ec;
+  int removed = 0;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    if (!is_temp_name(e.path().filename().string(), out_name) || !e.is_directory(ec) || e.is_symlink(ec)) continue;
+    const int fd = try_lock_writer(e.path());
+    if (fd < 0) continue;  // its writer is alive (or it is not ours to touch)
+    fs::remove_all(e.path(), ec);
+    ::close(fd);
+    removed += ec ? 0 : 1;
+  }
+  return removed;
+}
+
 TempDir::TempDir(const fs::path& out) {
-  std::string pattern = out.string() + ".tmp-XXXXXX";
+  remove_dead_temp_dirs(out);
+  std::string pattern = out.string() + std::string(kTempSuffix) + std::string(kTempRandom, 'X');
   if (!mkdtemp(pattern.data())) fail("{}: cannot create a temporary directory beside it: {}", out.string(), std::strerror(errno));
   path_ = pattern;
+  lock_fd_ = try_lock_writer(path_);
+  // Another writer to the same output may have taken the new directory for a dead one between
+  // mkdtemp and the lock: it is gone, or going.
+  if (lock_fd_ < 0 || !fs::exists(path_ / kWriterLock)) {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    fail("{}: another writer to {} removed this one's temporary directory; run again", path_.string(), out.string());
+  }
   fs::permissions(path_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read |
                              fs::perms::others_exec);
 }
@@ -32,6 +83,7 @@ TempDir::~TempDir() {
     std::error_code ec;
     fs::remove_all(path_, ec);
   }
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 void TempDir::commit(const fs::path& out, bool force) {
@@ -39,8 +91,13 @@ void TempDir::commit(const fs::path& out, bool force) {
     if (!force) fail("{}: already exists (use --force to replace it)", out.string());
     fs::remove_all(out);
   }
+  // Renamed while locked, so that no other writer takes it for a dead one; the lock file goes after.
   fs::rename(path_, out);
   path_.clear();
+  std::error_code ec;
+  fs::remove(out / kWriterLock, ec);
+  ::close(lock_fd_);
+  lock_fd_ = -1;
 }
 
 Progress::Progress(size_t total, bool enabled) : total_(total), enabled_(enabled), start_(Clock::now()) {}

@@ -22,10 +22,14 @@ namespace ms {
 // tensor's size (16 MB as float32).
 inline constexpr size_t kDenseChunkValues = size_t(1) << 22;
 
-// The output directory under a temporary name beside the final one; removed unless committed,
-// so a failed or interrupted write never leaves a directory that looks valid.
+// The output directory under a temporary name beside the final one (OUT.tmp-XXXXXX); removed
+// unless committed, so a failed or interrupted write never leaves a directory that looks valid.
+// Its writer holds an flock on the file kWriterLock inside it for its whole life, so that one
+// killed outright (SIGKILL, power loss) leaves a directory the next writer to OUT recognises as
+// dead and removes (remove_dead_temp_dirs); a live writer's is left alone.
 class TempDir {
  public:
+  static constexpr const char* kWriterLock = ".writer.lock";
   explicit TempDir(const std::filesystem::path& out);
   ~TempDir();
   TempDir(const TempDir&) = delete;
@@ -36,7 +40,12 @@ class TempDir {
 
  private:
   std::filesystem::path path_;
+  int lock_fd_ = -1;  // kWriterLock, flocked while the directory is being written
 };
+
+// Removes OUT.tmp-* directories beside `out` whose writer is gone (kWriterLock not held); returns
+// how many. TempDir's constructor calls it.
+int remove_dead_temp_dirs(const std::filesystem::path& out);
 
 // A progress bar (bytes, rate, ETA) on stderr when enabled; add() may be called from workers.
 class Progress {

@@ -55,14 +55,37 @@ int Session::reuse_prefix(const std::vector<int>& prompt) {
   return 0;
 }
 
-ForwardResult Session::forward(const int* ids, int T, Sampler& sampler, const std::vector<int>& seen) {
+ForwardResult Session::forward(const int* ids, int T, Sampler& sampler, const std::vector<int>& seen, bool logits) {
   ForwardOptions opt;
   opt.routes = stats_ != nullptr;
+  opt.logits = logits;
   const int vocab = engine_.model().config().vocab;
-  opt.sample = [&](const float* logits, bool on_device) { return sampler.sample_at(logits, vocab, seen, on_device); };
+  if (logits)
+    opt.sample = [&](const float* l, bool on_device) { return sampler.sample_at(l, vocab, seen, on_device); };
   ForwardResult fr = engine_.model().forward(ids, T, state_, opt);
   record_stats(fr);
   return fr;
+}
+
+const char* Session::prefill(const GenerationRequest& req, int from, Sampler& sampler, const std::vector<int>& seen,
+                             ForwardResult& last) {
+  const Model& model = engine_.model();
+  const int T = int(req.prompt.size());
+  for (int done = from; done < T;) {
+    if (done > from)
+      if (const char* why = interruption(req)) return why;
+    const int n = model.next_chunk(T - done);
+    last = forward(req.prompt.data() + done, n, sampler, seen, done + n == T);
+    done += n;
+    processed_.assign(req.prompt.begin(), req.prompt.begin() + done);
+  }
+  return nullptr;
+}
+
+const char* Session::interruption(const GenerationRequest& req) {
+  if (req.cancel && req.cancel->load()) return "cancelled";
+  if (Clock::now() >= req.deadline) return "timeout";
+  return nullptr;
 }
 
 void Session::record_stats(const ForwardResult& fr) {
@@ -74,19 +97,14 @@ void Session::record_stats(const ForwardResult& fr) {
 GenerationResult Session::generate(const GenerationRequest& req, const std::function<bool(const std::string&)>& on_text) {
   if (req.prompt.empty()) fail("the prompt is empty");
   if (req.max_tokens < 0) fail("max_tokens must be >= 0, is {}", req.max_tokens);
+  engine_.model().check_ids(req.prompt.data(), int(req.prompt.size()));  // before any chunk runs
   for (const auto& s : req.stop)
     if (s.empty()) fail("a stop string is empty");
   Sampler sampler(req.sampling);
 
   GenerationResult res;
   res.prompt_tokens = int(req.prompt.size());
-  // Why to stop early, or null to go on.
-  auto interruption = [&]() -> const char* {
-    if (req.cancel && req.cancel->load()) return "cancelled";
-    if (Clock::now() >= req.deadline) return "timeout";
-    return nullptr;
-  };
-  if (const char* why = interruption()) {
+  if (const char* why = interruption(req)) {
     res.finish_reason = why;
     return res;
   }
@@ -94,8 +112,13 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   res.reused_tokens = reuse_prefix(req.prompt);
   const int fresh = int(req.prompt.size()) - res.reused_tokens;
   std::vector<int> seen = req.prompt;  // what the penalties look at
-  ForwardResult fr = forward(req.prompt.data() + res.reused_tokens, fresh, sampler, seen);
-  processed_ = req.prompt;
+  ForwardResult fr;
+  if (const char* why = prefill(req, res.reused_tokens, sampler, seen, fr)) {
+    // The state holds the prompt's prefix processed_ names; the last prompt's checkpoint stays
+    // valid, since this one's tokens went in at or past its end.
+    res.finish_reason = why;  // and no first token: its time stays 0
+    return res;
+  }
   last_prompt_ = req.prompt;
   prompt_end_ = state_.checkpoint();
   res.time_to_first_token_s = seconds_since(start);
@@ -132,7 +155,7 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
       return false;
     }
     emit(safe_length(pending, req.stop));
-    if (!interrupted) interrupted = interruption();
+    if (!interrupted) interrupted = interruption(req);
     return !interrupted && int(res.tokens.size()) < req.max_tokens;
   };
   const Model& model = engine_.model();
@@ -148,7 +171,7 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
     } else {
       do {
         const int next = res.tokens.back();
-        fr = forward(&next, 1, sampler, seen);
+        fr = forward(&next, 1, sampler, seen, true);
         processed_.push_back(next);
       } while (accept(fr.token));
     }

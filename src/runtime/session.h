@@ -19,8 +19,9 @@ struct GenerationRequest {
   SamplingParams sampling;
   std::vector<std::string> stop;  // user stop strings (not included in the output)
   bool ignore_eos = false;
-  // Checked before every token: a set flag ends the generation as "cancelled", a passed
-  // deadline as "timeout" (the prompt is not processed when either holds at the start).
+  // Checked before every prompt chunk (Model::next_chunk) and every token: a set flag ends the
+  // generation as "cancelled", a passed deadline as "timeout" (the prompt is not processed when
+  // either holds at the start). A client gone, a server stopping: set `cancel` from any thread.
   const std::atomic<bool>* cancel = nullptr;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
@@ -47,8 +48,16 @@ class Session {
  private:
   // Rolls the state back to the longest cached prefix of `prompt`; returns its length.
   int reuse_prefix(const std::vector<int>& prompt);
-  // Runs ids and picks the next token with `sampler` where the logits are (ForwardResult::token).
-  ForwardResult forward(const int* ids, int T, Sampler& sampler, const std::vector<int>& seen);
+  // Runs ids and, with `logits`, picks the next token with `sampler` where the logits are
+  // (ForwardResult::token).
+  ForwardResult forward(const int* ids, int T, Sampler& sampler, const std::vector<int>& seen, bool logits);
+  // The prompt's tokens from `from` on, chunk by chunk, the last chunk's result in `last`; stops
+  // between chunks on req's cancel flag or deadline and says why (null: the whole prompt ran).
+  // processed_ follows every chunk, so that an interrupted prompt leaves a coherent cache.
+  const char* prefill(const GenerationRequest& req, int from, Sampler& sampler, const std::vector<int>& seen,
+                      ForwardResult& last);
+  // "cancelled" or "timeout" when req asks to stop now, else null.
+  static const char* interruption(const GenerationRequest& req);
   // A step's routes and the state's size to the statistics, where there are any.
   void record_stats(const ForwardResult& fr);
 

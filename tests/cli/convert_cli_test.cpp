@@ -54,7 +54,7 @@ TEST(ConvertCli, FlagErrors) {
   EXPECT_EQ(run_cli("convert --from " + work + "/nothing --out " + work + "/m", nullptr, &err), 1);
   EXPECT_NE(err.find("nothing"), std::string::npos) << err;
   MS_REQUIRE_SHARED("fixtures/qwen3-moe-tiny", dir);
-  EXPECT_EQ(run_cli("convert --from " + dir + " --out " + work + "/m --proj-bits gate", nullptr, &err), 1);
+  EXPECT_EQ(run_cli("convert --from " + dir + " --out " + work + "/m --proj-bits gate", nullptr, &err), 2);
   EXPECT_NE(err.find("--proj-bits"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(work + "/m"));
 }

@@ -42,7 +42,7 @@ TEST(StreamingFlags, MemoryBudgetBelowTheFloorIsRefusedWithTheNumbers) {
   EXPECT_EQ(test::run_cli("run --prompt x --memory 10M", &out, &err), 1);
   EXPECT_NE(err.find("below the floor"), std::string::npos) << err;
   EXPECT_NE(err.find("dense weights"), std::string::npos) << err;
-  EXPECT_EQ(test::run_cli("run --prompt x --memory 12Q", &out, &err), 1);
+  EXPECT_EQ(test::run_cli("run --prompt x --memory 12Q", &out, &err), 2);  // refused with the flags
   EXPECT_NE(err.find("unknown unit"), std::string::npos) << err;
   ASSERT_EQ(test::run_cli("generate --model " MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4 --ids 1,2,3 --max-tokens 4 --memory 64M --io pread --no-direct-io --verify --stats", &out, &err), 0) << err;
   EXPECT_NE(err.find("pread"), std::string::npos) << err;

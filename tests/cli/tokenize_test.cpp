@@ -44,6 +44,14 @@ TEST(CliTokenize, Errors) {
   MS_REQUIRE_SHARED("tokenizers/qwen3", dir);
   EXPECT_EQ(ms::test::run_cli("detokenize --model " + dir, &out, &err, write_file("{\"a\": 1}")), 1);
   EXPECT_NE(err.find("JSON array of token ids"), std::string::npos) << err;
+  // Ids outside the vocabulary are errors naming the element, not text made of nothing.
+  for (const char* ids : {"[1, 999999]", "[-1]", "[2147483648]", "[18446744073709551615]", "[1, 2, 151669000]"}) {
+    SCOPED_TRACE(ids);
+    EXPECT_EQ(ms::test::run_cli("detokenize --model " + dir, &out, &err, write_file(ids)), 1);
+    EXPECT_NE(err.find("outside the vocabulary"), std::string::npos) << err;
+    EXPECT_NE(err.find("element"), std::string::npos) << err;
+  }
+  EXPECT_EQ(ms::test::run_cli("detokenize --model " + dir, &out, &err, write_file("[9707, 1879]")), 0) << err;
 }
 
 }  // namespace

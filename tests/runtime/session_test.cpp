@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
 
 #include "test_support.h"
 
@@ -154,6 +157,160 @@ TEST_F(SessionTest, StatsCountEveryRoutedToken) {
   // Routing is what the model does anyway: the answer is the same without stats.
   Session plain(*engine_);
   EXPECT_EQ(plain.generate(req).tokens, r.tokens);
+}
+
+// Long prompts run in chunks of 128 tokens here, so that a cancel or a deadline has many chunk
+// boundaries to stop at.
+class PrefillSessionTest : public ::testing::Test {
+ protected:
+  using Clock = std::chrono::steady_clock;
+  static constexpr int kChunk = 128;
+  static void SetUpTestSuite() {
+    std::string dir = test::shared_path("models/pycoder-moe");
+    ModelOptions opt;
+    opt.prefill_chunk = kChunk;
+    if (!dir.empty()) engine_ = Engine::load(dir, opt).release();
+  }
+  static void TearDownTestSuite() { delete engine_; }
+  void SetUp() override {
+    if (!engine_) GTEST_SKIP() << "models/pycoder-moe not found: set MOESTREAM_SHARED to the shared/ folder";
+  }
+  static GenerationRequest long_prompt(int n, int max_tokens) {
+    std::mt19937 gen{unsigned(n)};
+    std::uniform_int_distribution<int> id(1, engine_->model().config().vocab - 1);
+    GenerationRequest r;
+    for (int i = 0; i < n; ++i) r.prompt.push_back(id(gen));
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    return r;
+  }
+  static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  // Prompt tokens the model has run so far, as a session's statistics count them (a chunk's
+  // routes are recorded as it ends).
+  static uint64_t tokens_run(const EngineStats& stats) {
+    for (const LayerUsage& l : stats.snapshot().layers)
+      if (l.moe) return l.routed_total / uint64_t(engine_->model().config().top_k);
+    return 0;
+  }
+  // Seconds one chunk's prefill takes (the fastest of three).
+  static double chunk_seconds() {
+    double best = 1e9;
+    for (int i = 0; i < 3; ++i) {
+      Session s(*engine_);
+      const auto t0 = Clock::now();
+      s.generate(long_prompt(kChunk, 0));
+      best = std::min(best, seconds(Clock::now() - t0));
+    }
+    return best;
+  }
+  static Engine* engine_;
+};
+Engine* PrefillSessionTest::engine_ = nullptr;
+
+TEST_F(PrefillSessionTest, CancelFromAnotherThreadStopsThePrefillWithinAChunk) {
+  const double chunk = chunk_seconds();
+  const int n = 40 * kChunk;  // some forty chunks: far longer than the wait below
+  for (double after : {0.0, 2.5, 6.5}) {  // in chunks' time: before the first chunk ends, and later
+    EngineStats stats(engine_->model().config(), {});
+    Session s(*engine_, &stats);
+    std::atomic<bool> cancel{false};
+    GenerationRequest req = long_prompt(n, 8);
+    req.cancel = &cancel;
+    Clock::time_point cancelled_at;
+    uint64_t tokens_at_cancel = 0;
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(after * chunk));
+      cancelled_at = Clock::now();
+      cancel = true;
+      tokens_at_cancel = tokens_run(stats);  // read after the flag: at most the chunk then under way follows
+    });
+    const GenerationResult r = s.generate(req);
+    const auto returned_at = Clock::now();
+    canceller.join();
+    EXPECT_EQ(r.finish_reason, "cancelled");
+    EXPECT_TRUE(r.tokens.empty());
+    // The chunk under way when the flag was set finishes; nothing after it runs.
+    EXPECT_LE(tokens_run(stats), tokens_at_cancel + kChunk);
+    EXPECT_LT(tokens_run(stats), uint64_t(n));
+    // A later chunk attends to more positions than the first, whose time `chunk` is.
+    const double late = seconds(returned_at - cancelled_at);
+    EXPECT_LT(late, 3 * chunk + 0.5) << "returned " << late << " s after the cancel; a first chunk takes " << chunk << " s";
+  }
+}
+
+TEST_F(PrefillSessionTest, DeadlineStopsThePrefillWithinAChunk) {
+  const double chunk = chunk_seconds();
+  EngineStats stats(engine_->model().config(), {});
+  Session s(*engine_, &stats);
+  GenerationRequest req = long_prompt(40 * kChunk, 8);
+  req.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(3.5 * chunk));
+  uint64_t tokens_at_deadline = 0;
+  std::thread reader([&] {
+    std::this_thread::sleep_until(req.deadline);
+    tokens_at_deadline = tokens_run(stats);
+  });
+  const GenerationResult r = s.generate(req);
+  const double late = seconds(Clock::now() - req.deadline);
+  reader.join();
+  EXPECT_EQ(r.finish_reason, "timeout");
+  EXPECT_TRUE(r.tokens.empty());
+  EXPECT_LE(tokens_run(stats), tokens_at_deadline + kChunk);
+  EXPECT_LT(late, 3 * chunk + 0.5) << "returned " << late << " s past the deadline; a first chunk takes " << chunk << " s";
+}
+
+TEST_F(PrefillSessionTest, IdOutsideTheVocabularyIsRefusedBeforeAnyChunkRuns) {
+  Session s(*engine_);
+  const GenerationResult first = s.generate(long_prompt(2 * kChunk, 4));
+  // The conversation's next turn, once with an id outside the vocabulary in its fifth chunk.
+  GenerationRequest next = long_prompt(2 * kChunk, 4);
+  next.prompt.insert(next.prompt.end(), first.tokens.begin(), first.tokens.end());
+  const GenerationRequest tail = long_prompt(3 * kChunk, 0);
+  next.prompt.insert(next.prompt.end(), tail.prompt.begin(), tail.prompt.end());
+  GenerationRequest bad = next;
+  bad.prompt[4 * kChunk + 3] = engine_->model().config().vocab;
+  test::expect_error([&] { s.generate(bad); }, {"token id", std::to_string(4 * kChunk + 3), "outside the vocabulary"});
+  // Nothing of it ran: the cache still holds the first turn, which the good next turn reuses.
+  const GenerationResult reused = s.generate(next);
+  EXPECT_EQ(reused.reused_tokens, 2 * kChunk + int(first.tokens.size()) - 1);
+  Session fresh(*engine_);
+  EXPECT_EQ(reused.tokens, fresh.generate(next).tokens);
+}
+
+TEST_F(PrefillSessionTest, CancelledPrefillLeavesACacheTheNextRequestReuses) {
+  const GenerationRequest whole = long_prompt(6 * kChunk + 5, 6);
+  Session fresh(*engine_);
+  const GenerationResult want = fresh.generate(whole);
+  ASSERT_EQ(want.tokens.size(), 6u);
+
+  // Cancelled once two chunks ran: the session keeps the chunks it ran.
+  std::atomic<bool> cancel{false};
+  GenerationRequest req = whole;
+  req.cancel = &cancel;
+  EngineStats stats(engine_->model().config(), {});
+  Session counted(*engine_, &stats);
+  int seen_tokens = 0;
+  // The stats see every chunk's routes as it ends: cancel once two chunks went through.
+  std::thread watcher([&] {
+    while (!cancel) {
+      seen_tokens = int(tokens_run(stats));
+      if (seen_tokens >= 2 * kChunk) cancel = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  const GenerationResult cut = counted.generate(req);
+  watcher.join();
+  ASSERT_EQ(cut.finish_reason, "cancelled");
+  // The same prompt again: the processed chunks are reused, the answer is the uninterrupted one.
+  const GenerationResult resumed = counted.generate(whole);
+  EXPECT_GE(resumed.reused_tokens, 2 * kChunk);
+  EXPECT_LT(resumed.reused_tokens, int(whole.prompt.size()));
+  EXPECT_EQ(resumed.reused_tokens % kChunk, 0);
+  EXPECT_EQ(resumed.tokens, want.tokens);
+  EXPECT_EQ(resumed.finish_reason, "length");
+  // And a different prompt after the cut one starts over, with the answer a fresh session gives.
+  const GenerationRequest other = long_prompt(3 * kChunk, 4);
+  Session fresh_other(*engine_);
+  EXPECT_EQ(counted.generate(other).tokens, fresh_other.generate(other).tokens);
 }
 
 }  // namespace
