@@ -166,8 +166,8 @@ struct Tokenizer::Impl {
   void parse_pre_tokenizer(const Field& pre);
   void parse_added_tokens(const Field& added);
 
-  void encode(std::string_view text, std::vector<int>& ids) const;
-  void encode_segment(std::string_view text, std::vector<int>& ids) const;
+  void encode(std::string_view text, const std::vector<ByteRange>& untrusted, std::vector<int>& ids) const;
+  void encode_segment(std::string_view text, const std::vector<ByteRange>& untrusted, std::vector<int>& ids) const;
   void pre_tokenize(std::string_view piece, size_t stage, std::vector<int>& ids) const;
   void encode_byte_level(std::string_view piece, std::vector<int>& ids) const;
 };
@@ -369,27 +369,56 @@ Tokenizer Tokenizer::load(const std::string& path) {
   return Tokenizer(std::move(impl));
 }
 
-void Tokenizer::Impl::encode(std::string_view text, std::vector<int>& ids) const {
+void Tokenizer::Impl::encode(std::string_view text, const std::vector<ByteRange>& untrusted,
+                             std::vector<int>& ids) const {
   std::vector<AddedTokenMatcher::Piece> pieces;
-  raw_added.split(text, pieces);
+  raw_added.split(text, pieces, untrusted);
   for (const auto& p : pieces) {
     if (p.id >= 0)
       ids.push_back(p.id);
     else
-      encode_segment(text.substr(p.begin, p.end - p.begin), ids);
+      encode_segment(text.substr(p.begin, p.end - p.begin),
+                     untrusted.empty() ? untrusted : marks_within(untrusted, p.begin, p.end), ids);
   }
 }
 
+namespace {
+
+// NFC of text whose `untrusted` ranges must stay known: each run of trusted or untrusted
+// bytes is normalised on its own, and the marks move with the runs.
+MarkedText nfc_runs(std::string_view text, const std::vector<ByteRange>& untrusted) {
+  MarkedText out;
+  std::string storage;
+  size_t pos = 0;
+  for (const ByteRange& r : untrusted) {
+    if (r.begin > pos) out.append(nfc_text(text.substr(pos, r.begin - pos), storage), false);
+    out.append(nfc_text(text.substr(r.begin, r.end - r.begin), storage), true);
+    pos = r.end;
+  }
+  if (pos < text.size()) out.append(nfc_text(text.substr(pos), storage), false);
+  return out;
+}
+
+}  // namespace
+
 // Text between two raw added tokens: normalised, then split on the normalised added tokens.
-void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<int>& ids) const {
+void Tokenizer::Impl::encode_segment(std::string_view text, const std::vector<ByteRange>& untrusted,
+                                     std::vector<int>& ids) const {
   std::string normalized;
-  if (nfc) text = nfc_text(text, normalized);
+  if (normalized_added.empty() || untrusted.empty()) {
+    if (nfc) text = nfc_text(text, normalized);
+  }
   if (normalized_added.empty()) {
     pre_tokenize(text, 0, ids);
     return;
   }
+  MarkedText runs;
+  if (!untrusted.empty()) {  // normalised added tokens must not match untrusted text either
+    runs = nfc ? nfc_runs(text, untrusted) : MarkedText{std::string(text), untrusted};
+    text = runs.text;
+  }
   std::vector<AddedTokenMatcher::Piece> pieces;
-  normalized_added.split(text, pieces);
+  normalized_added.split(text, pieces, runs.untrusted);
   for (const auto& p : pieces) {
     if (p.id >= 0)
       ids.push_back(p.id);
@@ -433,7 +462,19 @@ std::vector<int> Tokenizer::encode(std::string_view text) const {
     fail("tokenizer input is not valid UTF-8 (at byte {} of {})", bad, text.size());
   std::vector<int> ids;
   ids.reserve(text.size() / 3);
-  impl_->encode(text, ids);
+  impl_->encode(text, {}, ids);
+  return ids;
+}
+
+std::vector<int> Tokenizer::encode(const MarkedText& text) const {
+  size_t bad = utf8::first_invalid(text.text);
+  if (bad != std::string_view::npos)
+    fail("tokenizer input is not valid UTF-8 (at byte {} of {})", bad, text.text.size());
+  for (const ByteRange& r : text.untrusted)
+    if (r.begin >= r.end || r.end > text.text.size()) fail("tokenizer input: untrusted range [{}, {}) is outside the text", r.begin, r.end);
+  std::vector<int> ids;
+  ids.reserve(text.text.size() / 3);
+  impl_->encode(text.text, text.untrusted, ids);
   return ids;
 }
 
