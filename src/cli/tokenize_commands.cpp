@@ -44,7 +44,8 @@ void tokenize(const TokenizerSource& src) {
   std::fwrite(out.data(), 1, out.size(), stdout);
 }
 
-std::vector<int> parse_ids(const std::string& text) {
+// The ids of a JSON array, each checked to be an id of the tokenizer's vocabulary.
+std::vector<int> parse_ids(const std::string& text, int vocab_size) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -55,6 +56,11 @@ std::vector<int> parse_ids(const std::string& text) {
   std::vector<int> ids;
   for (size_t i = 0; i < j.size(); ++i) {
     if (!j[i].is_number_integer()) fail("detokenize: element {} of the array is not an integer", i);
+    const bool in_range = j[i].is_number_unsigned() ? j[i].get<uint64_t>() < uint64_t(vocab_size)
+                                                    : j[i].get<int64_t>() >= 0 && j[i].get<int64_t>() < vocab_size;
+    if (!in_range)
+      fail("detokenize: id {} (element {}) is outside the vocabulary of {} ids (0 to {})", j[i].dump(), i, vocab_size,
+           vocab_size - 1);
     ids.push_back(j[i].get<int>());
   }
   return ids;
@@ -62,7 +68,7 @@ std::vector<int> parse_ids(const std::string& text) {
 
 void detokenize(const TokenizerSource& src) {
   Tokenizer tok = Tokenizer::load(src.path());
-  std::string text = tok.decode(parse_ids(read_stdin()));
+  std::string text = tok.decode(parse_ids(read_stdin(), tok.vocab_size()));
   std::fwrite(text.data(), 1, text.size(), stdout);
 }
 
