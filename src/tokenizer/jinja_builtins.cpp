@@ -84,9 +84,11 @@ std::string title(std::string_view s) {
   return encode(u);
 }
 
-// Byte offsets of each code point of s, and s.size() last.
-std::vector<size_t> code_point_starts(std::string_view s) {
-  std::vector<size_t> starts;
+// Byte offsets of each code point of s, and s.size() last (4 bytes a character: strings
+// over 4 GiB cannot come from a request or be computed).
+std::vector<uint32_t> code_point_starts(std::string_view s) {
+  if (s.size() > UINT32_MAX) fail("a string of {} bytes is too long to index", s.size());
+  std::vector<uint32_t> starts;
   for (size_t i = 0; i < s.size();) {
     starts.push_back(i);
     next_code_point(s, i);
@@ -119,7 +121,7 @@ Value strip_value(const Value& sv, const Value* chars, bool left, bool right) {
   if (!keeps_bytes(s)) return derived_string(strip(s, chars, left, right), has_untrusted(sv));
   std::u32string set = chars && !chars->is_none() ? decode(chars->str()) : std::u32string();
   auto strip_it = [&](char32_t c) { return chars && !chars->is_none() ? set.find(c) != set.npos : is_py_space(c); };
-  std::vector<size_t> starts = code_point_starts(s);
+  std::vector<uint32_t> starts = code_point_starts(s);
   size_t begin = 0, end = starts.size() - 1;  // code point indices
   auto at = [&](size_t i) {
     size_t pos = starts[i];
@@ -160,7 +162,7 @@ Value split(const Value& sv, const Value* sep, int64_t maxsplit) {
       }
       return Value(std::move(parts));
     }
-    std::vector<size_t> starts = code_point_starts(s);
+    std::vector<uint32_t> starts = code_point_starts(s);
     const size_t n = starts.size() - 1;
     auto space = [&](size_t i) {
       size_t pos = starts[i];
@@ -206,7 +208,7 @@ Value replace(const Value& sv, const Value& old_v, const Value& with_v, int64_t 
     ++done;
   };
   if (old.empty()) {  // Python inserts `with` between every character and at both ends
-    std::vector<size_t> starts = code_point_starts(s);
+    std::vector<uint32_t> starts = code_point_starts(s);
     for (size_t i = 0; i < starts.size(); ++i) {
       if (count < 0 || done < count) insert();
       if (i + 1 < starts.size()) out.append(s, marks(sv), starts[i], starts[i + 1]);
@@ -778,11 +780,20 @@ Value get_item(const Value& obj, const Value& key) {
       int64_t n = int64_t(obj.array().size());
       if (i < 0) i += n;
       if (i >= 0 && i < n) return obj.array()[size_t(i)];
-    } else {
-      std::vector<size_t> starts = code_point_starts(obj.str());
-      int64_t n = int64_t(starts.size()) - 1;
-      if (i < 0) i += n;
-      if (i >= 0 && i < n) return substring(obj, starts[size_t(i)], starts[size_t(i) + 1]);
+    } else {  // walks to the character rather than indexing them all
+      const std::string& s = obj.str();
+      if (i < 0) {
+        int64_t n = 0;
+        for (size_t pos = 0; pos < s.size(); ++n) next_code_point(s, pos);
+        i += n;
+      }
+      size_t pos = 0;
+      for (int64_t k = 0; k < i && pos < s.size(); ++k) next_code_point(s, pos);
+      if (i >= 0 && pos < s.size()) {
+        size_t end = pos;
+        next_code_point(s, end);
+        return substring(obj, pos, end);
+      }
     }
     return Undefined{type_name(obj) + " index " + std::to_string(key.as_int()) + " out of range"};
   }
@@ -794,7 +805,7 @@ Value get_slice(const Value& obj, std::optional<int64_t> start, std::optional<in
                 std::optional<int64_t> step_opt) {
   int64_t step = step_opt.value_or(1);
   if (step == 0) fail("slice step cannot be zero");
-  std::vector<size_t> starts;  // of each character, when slicing a string
+  std::vector<uint32_t> starts;  // of each character, when slicing a string
   if (obj.is_string()) {
     starts = code_point_starts(obj.str());
   } else if (!obj.is_array()) {
@@ -845,7 +856,9 @@ Array iterate(const Value& v) {
   if (v.is_undefined()) return {};
   if (v.is_array()) return v.array();
   if (v.is_string()) {
-    std::vector<size_t> starts = code_point_starts(v.str());
+    std::vector<uint32_t> starts = code_point_starts(v.str());
+    if (starts.size() - 1 > kMaxItems)
+      fail("iterating a string of {} characters is longer than the limit of {}", starts.size() - 1, kMaxItems);
     Array out;
     for (size_t i = 0; i + 1 < starts.size(); ++i) out.push_back(substring(v, starts[i], starts[i + 1]));
     return out;

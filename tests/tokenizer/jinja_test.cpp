@@ -382,6 +382,10 @@ TEST(JinjaLimits, StringsListsAndOutputAreBounded) {
   EXPECT_NE(error_of("{% for i in range(100000) %}{% set y = 'x' * 50000 %}{% endfor %}").find("computed more than"),
             std::string::npos);
   EXPECT_NE(error_of("{{ 'a' | indent(10**12) }}").find("indent would make a string"), std::string::npos);
+  EXPECT_NE(error_of("{% for c in 'x' * 2000000 %}{% endfor %}").find("iterating a string of 2000000 characters"),
+            std::string::npos);
+  EXPECT_EQ(Template("{{ ('\xC3\xA9" "a' * 3)[-2] }}{{ 'abc'[5] }}{{ 'abc'[-4] }}{{ 'abc'[1] }}").render(json::object()),
+            "\xC3\xA9" "b");
   EXPECT_NE(error_of("{{ ('x' * 1000000).replace('', 'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy') }}")
                 .find("replace would make a string"),
             std::string::npos);
