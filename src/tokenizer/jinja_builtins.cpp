@@ -357,7 +357,7 @@ Args rest_args(Args& a, size_t from) {
 
 TestFn test_by_name(const Value& name) {
   TestFn t = name.is_string() ? find_test(name.str()) : nullptr;
-  if (!t) fail("no test named {}", to_repr(name));
+  if (!t) fail("no test named {}", repr_for_error(name));
   return t;
 }
 
@@ -536,7 +536,7 @@ Value f_map(const Value& v, Args& a) {
     }
   } else {
     FilterFn f = a.positional[0].is_string() ? find_filter(a.positional[0].str()) : nullptr;
-    if (!f) fail("map: no filter named {}", to_repr(a.positional[0]));
+    if (!f) fail("map: no filter named {}", repr_for_error(a.positional[0]));
     for (const Value& item : iterate(v)) {
       Args rest = rest_args(a, 1);
       out.push_back(f(item, rest));
@@ -772,7 +772,7 @@ Value get_item(const Value& obj, const Value& key) {
       if (const Value* v = obj.object().find(key.str())) return *v;
       return get_attr(obj, key.str());
     }
-    return Undefined{fmt::format("'dict object' has no attribute {}", to_repr(key))};
+    return Undefined{fmt::format("'dict object' has no attribute {}", repr_for_error(key))};
   }
   if ((obj.is_array() || obj.is_string()) && (key.is_int() || key.is_bool())) {
     int64_t i = key.as_int();
@@ -798,7 +798,7 @@ Value get_item(const Value& obj, const Value& key) {
     return Undefined{type_name(obj) + " index " + std::to_string(key.as_int()) + " out of range"};
   }
   if (key.is_string()) return get_attr(obj, key.str());
-  return Undefined{fmt::format("'{} object' has no item {}", type_name(obj), to_repr(key))};
+  return Undefined{fmt::format("'{} object' has no item {}", type_name(obj), repr_for_error(key))};
 }
 
 Value get_slice(const Value& obj, std::optional<int64_t> start, std::optional<int64_t> stop,

@@ -65,7 +65,10 @@ Value from_json_at(const nlohmann::ordered_json& j, bool untrusted, uint32_t dep
     case nlohmann::ordered_json::value_t::null: return nullptr;
     case nlohmann::ordered_json::value_t::boolean: return j.get<bool>();
     case nlohmann::ordered_json::value_t::number_integer: return j.get<int64_t>();
-    case nlohmann::ordered_json::value_t::number_unsigned: return int64_t(j.get<uint64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      if (j.get<uint64_t>() > uint64_t(INT64_MAX))  // Python's int would hold it; ours would wrap
+        fail("chat template input: the integer {} is larger than {}", j.get<uint64_t>(), INT64_MAX);
+      return int64_t(j.get<uint64_t>());
     case nlohmann::ordered_json::value_t::number_float: return j.get<double>();
     case nlohmann::ordered_json::value_t::string: return derived_string(j.get<std::string>(), untrusted);
     case nlohmann::ordered_json::value_t::array: {
@@ -408,6 +411,18 @@ void repr_into(std::string& out, const Value& v) {
 }
 
 }  // namespace
+
+std::string repr_for_error(const Value& v) {
+  constexpr size_t kShown = 60;  // bytes of a string shown
+  if (v.is_array()) return fmt::format("<list of {} items>", v.array().size());
+  if (v.is_object() && !v.object().is_namespace) return fmt::format("<dict of {} items>", v.object().items.size());
+  if (v.is_string() && v.str().size() > kShown) {
+    size_t cut = kShown;
+    while (cut > 0 && (static_cast<unsigned char>(v.str()[cut]) & 0xC0) == 0x80) --cut;  // a whole character
+    return repr_string(v.str().substr(0, cut)) + "...";
+  }
+  return to_repr(v);
+}
 
 std::string to_repr(const Value& v) {
   std::string out;

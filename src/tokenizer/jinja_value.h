@@ -136,6 +136,9 @@ int compare(const Value& a, const Value& b);
 std::string to_str(const Value& v);
 std::string to_repr(const Value& v);
 std::string float_repr(double d);
+// repr(v) for an error message: a scalar or a short string in full, a long string cut, a
+// list or dict by its type and length (never its contents).
+std::string repr_for_error(const Value& v);
 
 // json.dumps(v, ensure_ascii=False, indent=indent, separators=...) as transformers' tojson
 // filter calls it; indent < 0 means None (one line).

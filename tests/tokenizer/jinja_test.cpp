@@ -422,6 +422,13 @@ TEST(JinjaLimits, ValuesNestAndArithmeticOverflowWithAnError) {
   EXPECT_EQ(Template("{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ 'abc'[1::9223372036854775807] }}{{ 'abc'[::-9223372036854775807] }}")
                 .render(json::object()),
             "4611686018427387904 -9223372036854775808 bc");
+  EXPECT_EQ(error_of("{{ v }}", {{"v", {{"x", 18446744073709551615ULL}}}}),
+            "chat template input: the integer 18446744073709551615 is larger than 9223372036854775807");
+  // Errors name a value without printing all of it.
+  EXPECT_EQ(error_of("{{ [1] | map(v) | list }}", {{"v", json::array({1, 2, 3})}}),
+            "chat template line 1: map: no filter named <list of 3 items>");
+  EXPECT_EQ(error_of("{{ [1] | select(v) | list }}", {{"v", std::string(1000, 'x')}}),
+            "chat template line 1: no test named '" + std::string(60, 'x') + "'...");
   json deep = json::array();
   for (int i = 0; i < 300; ++i) deep = json::array({deep});
   EXPECT_NE(error_of("{{ v }}", {{"v", deep}}).find("nests deeper than 200"), std::string::npos);
