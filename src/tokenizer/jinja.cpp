@@ -202,9 +202,21 @@ Value g_range(Args& a) {
   return Value(std::move(out));
 }
 
-Value g_namespace(Args& a) {
+// The namespaces one render made. A namespace can hold itself (ns.me = ns), which shared
+// ownership never frees; the render empties them all when it ends, breaking such cycles.
+struct Namespaces {
+  std::vector<std::shared_ptr<Object>> made;
+  ~Namespaces() {
+    for (auto& ns : made) {
+      auto items = std::move(ns->items);  // released once the namespace no longer holds them
+    }
+  }
+};
+
+Value g_namespace(Namespaces& namespaces, Args& a) {
   auto ns = std::make_shared<Object>();
   ns->is_namespace = true;
+  namespaces.made.push_back(ns);
   if (a.positional.size() > 1) fail("namespace takes at most one positional argument");
   if (!a.positional.empty()) {
     if (!a.positional[0].is_object()) fail("namespace expects a dict, got {}", type_name(a.positional[0]));
@@ -550,7 +562,8 @@ MarkedText Template::render(const nlohmann::ordered_json& trusted, const nlohman
     if (!context->is_object()) fail("chat template context must be a JSON object, got {}", context->type_name());
   Scope globals;
   globals.set("range", Value(Function{"range", g_range}));
-  globals.set("namespace", Value(Function{"namespace", g_namespace}));
+  Namespaces namespaces;  // emptied when the render ends
+  globals.set("namespace", Value(Function{"namespace", [&namespaces](Args& a) { return g_namespace(namespaces, a); }}));
   globals.set("dict", Value(Function{"dict", g_dict}));
   globals.set("raise_exception", Value(Function{"raise_exception", g_raise_exception}));
   globals.set("strftime_now", Value(Function{"strftime_now", g_strftime_now}));
