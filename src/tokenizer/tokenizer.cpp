@@ -497,8 +497,13 @@ std::vector<int> Tokenizer::encode(const MarkedText& text) const {
   size_t bad = utf8::first_invalid(text.text);
   if (bad != std::string_view::npos)
     fail("tokenizer input is not valid UTF-8 (at byte {} of {})", bad, text.text.size());
-  for (const ByteRange& r : text.untrusted)
-    if (r.begin >= r.end || r.end > text.text.size()) fail("tokenizer input: untrusted range [{}, {}) is outside the text", r.begin, r.end);
+  size_t previous_end = 0;
+  for (const ByteRange& r : text.untrusted) {
+    if (r.begin >= r.end || r.end > text.text.size() || r.begin < previous_end)
+      fail("tokenizer input: untrusted range [{}, {}) is empty, outside the {}-byte text or out of order", r.begin,
+           r.end, text.text.size());
+    previous_end = r.end;
+  }
   std::vector<int> ids;
   ids.reserve(text.text.size() / 3);
   impl_->encode(text.text, text.untrusted, ids);

@@ -198,6 +198,8 @@ TEST(Tokenizer, UntrustedRangesReadAddedTokensAsText) {
   EXPECT_EQ(t.encode(MarkedText{"<x><x>", {{0, 3}}}), (std::vector<int>{'<', 'x', '>', 300}));
   EXPECT_EQ(t.encode(MarkedText{"ab<x>ab", {{0, 7}}}), (std::vector<int>{256, '<', 'x', '>', 256}));
   EXPECT_THROW(t.encode(MarkedText{"ab", {{1, 5}}}), ms::Error);
+  EXPECT_THROW(t.encode(MarkedText{"abcd", {{2, 3}, {0, 1}}}), ms::Error);
+  EXPECT_THROW(t.encode(MarkedText{"ab", {{1, 1}}}), ms::Error);
 
   // Tokens matched after normalisation too: the untrusted "e + combining acute" stays text.
   json j = with_added(tiny_tokenizer({}, json::array()), {{"content", "\xC3\xA9"}, {"normalized", true}, {"special", false}});
