@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "server_fixture.h"
@@ -444,6 +446,54 @@ TEST_F(LimitsTest, DeadlineCutsTheAnswerOffWithFinishReasonTimeout) {
   std::string finish;
   check_stream(s.body, false, &finish);
   EXPECT_EQ(finish, "timeout");
+}
+
+// A chat template that runs away on some requests (recursing, looping, growing its output)
+// makes those requests a 400 naming the bound and the template line; the server serves on.
+TEST(ServerTemplate, RunawayTemplateIsA400AndTheServerSurvives) {
+  MS_REQUIRE_SHARED(kModel, model);
+  const std::string dir = scratch_dir("runaway-template");
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"})
+    std::filesystem::create_symlink(model + "/" + f, dir + "/" + f);
+  const std::string tmpl =
+      "{%- macro f(n) %}{{ f(n + 1) }}{% endmacro %}\n"
+      "{%- if how == 'recursion' %}{{ f(0) }}\n"
+      "{%- elif how == 'loop' %}{% for i in range(n) %}{% for j in range(n) %}{% endfor %}{% endfor %}\n"
+      "{%- elif how == 'range' %}{% for i in range(n) %}{% endfor %}\n"
+      "{%- elif how == 'repeat' %}{{ 'x' * n }}\n"
+      "{%- elif how == 'output' %}{% for i in range(n) %}{{ messages[0].content }}{% endfor %}{% endif %}\n"
+      "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n";
+  std::ofstream(dir + "/tokenizer_config.json") << json{{"chat_template", tmpl}, {"eos_token", "<|endoftext|>"}}.dump();
+  ServerProcess server(dir, {"--max-body-bytes", "1048576"});
+  ASSERT_GT(server.port(), 0);
+  auto c = server.client();
+  struct Runaway {
+    const char* how;
+    int64_t n;
+    const char* message;
+  };
+  const std::string kb(1000, 'y');
+  for (const Runaway& r : {Runaway{"recursion", 0, "macro 'f': calls nest deeper than 64"},
+                           Runaway{"loop", 100000, "loops ran more than 1000000 iterations"},
+                           Runaway{"range", 1000000000000, "range() of 1000000000000 items is longer than the limit"},
+                           Runaway{"repeat", 1000000000000, "repeating a string 1000000000000 times is larger than"},
+                           Runaway{"output", 100000, "the rendered text is longer than the limit"}}) {
+    json body = {{"messages", {{{"role", "user"}, {"content", kb}}}}, {"max_tokens", 1},
+                 {"chat_template_kwargs", {{"how", r.how}, {"n", r.n}}}};
+    const auto start = std::chrono::steady_clock::now();
+    auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    expect_error(res, 400, "", "messages");
+    ASSERT_TRUE(res);
+    const std::string message = json::parse(res->body)["error"]["message"];
+    EXPECT_NE(message.find(r.message), std::string::npos) << message;
+    EXPECT_NE(message.find("chat template line "), std::string::npos) << message;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << r.how;
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health) << "the server is gone after " << r.how;
+    EXPECT_EQ(health->status, 200);
+  }
+  json ok = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 1}};
+  EXPECT_EQ(c.Post("/v1/chat/completions", ok.dump(), "application/json")->status, 200);
 }
 
 TEST(ServerAuth, ApiKeyIsRequiredWhenSet) {
