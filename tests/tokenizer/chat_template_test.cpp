@@ -131,6 +131,39 @@ TEST(ChatTemplate, ErrorsNameTheConfigFile) {
   EXPECT_THROW(ChatTemplate::from_tokenizer_config(path), Error);
 }
 
+// Every field of tokenizer_config.json the template layer reads is checked, naming the file
+// and the field.
+TEST(ChatTemplate, ConfigFieldsAreChecked) {
+  const std::string path = test::scratch_dir("chat_config") + "/tokenizer_config.json";
+  auto error_for = [&](const std::string& config) -> std::string {
+    std::ofstream(path) << config;
+    try {
+      ChatTemplate::from_tokenizer_config(path);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const std::string t = R"("chat_template": "{{ messages | length }}")";
+  EXPECT_EQ(error_for(R"({"chat_template": 5})"),
+            path + ": 'chat_template' must be a string or a list of named templates, got number");
+  EXPECT_EQ(error_for(R"({"chat_template": [{"name": "default"}]})"), path + ": each chat_template entry needs string 'name' and 'template'");
+  EXPECT_EQ(error_for(R"({"chat_template": [{"name": 1, "template": "x"}]})"),
+            path + ": each chat_template entry needs string 'name' and 'template'");
+  EXPECT_EQ(error_for("{" + t + R"(, "eos_token": 7})"), path + ": 'eos_token' is neither a string nor an object with a string 'content'");
+  EXPECT_EQ(error_for("{" + t + R"(, "bos_token": {"content": null}})"),
+            path + ": 'bos_token' is neither a string nor an object with a string 'content'");
+  EXPECT_EQ(error_for("{" + t + R"(, "additional_special_tokens": "<a>"})"),
+            path + ": 'additional_special_tokens' must be a list, got string");
+  EXPECT_EQ(error_for("{" + t + R"(, "additional_special_tokens": ["<a>", 3]})"),
+            path + ": 'additional_special_tokens[1]' is neither a string nor an object with a string 'content'");
+  EXPECT_EQ(error_for("[1]"), path + ": expected a JSON object");
+  EXPECT_NE(error_for("{\"chat_template\": ").find(path + ": invalid JSON"), std::string::npos);
+  EXPECT_EQ(error_for(R"({"chat_template": "{% macro m() %}{{ m() }}{% endmacro %}{{ 1 + }}"})"),
+            path + ": chat template line 1: unexpected '}}' in expression");
+  EXPECT_EQ(error_for("{" + t + R"(, "eos_token": "</s>", "additional_special_tokens": null})"), "(no error)");
+}
+
 // What the template writes for an assistant turn, the tool-call parser reads back.
 TEST(ChatTemplate, RenderedToolCallsParseBack) {
   MS_REQUIRE_SHARED("tokenizers/qwen3/tokenizer_config.json", config);
