@@ -195,7 +195,7 @@ Value g_range(Args& a) {
   // Counted in 128 bits first, so that neither a huge range nor an overflow gets far.
   __int128 span = step > 0 ? __int128(stop) - start : __int128(start) - stop;
   __int128 count = span <= 0 ? 0 : (span - 1) / (step > 0 ? __int128(step) : -__int128(step)) + 1;
-  if (count > __int128(kMaxItems)) fail("range() of {} items is longer than the limit of {}", int64_t(count), kMaxItems);
+  if (count > __int128(kMaxItems)) fail("range() of {} items is longer than the limit of {}", uint64_t(count), kMaxItems);
   Array out;
   out.reserve(size_t(count));
   for (int64_t k = 0; k < int64_t(count); ++k) out.push_back(int64_t(start + __int128(k) * step));
