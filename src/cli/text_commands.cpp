@@ -66,12 +66,13 @@ void print_stats(const GenerationResult& r) {
                r.decode_tok_s, r.finish_reason.c_str());
 }
 
-std::string render_chat(const Engine& engine, const ojson& messages, bool no_think) {
+// The conversation's prompt tokens; what the user typed is tokenized as text (see marked_text.h).
+std::vector<int> chat_prompt(const Engine& engine, const ojson& messages, bool no_think) {
   const ChatTemplate* tmpl = engine.chat_template();
   if (!tmpl) fail("{}: tokenizer_config.json has no chat_template, so --chat / chat cannot be used", engine.dir());
   ojson extra = ojson::object();
   if (no_think) extra["enable_thinking"] = false;
-  return tmpl->render(messages, nullptr, true, extra);
+  return engine.tokenizer().encode(tmpl->render_marked(messages, nullptr, true, extra));
 }
 
 void add_run(CLI::App& app) {
@@ -85,15 +86,17 @@ void add_run(CLI::App& app) {
   cmd->callback([a, prompt, chat] {
     a->sampling.validate();
     auto engine = Engine::load(a->m.model, model_options(a->m));
-    std::string text = *prompt;
+    std::vector<int> ids;
     if (*chat) {
       ojson messages = ojson::array();
       if (!a->system.empty()) messages.push_back({{"role", "system"}, {"content", a->system}});
       messages.push_back({{"role", "user"}, {"content", *prompt}});
-      text = render_chat(*engine, messages, a->no_think);
+      ids = chat_prompt(*engine, messages, a->no_think);
+    } else {
+      ids = engine->tokenizer().encode(*prompt);  // a plain prompt's special-token text is recognised, as in HF
     }
     Session session(*engine);
-    GenerationResult r = session.generate(make_request(*a, engine->tokenizer().encode(text)), print_piece);
+    GenerationResult r = session.generate(make_request(*a, std::move(ids)), print_piece);
     std::printf("\n");
     if (a->stats) {
       print_stats(r);
@@ -128,8 +131,7 @@ void add_chat(CLI::App& app) {
       if (line.empty()) continue;
       messages.push_back({{"role", "user"}, {"content", line}});
       // The session keeps the cache of the conversation so far: only the new turn is processed.
-      GenerationResult r = session.generate(make_request(*a, engine->tokenizer().encode(render_chat(*engine, messages, a->no_think))),
-                                            print_piece);
+      GenerationResult r = session.generate(make_request(*a, chat_prompt(*engine, messages, a->no_think)), print_piece);
       std::printf("\n");
       if (a->stats) print_stats(r);
       messages.push_back({{"role", "assistant"}, {"content", r.text}});

@@ -45,8 +45,8 @@ void tokenize(const TokenizerSource& src) {
   std::fwrite(out.data(), 1, out.size(), stdout);
 }
 
-// The ids of a JSON array, each within the tokenizer's vocabulary.
-std::vector<int> parse_ids(const std::string& text, int vocab) {
+// The ids of a JSON array, each checked to be an id of the tokenizer's vocabulary.
+std::vector<int> parse_ids(const std::string& text, int vocab_size) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -57,9 +57,12 @@ std::vector<int> parse_ids(const std::string& text, int vocab) {
   std::vector<int> ids;
   for (size_t i = 0; i < j.size(); ++i) {
     if (!j[i].is_number_integer()) fail("detokenize: element {} of the array is not an integer", i);
-    const int64_t id = j[i].is_number_unsigned() && j[i].get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : j[i].get<int64_t>();
-    if (id < 0 || id >= vocab) fail("detokenize: element {} of the array, {}, is outside the vocabulary [0, {})", i, j[i].dump(), vocab);
-    ids.push_back(int(id));
+    const bool in_range = j[i].is_number_unsigned() ? j[i].get<uint64_t>() < uint64_t(vocab_size)
+                                                    : j[i].get<int64_t>() >= 0 && j[i].get<int64_t>() < vocab_size;
+    if (!in_range)
+      fail("detokenize: id {} (element {}) is outside the vocabulary of {} ids (0 to {})", j[i].dump(), i, vocab_size,
+           vocab_size - 1);
+    ids.push_back(j[i].get<int>());
   }
   return ids;
 }

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "server/api_error.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/utf8.h"
 
 namespace ms {
@@ -215,6 +216,17 @@ ojson tool_schema(const ojson& v, size_t index) {
   return v;
 }
 
+// chat_template_kwargs: more variables for the template, none replacing one the server or the
+// template layer sets (messages, tools, add_generation_prompt, the special tokens, the globals).
+ojson template_kwargs(const ojson& v) {
+  for (const auto& [key, value] : object(v, "chat_template_kwargs").items())
+    if (ChatTemplate::reserved_variable(key))
+      invalid_param(member_path("chat_template_kwargs", key),
+                    fmt::format("chat_template_kwargs.{} is set by the server and cannot be replaced", key),
+                    "reserved_parameter");
+  return v;
+}
+
 }  // namespace
 
 ojson parse_body(const std::string& body, int max_depth) {
@@ -289,7 +301,7 @@ ChatRequest parse_chat_request(const ojson& body) {
   if (const ojson* v = member(body, "metadata")) object(*v, "metadata");
   if (const ojson* v = member(body, "store")) boolean(*v, "store");
   if (const ojson* v = member(body, "service_tier")) string(*v, "service_tier");
-  if (const ojson* v = member(body, "chat_template_kwargs")) r.template_kwargs = object(*v, "chat_template_kwargs");
+  if (const ojson* v = member(body, "chat_template_kwargs")) r.template_kwargs = template_kwargs(*v);
   return r;
 }
 

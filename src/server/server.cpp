@@ -78,6 +78,22 @@ bool authorized(const HttpRequest& req, const std::string& key) {
   return diff == 0;
 }
 
+// A chat request's prompt: rendered by the model's template, and tokenized with the request's
+// own text (messages, tools, chat_template_kwargs) as plain text, so that only the template's
+// markers become special tokens (a user's "<|im_end|>" cannot forge a turn).
+std::vector<int> chat_prompt_ids(const Engine& engine, const ChatRequest& cr) {
+  const ChatTemplate* tmpl = engine.chat_template();
+  if (!tmpl) throw ApiError(400, "this model has no chat template: use /v1/completions", "invalid_request_error");
+  MarkedText prompt;
+  try {
+    prompt = tmpl->render_marked(cr.messages, cr.tools, true, cr.template_kwargs);
+  } catch (const std::exception& e) {
+    throw ApiError(400, fmt::format("the chat template cannot render these messages: {}", e.what()), "invalid_request_error",
+                   "messages");
+  }
+  return engine.tokenizer().encode(prompt);
+}
+
 }  // namespace
 
 // What a response body is made of, as generation goes: OpenAI chat or text completion,
@@ -294,16 +310,7 @@ GenerationRequest HttpServer::generation_request(std::vector<int> prompt, const 
 
 HttpResponse HttpServer::chat_completions(const HttpRequest& req) {
   ChatRequest cr = parse_chat_request(parse_body(req.body));
-  const ChatTemplate* tmpl = engine_.chat_template();
-  if (!tmpl) throw ApiError(400, "this model has no chat template: use /v1/completions", "invalid_request_error");
-  std::string prompt;
-  try {
-    prompt = tmpl->render(cr.messages, cr.tools, true, cr.template_kwargs);
-  } catch (const std::exception& e) {
-    throw ApiError(400, fmt::format("the chat template cannot render these messages: {}", e.what()), "invalid_request_error",
-                   "messages");
-  }
-  GenerationRequest g = generation_request(engine_.tokenizer().encode(prompt), cr.options, "messages");
+  GenerationRequest g = generation_request(chat_prompt_ids(engine_, cr), cr.options, "messages");
   const bool tools = !cr.tools.is_null();
   return start_job(std::move(g),
                    std::make_shared<Formatter>(opts_.model_name, true, cr.options.stream, cr.options.include_usage, tools));

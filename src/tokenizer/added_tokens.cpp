@@ -16,10 +16,11 @@ void AddedTokenMatcher::add(const AddedToken& token) {
   });
 }
 
-const AddedToken* AddedTokenMatcher::longest_at(std::string_view text, size_t pos) const {
+const AddedToken* AddedTokenMatcher::longest_at(std::string_view text, size_t pos,
+                                                const std::vector<ByteRange>& untrusted) const {
   for (size_t i : by_first_byte_[static_cast<unsigned char>(text[pos])]) {
     const std::string& c = tokens_[i].content;
-    if (text.compare(pos, c.size(), c) == 0) return &tokens_[i];
+    if (text.compare(pos, c.size(), c) == 0 && !overlaps(untrusted, pos, pos + c.size())) return &tokens_[i];
   }
   return nullptr;
 }
@@ -57,13 +58,14 @@ size_t skip_space_forward(std::string_view text, size_t pos) {
 
 }  // namespace
 
-void AddedTokenMatcher::split(std::string_view text, std::vector<Piece>& out) const {
+void AddedTokenMatcher::split(std::string_view text, std::vector<Piece>& out,
+                              const std::vector<ByteRange>& untrusted) const {
   size_t done = 0;  // text before this is already in `out`
   size_t pos = 0;
   while (pos < text.size()) {
     const AddedToken* t = by_first_byte_[static_cast<unsigned char>(text[pos])].empty()
                               ? nullptr
-                              : longest_at(text, pos);
+                              : longest_at(text, pos, untrusted);
     if (!t) {
       ++pos;
       continue;

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/marked_text.h"
+
 namespace ms {
 
 struct AddedToken {
@@ -29,12 +31,13 @@ class AddedTokenMatcher {
     int id;  // -1: plain text
   };
   // Splits valid UTF-8 text into plain-text pieces and added tokens, covering all of it.
-  // Empty plain-text pieces are left out.
-  void split(std::string_view text, std::vector<Piece>& out) const;
+  // Empty plain-text pieces are left out. A token is matched only where none of its bytes
+  // is in `untrusted` (sorted, disjoint ranges): there its text stays plain text.
+  void split(std::string_view text, std::vector<Piece>& out, const std::vector<ByteRange>& untrusted = {}) const;
 
  private:
-  // The longest token starting at text[pos], or nullptr.
-  const AddedToken* longest_at(std::string_view text, size_t pos) const;
+  // The longest token starting at text[pos] whose bytes are all trusted, or nullptr.
+  const AddedToken* longest_at(std::string_view text, size_t pos, const std::vector<ByteRange>& untrusted) const;
 
   std::vector<AddedToken> tokens_;
   std::array<std::vector<size_t>, 256> by_first_byte_;  // indices into tokens_, longest first

@@ -9,6 +9,11 @@
 namespace ms {
 namespace {
 
+// The special tokens transformers passes from tokenizer_config.json.
+constexpr const char* kSpecialTokenKeys[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                             "pad_token", "cls_token", "mask_token"};
+
+
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot open {}", path.string());
@@ -27,12 +32,15 @@ nlohmann::ordered_json token_text(const nlohmann::ordered_json& token, const std
 // transformers passes the tokenizer's special_tokens_map: the tokens that are set, as text.
 nlohmann::ordered_json special_tokens_of(const nlohmann::ordered_json& config, const std::string& path) {
   nlohmann::ordered_json tokens = nlohmann::ordered_json::object();
-  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"})
+  for (const char* key : kSpecialTokenKeys)
     if (config.contains(key) && !config[key].is_null()) tokens[key] = token_text(config[key], path, key);
-  if (config.contains("additional_special_tokens") && config["additional_special_tokens"].is_array()) {
+  if (config.contains("additional_special_tokens") && !config["additional_special_tokens"].is_null()) {
+    const auto& field = config["additional_special_tokens"];
+    if (!field.is_array())
+      fail("{}: 'additional_special_tokens' must be a list, got {}", path, field.type_name());
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
-    for (const auto& t : config["additional_special_tokens"])
-      list.push_back(token_text(t, path, "additional_special_tokens"));
+    for (size_t i = 0; i < field.size(); ++i)
+      list.push_back(token_text(field[i], path, fmt::format("additional_special_tokens[{}]", i)));
     tokens["additional_special_tokens"] = std::move(list);
   }
   return tokens;
@@ -100,18 +108,40 @@ const jinja::Template& ChatTemplate::pick(bool has_tools) const {
   fail("chat template: several named templates and none is called 'default'");
 }
 
+bool ChatTemplate::reserved_variable(std::string_view name) {
+  static constexpr std::string_view kSet[] = {
+      // what render() passes, as transformers' apply_chat_template does
+      "messages", "tools", "documents", "add_generation_prompt", "additional_special_tokens",
+      // the interpreter's globals (jinja.h), which a variable of the same name would hide
+      "range", "namespace", "dict", "raise_exception", "strftime_now"};
+  for (std::string_view reserved : kSet)
+    if (name == reserved) return true;
+  for (std::string_view reserved : kSpecialTokenKeys)
+    if (name == reserved) return true;
+  return false;
+}
+
 std::string ChatTemplate::render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                  bool add_generation_prompt, const nlohmann::ordered_json& extra) const {
+  return render_marked(messages, tools, add_generation_prompt, extra).text;
+}
+
+MarkedText ChatTemplate::render_marked(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                       bool add_generation_prompt, const nlohmann::ordered_json& extra) const {
   if (!messages.is_array()) fail("chat template: messages must be an array, got {}", messages.type_name());
   if (!tools.is_null() && !tools.is_array()) fail("chat template: tools must be null or an array, got {}", tools.type_name());
   if (!extra.is_object() && !extra.is_null()) fail("chat template: extra variables must be an object, got {}", extra.type_name());
-  // The variables transformers' apply_chat_template passes, in its order; later ones win.
-  nlohmann::ordered_json context = {{"messages", messages}, {"tools", tools}, {"documents", nullptr},
-                                    {"add_generation_prompt", add_generation_prompt}};
-  for (const auto& [k, v] : special_tokens_.items()) context[k] = v;
+  // The variables transformers' apply_chat_template passes. What the caller gives (messages,
+  // tools, extra) is untrusted text; the rest comes from the model's own files.
+  nlohmann::ordered_json trusted = {{"documents", nullptr}, {"add_generation_prompt", add_generation_prompt}};
+  for (const auto& [k, v] : special_tokens_.items()) trusted[k] = v;
+  nlohmann::ordered_json untrusted = {{"messages", messages}, {"tools", tools}};
   if (extra.is_object())
-    for (const auto& [k, v] : extra.items()) context[k] = v;
-  return pick(!tools.is_null()).render(context);
+    for (const auto& [k, v] : extra.items()) {
+      if (reserved_variable(k)) fail("chat template: the variable '{}' is set by the template layer and cannot be replaced", k);
+      untrusted[k] = v;
+    }
+  return pick(!tools.is_null()).render(trusted, untrusted);
 }
 
 }  // namespace ms

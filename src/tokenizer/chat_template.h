@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tokenizer/jinja.h"
+#include "tokenizer/marked_text.h"
 
 namespace ms {
 
@@ -23,10 +24,21 @@ class ChatTemplate {
   explicit ChatTemplate(std::string_view source, nlohmann::ordered_json special_tokens = nlohmann::ordered_json::object());
 
   // messages: the conversation (array of {"role", "content", ...}); tools: null or an array of
-  // tool schemas; extra: more template variables, e.g. {"enable_thinking": false}.
+  // tool schemas; extra: more template variables, e.g. {"enable_thinking": false}, which may not
+  // replace one the template layer sets (reserved_variable).
   std::string render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                      bool add_generation_prompt,
                      const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+  // The same text, with every byte that came from messages, tools or extra marked untrusted
+  // (what Tokenizer::encode(const MarkedText&) reads as plain text).
+  MarkedText render_marked(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                           bool add_generation_prompt,
+                           const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+
+  // True for the names the template layer itself sets (messages, tools, add_generation_prompt,
+  // the special tokens, the globals raise_exception, strftime_now, ...): extra variables may
+  // not replace them.
+  static bool reserved_variable(std::string_view name);
 
   const nlohmann::ordered_json& special_tokens() const { return special_tokens_; }
 

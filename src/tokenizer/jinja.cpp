@@ -28,6 +28,16 @@ auto at_line(int line, F&& f) -> decltype(f()) {
 
 [[noreturn]] void fail_undefined(const Value& v) { fail("{}", std::get<Undefined>(v.v).reason); }
 
+// What one render may do. A real template renders a conversation with a few hundred loop
+// iterations and calls nested a few deep; these stop a runaway one (a self-recursive macro,
+// a loop over range(10**9), doubling a string) with an error instead of exhausting the
+// stack, memory or time.
+constexpr int kMaxCallDepth = 64;                         // macro calls inside macro calls
+constexpr int kMaxRenderDepth = 400;                      // nested statements and expressions
+constexpr int64_t kMaxLoopIterations = 1'000'000;         // all loop iterations of one render
+constexpr size_t kMaxOutputBytes = kMaxStringBytes;       // the rendered text
+constexpr size_t kMaxWorkBytes = size_t{256} << 20;       // all strings the render computes
+
 // Variables visible at one point: a frame per for-loop iteration and per macro call, as in Jinja2.
 struct Scope {
   const Scope* parent = nullptr;
@@ -56,6 +66,49 @@ int64_t checked_int(const Value& v, std::string_view what) {
   return v.as_int();
 }
 
+// x ** y for y >= 0, by squaring; fails where Python would need a big integer.
+int64_t int_power(int64_t x, int64_t y) {
+  int64_t result = 1, base = x;
+  for (int64_t e = y; e > 0; e >>= 1) {
+    if ((e & 1) && __builtin_mul_overflow(result, base, &result)) fail("integer overflow in {} ** {}", x, y);
+    if (e > 1 && __builtin_mul_overflow(base, base, &base)) fail("integer overflow in {} ** {}", x, y);
+  }
+  return result;
+}
+
+Value concat(const Value& a, const Value& b) {
+  check_string_size(a.str().size() + b.str().size(), "'+'");
+  MarkedText out;
+  append_str(out, a);
+  append_str(out, b);
+  return string_value(std::move(out));
+}
+
+// A string or list repeated n times (none when n <= 0), within the size limits.
+Value repeat(const Value& a, int64_t n) {
+  if (n <= 0) return a.is_string() ? Value("") : Value(Array{});
+  const size_t unit = a.is_string() ? a.str().size() : a.array().size();
+  const size_t limit = a.is_string() ? kMaxStringBytes : kMaxItems;
+  if (unit > 0 && uint64_t(n) > limit / unit)
+    fail("repeating {} {} times is larger than the limit of {} {}", a.is_string() ? "a string" : "a list", n, limit,
+         a.is_string() ? "bytes" : "items");
+  if (a.is_string() && marks(a).empty()) {
+    std::string out;
+    out.reserve(unit * size_t(n));
+    for (int64_t i = 0; i < n; ++i) out += a.str();
+    return out;
+  }
+  if (a.is_string()) {
+    MarkedText out;
+    for (int64_t i = 0; i < n; ++i) append_str(out, a);
+    return string_value(std::move(out));
+  }
+  Array out;
+  out.reserve(unit * size_t(n));
+  for (int64_t i = 0; i < n; ++i) out.insert(out.end(), a.array().begin(), a.array().end());
+  return Value(std::move(out));
+}
+
 // Python's arithmetic on ints, floats, strings and lists.
 Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   if (a.is_undefined()) fail_undefined(a);
@@ -65,11 +118,15 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   };
   if (a.is_number() && b.is_number()) {
     bool ints = !a.is_float() && !b.is_float();
-    int64_t x = ints ? a.as_int() : 0, y = ints ? b.as_int() : 0;
+    int64_t x = ints ? a.as_int() : 0, y = ints ? b.as_int() : 0, r = 0;
     double dx = a.as_double(), dy = b.as_double();
-    if (op == "+") return ints ? Value(x + y) : Value(dx + dy);
-    if (op == "-") return ints ? Value(x - y) : Value(dx - dy);
-    if (op == "*") return ints ? Value(x * y) : Value(dx * dy);
+    auto checked = [&](bool overflowed) -> Value {
+      if (overflowed) fail("integer overflow in {} {} {}", x, op, y);
+      return r;
+    };
+    if (op == "+") return ints ? checked(__builtin_add_overflow(x, y, &r)) : Value(dx + dy);
+    if (op == "-") return ints ? checked(__builtin_sub_overflow(x, y, &r)) : Value(dx - dy);
+    if (op == "*") return ints ? checked(__builtin_mul_overflow(x, y, &r)) : Value(dx * dy);
     if (op == "/") {
       if (dy == 0) fail("division by zero");
       return dx / dy;
@@ -77,7 +134,9 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     if (op == "//" || op == "%") {
       if (dy == 0) fail("integer division or modulo by zero");
       if (ints) {
-        int64_t q = x / y, r = x % y;
+        if (x == INT64_MIN && y == -1) fail("integer overflow in {} {} {}", x, op, y);
+        int64_t q = x / y;
+        r = x % y;
         if (r != 0 && ((r < 0) != (y < 0))) {  // Python floors toward negative infinity
           --q;
           r += y;
@@ -88,31 +147,20 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
       return op == "//" ? Value(q) : Value(dx - q * dy);
     }
     if (op == "**") {
-      if (ints && y >= 0) {
-        int64_t r = 1;
-        for (int64_t i = 0; i < y; ++i) r *= x;
-        return r;
-      }
+      if (ints && y >= 0) return int_power(x, y);
       return std::pow(dx, dy);
     }
     return unsupported();
   }
-  if (op == "+" && a.is_string() && b.is_string()) return a.str() + b.str();
+  if (op == "+" && a.is_string() && b.is_string()) return concat(a, b);
   if (op == "+" && a.is_array() && b.is_array()) {
+    if (a.array().size() + b.array().size() > kMaxItems)
+      fail("a list of {} items is longer than the limit of {}", a.array().size() + b.array().size(), kMaxItems);
     Array out = a.array();
     out.insert(out.end(), b.array().begin(), b.array().end());
     return Value(std::move(out));
   }
-  if (op == "*" && (a.is_string() || a.is_array()) && (b.is_int() || b.is_bool())) {
-    if (a.is_string()) {
-      std::string out;
-      for (int64_t i = 0; i < b.as_int(); ++i) out += a.str();
-      return out;
-    }
-    Array out;
-    for (int64_t i = 0; i < b.as_int(); ++i) out.insert(out.end(), a.array().begin(), a.array().end());
-    return Value(std::move(out));
-  }
+  if (op == "*" && (a.is_string() || a.is_array()) && (b.is_int() || b.is_bool())) return repeat(a, b.as_int());
   if (op == "*" && (b.is_string() || b.is_array()) && (a.is_int() || a.is_bool())) return arithmetic(op, b, a);
   return unsupported();
 }
@@ -144,18 +192,35 @@ Value g_range(Args& a) {
     stop = checked_int(*p.get(0), "range stop");
   }
   if (step == 0) fail("range() arg 3 must not be zero");
+  // Counted in 128 bits first, so that neither a huge range nor an overflow gets far.
+  __int128 span = step > 0 ? __int128(stop) - start : __int128(start) - stop;
+  __int128 count = span <= 0 ? 0 : (span - 1) / (step > 0 ? __int128(step) : -__int128(step)) + 1;
+  if (count > __int128(kMaxItems)) fail("range() of {} items is longer than the limit of {}", uint64_t(count), kMaxItems);
   Array out;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(i);
+  out.reserve(size_t(count));
+  for (int64_t k = 0; k < int64_t(count); ++k) out.push_back(int64_t(start + __int128(k) * step));
   return Value(std::move(out));
 }
 
-Value g_namespace(Args& a) {
+// The namespaces one render made. A namespace can hold itself (ns.me = ns), which shared
+// ownership never frees; the render empties them all when it ends, breaking such cycles.
+struct Namespaces {
+  std::vector<std::shared_ptr<Object>> made;
+  ~Namespaces() {
+    for (auto& ns : made) {
+      auto items = std::move(ns->items);  // released once the namespace no longer holds them
+    }
+  }
+};
+
+Value g_namespace(Namespaces& namespaces, Args& a) {
   auto ns = std::make_shared<Object>();
   ns->is_namespace = true;
+  namespaces.made.push_back(ns);
   if (a.positional.size() > 1) fail("namespace takes at most one positional argument");
   if (!a.positional.empty()) {
     if (!a.positional[0].is_object()) fail("namespace expects a dict, got {}", type_name(a.positional[0]));
-    ns->items = a.positional[0].object().items;
+    for (const auto& [k, v] : a.positional[0].object().items) ns->set(k, v);
   }
   for (auto& [k, v] : a.keyword) ns->set(k, v);
   return Value(std::move(ns));
@@ -181,14 +246,15 @@ Value g_strftime_now(Args& a) {
   localtime_r(&now, &local);
   char buf[256];
   size_t n = std::strftime(buf, sizeof buf, p.get(0)->str().c_str(), &local);
-  return std::string(buf, n);
+  return derived_string(std::string(buf, n), has_untrusted(*p.get(0)));
 }
 
 class Renderer {
  public:
   explicit Renderer(const Scope& root) : root_(&root) {}
 
-  Flow exec(const Body& body, Scope& scope, std::string& out) {
+  Flow exec(const Body& body, Scope& scope, MarkedText& out) {
+    Nested guard(*this);
     for (const auto& node : body) {
       Flow flow = at_line(node->line, [&] { return exec_node(*node, scope, out); });
       if (flow != Flow::Normal) return flow;
@@ -198,11 +264,44 @@ class Renderer {
 
  private:
   const Scope* root_;  // macros see the template's top level, not their caller's locals
+  int depth_ = 0;      // statements and expressions being run, one inside the other
+  int calls_ = 0;      // macro calls being run, one inside the other
+  int64_t iterations_ = 0;
+  size_t work_bytes_ = 0;
 
-  Flow exec_node(const Node& n, Scope& scope, std::string& out) {
+  // Counts one level of nesting for as long as it lives.
+  struct Nested {
+    Renderer& r;
+    explicit Nested(Renderer& renderer) : r(renderer) {
+      if (++r.depth_ > kMaxRenderDepth) {
+        --r.depth_;
+        fail("the template nests statements and expressions deeper than {} levels", kMaxRenderDepth);
+      }
+    }
+    ~Nested() { --r.depth_; }
+  };
+
+  // Every string an expression yields counts towards the render's work.
+  void charge(const Value& v) {
+    if (!v.is_string()) return;
+    work_bytes_ += v.str().size();
+    if (work_bytes_ > kMaxWorkBytes) fail("the template computed more than {} bytes of text", kMaxWorkBytes);
+  }
+
+  static void check_output(const MarkedText& out) {
+    if (out.text.size() > kMaxOutputBytes) fail("the rendered text is longer than the limit of {} bytes", kMaxOutputBytes);
+  }
+
+  Flow exec_node(const Node& n, Scope& scope, MarkedText& out) {
     switch (n.kind) {
-      case Node::Kind::Text: out += n.text; return Flow::Normal;
-      case Node::Kind::Output: out += to_str(eval(*n.expr, scope)); return Flow::Normal;
+      case Node::Kind::Text:
+        out.append(n.text, false);
+        check_output(out);
+        return Flow::Normal;
+      case Node::Kind::Output:
+        append_str(out, eval(*n.expr, scope));
+        check_output(out);
+        return Flow::Normal;
       case Node::Kind::If:
         for (size_t i = 0; i < n.conditions.size(); ++i)
           if (truthy(eval(*n.conditions[i], scope))) return exec(n.bodies[i], scope, out);
@@ -210,9 +309,9 @@ class Renderer {
       case Node::Kind::For: exec_for(n, scope, out); return Flow::Normal;
       case Node::Kind::Set: exec_set(n, eval(*n.expr, scope), scope); return Flow::Normal;
       case Node::Kind::SetBlock: {
-        std::string captured;
+        MarkedText captured;
         exec(n.bodies[0], scope, captured);
-        scope.set(n.targets[0], std::move(captured));
+        scope.set(n.targets[0], string_value(std::move(captured)));
         return Flow::Normal;
       }
       case Node::Kind::Macro:
@@ -247,13 +346,19 @@ class Renderer {
     ns->object().set(n.attribute, std::move(value));
   }
 
-  void exec_for(const Node& n, Scope& scope, std::string& out) {
+  void count_iteration() {
+    if (++iterations_ > kMaxLoopIterations)
+      fail("the template's loops ran more than {} iterations", kMaxLoopIterations);
+  }
+
+  void exec_for(const Node& n, Scope& scope, MarkedText& out) {
     Value iterable = eval(*n.expr, scope);
     if (iterable.is_none()) fail("'NoneType' object is not iterable");
     Array items = iterate(iterable);
     if (n.condition) {  // `for x in xs if cond`: loop.* counts only the items kept
       Array kept;
       for (auto& item : items) {
+        count_iteration();
         Scope filter_scope{&scope, {}};
         bind_targets(n.targets, item, filter_scope);
         if (truthy(eval(*n.condition, filter_scope))) kept.push_back(std::move(item));
@@ -261,6 +366,7 @@ class Renderer {
       items = std::move(kept);
     }
     for (size_t i = 0; i < items.size(); ++i) {
+      count_iteration();
       Scope iteration{&scope, {}};
       iteration.set("loop", loop_object(items, i));
       bind_targets(n.targets, items[i], iteration);
@@ -291,6 +397,13 @@ class Renderer {
   }
 
   Value call_macro(const Node& macro, Args& args) {
+    if (calls_ >= kMaxCallDepth)
+      fail("macro '{}': calls nest deeper than {} (a macro that calls itself without end?)", macro.name, kMaxCallDepth);
+    ++calls_;
+    struct Leave {
+      int& calls;
+      ~Leave() { --calls; }
+    } leave{calls_};
     if (args.positional.size() > macro.params.size())
       fail("macro '{}' takes {} arguments, got {}", macro.name, macro.params.size(), args.positional.size());
     Scope frame{root_, {}};
@@ -310,9 +423,9 @@ class Renderer {
       const MacroParam& p = macro.params[i];
       frame.set(p.name, p.default_value ? eval(*p.default_value, frame) : Value(Undefined{"'" + p.name + "' is undefined"}));
     }
-    std::string out;
+    MarkedText out;
     exec(macro.bodies[0], frame, out);
-    return out;
+    return string_value(std::move(out));
   }
 
   Args eval_args(const Expr& e, size_t first, Scope& scope) {
@@ -330,7 +443,10 @@ class Renderer {
   }
 
   Value eval(const Expr& e, Scope& scope) {
-    return at_line(e.line, [&] { return eval_node(e, scope); });
+    Nested guard(*this);
+    Value v = at_line(e.line, [&] { return eval_node(e, scope); });
+    charge(v);
+    return v;
   }
 
   Value eval_node(const Expr& e, Scope& scope) {
@@ -346,12 +462,19 @@ class Renderer {
         return Value(std::move(items));
       }
       case Expr::Kind::Dict: {
-        Value d = make_object();
+        std::vector<std::pair<std::string, Value>> items;
+        bool untrusted_keys = false;
         for (size_t i = 0; i < e.operands.size(); i += 2) {
           Value key = eval(*e.operands[i], scope);
           if (!key.is_string()) fail("dict keys must be strings, got {}", type_name(key));
-          d.object().set(key.str(), eval(*e.operands[i + 1], scope));
+          untrusted_keys = untrusted_keys || has_untrusted(key);
+          Value value = eval(*e.operands[i + 1], scope);
+          auto same = std::find_if(items.begin(), items.end(), [&](const auto& item) { return item.first == key.str(); });
+          if (same != items.end()) same->second = std::move(value);  // a repeated key keeps its place, as in Python
+          else items.emplace_back(key.str(), std::move(value));
         }
+        Value d = make_object(std::move(items));
+        d.object().untrusted_keys = untrusted_keys;
         return d;
       }
       case Expr::Kind::Attr: return get_attr(eval(*e.operands[0], scope), e.name);
@@ -389,6 +512,7 @@ class Renderer {
         if (v.is_undefined()) fail_undefined(v);
         if (!v.is_number()) fail("bad operand type for unary {}: '{}'", e.name, type_name(v));
         if (e.name == "+") return v.is_float() ? v : Value(v.as_int());
+        if (!v.is_float() && v.as_int() == INT64_MIN) fail("integer overflow in -({})", v.as_int());
         return v.is_float() ? Value(-v.as_double()) : Value(-v.as_int());
       }
       case Expr::Kind::Binary: {
@@ -396,7 +520,13 @@ class Renderer {
         if (e.name == "and") return truthy(left) ? eval(*e.operands[1], scope) : left;
         if (e.name == "or") return truthy(left) ? left : eval(*e.operands[1], scope);
         Value right = eval(*e.operands[1], scope);
-        if (e.name == "~") return to_str(left) + to_str(right);
+        if (e.name == "~") {
+          MarkedText out;
+          append_str(out, left);
+          append_str(out, right);
+          check_string_size(out.text.size(), "'~'");
+          return string_value(std::move(out));
+        }
         return arithmetic(e.name, left, right);
       }
       case Expr::Kind::Compare: {
@@ -424,16 +554,23 @@ Template& Template::operator=(Template&&) noexcept = default;
 Template::~Template() = default;
 
 std::string Template::render(const nlohmann::ordered_json& context) const {
-  if (!context.is_object()) fail("chat template context must be a JSON object, got {}", context.type_name());
+  return render(context, nlohmann::ordered_json::object()).text;
+}
+
+MarkedText Template::render(const nlohmann::ordered_json& trusted, const nlohmann::ordered_json& untrusted) const {
+  for (const auto* context : {&trusted, &untrusted})
+    if (!context->is_object()) fail("chat template context must be a JSON object, got {}", context->type_name());
   Scope globals;
   globals.set("range", Value(Function{"range", g_range}));
-  globals.set("namespace", Value(Function{"namespace", g_namespace}));
+  Namespaces namespaces;  // emptied when the render ends
+  globals.set("namespace", Value(Function{"namespace", [&namespaces](Args& a) { return g_namespace(namespaces, a); }}));
   globals.set("dict", Value(Function{"dict", g_dict}));
   globals.set("raise_exception", Value(Function{"raise_exception", g_raise_exception}));
   globals.set("strftime_now", Value(Function{"strftime_now", g_strftime_now}));
   Scope root{&globals, {}};
-  for (const auto& [k, v] : context.items()) root.set(k, from_json(v));
-  std::string out;
+  for (const auto& [k, v] : untrusted.items()) root.set(k, from_json(v, true));
+  for (const auto& [k, v] : trusted.items()) root.set(k, from_json(v, false));
+  MarkedText out;
   Renderer(root).exec(*body_, root, out);
   return out;
 }

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/marked_text.h"
+
 namespace ms::jinja {
 
 struct Node;
@@ -23,6 +25,11 @@ class Template {
 
   // Renders with the members of `context` (a JSON object) as template variables.
   std::string render(const nlohmann::ordered_json& context) const;
+  // Renders with the members of both objects as variables (a trusted one wins a clash); the
+  // result marks every byte that came from an `untrusted` string, through whatever the
+  // template did with it (concatenation and slicing keep the marks of each part; a string
+  // computed from untrusted input, e.g. by tojson or lower, is untrusted whole).
+  MarkedText render(const nlohmann::ordered_json& trusted, const nlohmann::ordered_json& untrusted) const;
 
  private:
   std::unique_ptr<std::vector<std::unique_ptr<Node>>> body_;

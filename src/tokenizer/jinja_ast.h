@@ -41,6 +41,7 @@ struct Expr {
   FilterFn filter = nullptr;
   TestFn test = nullptr;
   bool negated = false;
+  int depth = 1;  // of this tree: 1 + the deepest operand
 };
 
 struct Node;

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <charconv>
 #include <map>
 
+#include "tokenizer/utf8.h"
 #include "util/error.h"
 
 namespace ms::jinja {
@@ -82,6 +84,23 @@ std::string title(std::string_view s) {
   return encode(u);
 }
 
+// Byte offsets of each code point of s, and s.size() last (4 bytes a character: strings
+// over 4 GiB cannot come from a request or be computed).
+std::vector<uint32_t> code_point_starts(std::string_view s) {
+  if (s.size() > UINT32_MAX) fail("a string of {} bytes is too long to index", s.size());
+  std::vector<uint32_t> starts;
+  for (size_t i = 0; i < s.size();) {
+    starts.push_back(i);
+    next_code_point(s, i);
+  }
+  starts.push_back(s.size());
+  return starts;
+}
+
+// Code-point operations keep a string's bytes as they are only when it is valid UTF-8 (a
+// stray byte is re-encoded as Latin-1); otherwise their result is computed anew.
+bool keeps_bytes(const std::string& s) { return utf8::first_invalid(s) == std::string::npos; }
+
 // str.strip/lstrip/rstrip: whitespace, or any of `chars` when given.
 std::string strip(std::string_view s, const Value* chars, bool left, bool right) {
   std::u32string u = decode(s);
@@ -95,28 +114,73 @@ std::string strip(std::string_view s, const Value* chars, bool left, bool right)
   return encode(u.substr(begin, end - begin));
 }
 
+// strip() on a string value: what is left keeps its marks.
+Value strip_value(const Value& sv, const Value* chars, bool left, bool right) {
+  const std::string& s = sv.str();
+  if (chars && !chars->is_none() && !chars->is_string()) fail("strip expects a string, got {}", type_name(*chars));
+  if (!keeps_bytes(s)) return derived_string(strip(s, chars, left, right), has_untrusted(sv));
+  std::u32string set = chars && !chars->is_none() ? decode(chars->str()) : std::u32string();
+  auto strip_it = [&](char32_t c) { return chars && !chars->is_none() ? set.find(c) != set.npos : is_py_space(c); };
+  std::vector<uint32_t> starts = code_point_starts(s);
+  size_t begin = 0, end = starts.size() - 1;  // code point indices
+  auto at = [&](size_t i) {
+    size_t pos = starts[i];
+    return next_code_point(s, pos);
+  };
+  if (left)
+    while (begin < end && strip_it(at(begin))) ++begin;
+  if (right)
+    while (end > begin && strip_it(at(end - 1))) --end;
+  return substring(sv, starts[begin], starts[end]);
+}
+
 const std::string& string_arg(const Value* v, std::string_view what) {
   if (!v || !v->is_string()) fail("{} expects a string, got {}", what, v ? type_name(*v) : "nothing");
   return v->str();
 }
 
-Value split(const std::string& s, const Value* sep, int64_t maxsplit) {
+// str.split: the parts keep their marks.
+Value split(const Value& sv, const Value* sep, int64_t maxsplit) {
+  const std::string& s = sv.str();
   Array parts;
   if (!sep || sep->is_none()) {
-    std::u32string u = decode(s);
+    if (!keeps_bytes(s)) {  // computed anew, as before marks existed
+      std::u32string u = decode(s);
+      size_t i = 0;
+      while (i < u.size()) {
+        while (i < u.size() && is_py_space(u[i])) ++i;
+        if (i == u.size()) break;
+        size_t start = i;
+        if (maxsplit >= 0 && int64_t(parts.size()) == maxsplit) {
+          size_t end = u.size();
+          while (end > start && is_py_space(u[end - 1])) --end;
+          parts.push_back(derived_string(encode(u.substr(start, end - start)), has_untrusted(sv)));
+          break;
+        }
+        while (i < u.size() && !is_py_space(u[i])) ++i;
+        parts.push_back(derived_string(encode(u.substr(start, i - start)), has_untrusted(sv)));
+      }
+      return Value(std::move(parts));
+    }
+    std::vector<uint32_t> starts = code_point_starts(s);
+    const size_t n = starts.size() - 1;
+    auto space = [&](size_t i) {
+      size_t pos = starts[i];
+      return is_py_space(next_code_point(s, pos));
+    };
     size_t i = 0;
-    while (i < u.size()) {
-      while (i < u.size() && is_py_space(u[i])) ++i;
-      if (i == u.size()) break;
+    while (i < n) {
+      while (i < n && space(i)) ++i;
+      if (i == n) break;
       size_t start = i;
       if (maxsplit >= 0 && int64_t(parts.size()) == maxsplit) {
-        size_t end = u.size();
-        while (end > start && is_py_space(u[end - 1])) --end;
-        parts.push_back(encode(u.substr(start, end - start)));
+        size_t end = n;
+        while (end > start && space(end - 1)) --end;
+        parts.push_back(substring(sv, starts[start], starts[end]));
         break;
       }
-      while (i < u.size() && !is_py_space(u[i])) ++i;
-      parts.push_back(encode(u.substr(start, i - start)));
+      while (i < n && !space(i)) ++i;
+      parts.push_back(substring(sv, starts[start], starts[i]));
     }
     return Value(std::move(parts));
   }
@@ -126,38 +190,41 @@ Value split(const std::string& s, const Value* sep, int64_t maxsplit) {
   for (;;) {
     size_t hit = s.find(delim, start);
     if (hit == std::string::npos || (maxsplit >= 0 && int64_t(parts.size()) == maxsplit)) break;
-    parts.push_back(s.substr(start, hit - start));
+    parts.push_back(substring(sv, start, hit));
     start = hit + delim.size();
   }
-  parts.push_back(s.substr(start));
+  parts.push_back(substring(sv, start, s.size()));
   return Value(std::move(parts));
 }
 
-std::string replace(const std::string& s, const std::string& old, const std::string& with, int64_t count) {
-  std::string out;
-  size_t start = 0;
+// str.replace: the kept parts of s keep their marks, each inserted `with` has its own.
+Value replace(const Value& sv, const Value& old_v, const Value& with_v, int64_t count) {
+  const std::string &s = sv.str(), &old = old_v.str(), &with = with_v.str();
+  MarkedText out;
   int64_t done = 0;
+  auto insert = [&] {
+    check_string_size(out.text.size() + with.size(), "replace");
+    out.append(with, marks(with_v), 0, with.size());
+    ++done;
+  };
   if (old.empty()) {  // Python inserts `with` between every character and at both ends
-    auto chars = code_points(s);
-    for (size_t i = 0; i <= chars.size(); ++i) {
-      if (count < 0 || done < count) {
-        out += with;
-        ++done;
-      }
-      if (i < chars.size()) out += chars[i];
+    std::vector<uint32_t> starts = code_point_starts(s);
+    for (size_t i = 0; i < starts.size(); ++i) {
+      if (count < 0 || done < count) insert();
+      if (i + 1 < starts.size()) out.append(s, marks(sv), starts[i], starts[i + 1]);
     }
-    return out;
+    return string_value(std::move(out));
   }
+  size_t start = 0;
   for (;;) {
     size_t hit = s.find(old, start);
     if (hit == std::string::npos || (count >= 0 && done == count)) break;
-    out.append(s, start, hit - start);
-    out += with;
+    out.append(s, marks(sv), start, hit);
+    insert();
     start = hit + old.size();
-    ++done;
   }
-  out.append(s, start);
-  return out;
+  out.append(s, marks(sv), start, s.size());
+  return string_value(std::move(out));
 }
 
 // str.startswith/endswith accept a string or a tuple of strings.
@@ -178,42 +245,53 @@ int64_t int_arg(const Value& v, std::string_view what) {
 
 Value bound(std::string name, std::function<Value(Args&)> fn) { return Value(Function{std::move(name), std::move(fn)}); }
 
-Value string_method(const std::string& s, const std::string& name) {
-  auto method = [&](auto fn) { return bound("str." + name, [s, fn](Args& a) -> Value { return fn(s, a); }); };
+// A new string computed from a whole string (a case change): untrusted if any of it was.
+Value recased(const Value& sv, std::string out) { return derived_string(std::move(out), has_untrusted(sv)); }
+
+Value string_method(const Value& sv, const std::string& name) {
+  auto method = [&](auto fn) { return bound("str." + name, [sv, fn](Args& a) -> Value { return fn(sv, a); }); };
   if (name == "startswith" || name == "endswith") {
     bool prefix = name == "startswith";
-    return method([prefix](const std::string& str, Args& a) -> Value {
+    return method([prefix](const Value& str, Args& a) -> Value {
       Params p(a, prefix ? "startswith" : "endswith", {"affix"});
       if (!p.get(0)) fail("{} needs an argument", prefix ? "startswith" : "endswith");
-      return affix_matches(str, *p.get(0), prefix);
+      return affix_matches(str.str(), *p.get(0), prefix);
     });
   }
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     bool left = name != "rstrip", right = name != "lstrip";
-    return method([left, right](const std::string& str, Args& a) -> Value {
+    return method([left, right](const Value& str, Args& a) -> Value {
       Params p(a, "strip", {"chars"});
-      return strip(str, p.get(0), left, right);
+      return strip_value(str, p.get(0), left, right);
     });
   }
   if (name == "split")
-    return method([](const std::string& str, Args& a) -> Value {
+    return method([](const Value& str, Args& a) -> Value {
       Params p(a, "split", {"sep", "maxsplit"});
       return split(str, p.get(0), p.get(1) ? int_arg(*p.get(1), "split maxsplit") : -1);
     });
   if (name == "replace")
-    return method([](const std::string& str, Args& a) -> Value {
+    return method([](const Value& str, Args& a) -> Value {
       Params p(a, "replace", {"old", "new", "count"});
-      return replace(str, string_arg(p.get(0), "replace"), string_arg(p.get(1), "replace"),
-                     p.get(2) ? int_arg(*p.get(2), "replace count") : -1);
+      string_arg(p.get(0), "replace");
+      string_arg(p.get(1), "replace");
+      return replace(str, *p.get(0), *p.get(1), p.get(2) ? int_arg(*p.get(2), "replace count") : -1);
     });
-  if (name == "upper") return method([](const std::string& str, Args& a) -> Value { Params(a, "upper", {}); return upper(str); });
-  if (name == "lower") return method([](const std::string& str, Args& a) -> Value { Params(a, "lower", {}); return lower(str); });
-  if (name == "title") return method([](const std::string& str, Args& a) -> Value { Params(a, "title", {}); return title(str); });
+  if (name == "upper")
+    return method([](const Value& str, Args& a) -> Value { Params(a, "upper", {}); return recased(str, upper(str.str())); });
+  if (name == "lower")
+    return method([](const Value& str, Args& a) -> Value { Params(a, "lower", {}); return recased(str, lower(str.str())); });
+  if (name == "title")
+    return method([](const Value& str, Args& a) -> Value { Params(a, "title", {}); return recased(str, title(str.str())); });
   if (name == "capitalize")
-    return method([](const std::string& str, Args& a) -> Value { Params(a, "capitalize", {}); return capitalize(str); });
+    return method([](const Value& str, Args& a) -> Value {
+      Params(a, "capitalize", {});
+      return recased(str, capitalize(str.str()));
+    });
   if (name == "find")
-    return method([](const std::string& str, Args& a) -> Value {
+    return method([](const Value& sv, Args& a) -> Value {
       Params p(a, "find", {"sub"});
+      const std::string& str = sv.str();
       size_t hit = str.find(string_arg(p.get(0), "find"));
       return hit == std::string::npos ? int64_t{-1} : int64_t(decode(std::string_view(str).substr(0, hit)).size());
     });
@@ -232,9 +310,10 @@ Value dict_method(const Value& dict, const std::string& name) {
     return bound("dict." + name, [dict, name](Args& a) -> Value {
       Params(a, name, {});
       Array out;
-      for (const auto& [k, v] : dict.object().items) {
-        if (name == "items") out.push_back(Array{k, v});
-        else if (name == "keys") out.push_back(k);
+      const Object& o = dict.object();
+      for (const auto& [k, v] : o.items) {
+        if (name == "items") out.push_back(Array{key_value(o, k), v});
+        else if (name == "keys") out.push_back(key_value(o, k));
         else out.push_back(v);
       }
       return Value(std::move(out));
@@ -260,8 +339,10 @@ Value lookup_path(const Value& v, const std::string& path) {
   for (;;) {
     size_t dot = path.find('.', start);
     std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    cur = numeric ? get_item(cur, Value(int64_t(std::stoll(part)))) : get_item(cur, Value(part));
+    int64_t index = 0;
+    auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), index);
+    bool numeric = !part.empty() && part[0] != '-' && ec == std::errc() && end == part.data() + part.size();
+    cur = numeric ? get_item(cur, Value(index)) : get_item(cur, Value(part));
     if (dot == std::string::npos) return cur;
     start = dot + 1;
   }
@@ -276,7 +357,7 @@ Args rest_args(Args& a, size_t from) {
 
 TestFn test_by_name(const Value& name) {
   TestFn t = name.is_string() ? find_test(name.str()) : nullptr;
-  if (!t) fail("no test named {}", to_repr(name));
+  if (!t) fail("no test named {}", repr_for_error(name));
   return t;
 }
 
@@ -313,14 +394,17 @@ Value f_tojson(const Value& v, Args& a) {
   return to_json(v, indent, item_sep, key_sep, truthy(p.get_or(2, false)));
 }
 
+// str(v) as a value: a string stays itself (marks included).
+Value str_value(const Value& v) { return v.is_string() ? v : derived_string(to_str(v), has_untrusted(v)); }
+
 Value f_string(const Value& v, Args& a) {
   Params(a, "string", {});
-  return to_str(v);
+  return str_value(v);
 }
 
 Value f_trim(const Value& v, Args& a) {
   Params p(a, "trim", {"chars"});
-  return strip(to_str(v), p.get(0), true, true);
+  return strip_value(str_value(v), p.get(0), true, true);
 }
 
 Value f_lower(const Value& v, Args& a) {
@@ -361,7 +445,7 @@ Value f_items(const Value& v, Args& a) {
   if (v.is_undefined()) return Value(Array{});
   if (!v.is_object()) fail("filter 'items' expects a mapping, got {}", type_name(v));
   Array out;
-  for (const auto& [k, e] : v.object().items) out.push_back(Array{k, e});
+  for (const auto& [k, e] : v.object().items) out.push_back(Array{key_value(v.object(), k), e});
   return Value(std::move(out));
 }
 
@@ -373,14 +457,16 @@ Value f_default(const Value& v, Args& a) {
 
 Value f_join(const Value& v, Args& a) {
   Params p(a, "join", {"d", "attribute"});
-  std::string sep = p.get(0) ? to_str(*p.get(0)) : "";
-  std::string out;
+  Value sep = p.get(0) ? str_value(*p.get(0)) : Value("");
+  MarkedText out;
   bool first = true;
   for (const Value& item : iterate(v)) {
-    out += (first ? "" : sep) + to_str(p.get(1) ? lookup_path(item, to_str(*p.get(1))) : item);
+    if (!first) append_str(out, sep);
+    append_str(out, p.get(1) ? lookup_path(item, to_str(*p.get(1))) : item);
+    check_string_size(out.text.size(), "join");
     first = false;
   }
-  return out;
+  return string_value(std::move(out));
 }
 
 Value f_first(const Value& v, Args& a) {
@@ -397,7 +483,9 @@ Value f_last(const Value& v, Args& a) {
 
 Value f_replace(const Value& v, Args& a) {
   Params p(a, "replace", {"old", "new", "count"});
-  return replace(to_str(v), string_arg(p.get(0), "replace"), string_arg(p.get(1), "replace"),
+  string_arg(p.get(0), "replace");
+  string_arg(p.get(1), "replace");
+  return replace(str_value(v), *p.get(0), *p.get(1),
                  p.get(2) && !p.get(2)->is_none() ? int_arg(*p.get(2), "replace count") : -1);
 }
 
@@ -448,7 +536,7 @@ Value f_map(const Value& v, Args& a) {
     }
   } else {
     FilterFn f = a.positional[0].is_string() ? find_filter(a.positional[0].str()) : nullptr;
-    if (!f) fail("map: no filter named {}", to_repr(a.positional[0]));
+    if (!f) fail("map: no filter named {}", repr_for_error(a.positional[0]));
     for (const Value& item : iterate(v)) {
       Args rest = rest_args(a, 1);
       out.push_back(f(item, rest));
@@ -465,7 +553,11 @@ Value f_rejectattr(const Value& v, Args& a) { return select_items(v, a, false, t
 Value f_int(const Value& v, Args& a) {
   Params p(a, "int", {"default", "base"});
   if (v.is_int() || v.is_bool()) return v.as_int();
-  if (v.is_float()) return int64_t(std::trunc(v.as_double()));
+  if (v.is_float()) {
+    double t = std::trunc(v.as_double());
+    if (!(t >= -9.2e18 && t <= 9.2e18)) fail("int: {} is out of the integer range", float_repr(v.as_double()));
+    return int64_t(t);
+  }
   if (v.is_string()) {
     std::string s = strip(v.str(), nullptr, true, true);
     try {
@@ -496,28 +588,37 @@ Value f_float(const Value& v, Args& a) {
 Value f_abs(const Value& v, Args& a) {
   Params(a, "abs", {});
   if (v.is_float()) return std::fabs(v.as_double());
-  if (v.is_number()) return int64_t(std::llabs(v.as_int()));
+  if (v.is_number()) {
+    if (v.as_int() == INT64_MIN) fail("abs: integer overflow");
+    return int64_t(std::llabs(v.as_int()));
+  }
   fail("bad operand type for abs(): '{}'", type_name(v));
 }
 
 Value f_indent(const Value& v, Args& a) {
   Params p(a, "indent", {"width", "first", "blank"});
   Value width = p.get_or(0, int64_t{4});
-  std::string pad = width.is_string() ? width.str() : std::string(size_t(int_arg(width, "indent width")), ' ');
+  Value pad = width;
+  if (!width.is_string()) {
+    int64_t n = std::max<int64_t>(int_arg(width, "indent width"), 0);  // Python: ' ' * -1 is ''
+    if (uint64_t(n) > kMaxStringBytes) check_string_size(size_t(n), "indent");
+    pad = std::string(size_t(n), ' ');
+  }
   bool first = truthy(p.get_or(1, false)), blank = truthy(p.get_or(2, false));
   // Jinja2 appends a newline and splits into lines, so a trailing newline is not kept.
-  std::string s = to_str(v) + "\n";
-  std::vector<std::string> lines;
-  for (size_t start = 0, nl; (nl = s.find('\n', start)) != std::string::npos; start = nl + 1)
-    lines.push_back(s.substr(start, nl - start));
-  std::string out;
-  for (size_t i = 0; i < lines.size(); ++i) {
-    bool indent_it = (i > 0 || first) && (blank || !lines[i].empty());
-    if (i) out += '\n';
-    if (indent_it) out += pad;
-    out += lines[i];
+  Value text = str_value(v);
+  const std::string& s = text.str();
+  MarkedText out;
+  for (size_t start = 0, i = 0; start <= s.size(); ++i) {
+    size_t nl = std::min(s.find('\n', start), s.size());
+    bool indent_it = (i > 0 || first) && (blank || nl > start);
+    if (i) out.append("\n", false);
+    if (indent_it) append_str(out, pad);
+    out.append(s, marks(text), start, nl);
+    check_string_size(out.text.size(), "indent");
+    start = nl + 1;
   }
-  return out;
+  return string_value(std::move(out));
 }
 
 // ---- tests ----
@@ -585,17 +686,52 @@ bool t_upper(const Value& v, Args& a) {
   return v.is_string() && upper(v.str()) == v.str();
 }
 
+// A filter that computes a new string from its input (tojson, lower, ...) rather than
+// keeping parts of it: a string it returns is untrusted when any of its input was.
+template <FilterFn F>
+Value computed(const Value& input, Args& args) {
+  bool untrusted = has_untrusted(input);
+  for (const Value& v : args.positional) untrusted = untrusted || has_untrusted(v);
+  for (const auto& [k, v] : args.keyword) untrusted = untrusted || has_untrusted(v);
+  Value out = F(input, args);
+  if (out.is_string() && untrusted && marks(out).empty()) return derived_string(out.str(), true);
+  return out;
+}
+
 }  // namespace
 
 FilterFn find_filter(std::string_view name) {
+  // Filters that return parts of their input (string, trim, join, replace, indent, first, ...)
+  // keep those parts' marks themselves; the others are wrapped in computed<>.
   static const std::map<std::string, FilterFn, std::less<>> filters = {
-      {"tojson", f_tojson},   {"string", f_string},     {"trim", f_trim},         {"lower", f_lower},
-      {"upper", f_upper},     {"capitalize", f_capitalize}, {"title", f_title},  {"length", f_length},
-      {"count", f_length},    {"items", f_items},       {"default", f_default},   {"d", f_default},
-      {"join", f_join},       {"first", f_first},       {"last", f_last},         {"replace", f_replace},
-      {"safe", f_safe},       {"list", f_list},         {"reverse", f_reverse},   {"sort", f_sort},
-      {"map", f_map},         {"select", f_select},     {"reject", f_reject},     {"selectattr", f_selectattr},
-      {"rejectattr", f_rejectattr}, {"int", f_int},     {"float", f_float},       {"abs", f_abs},
+      {"tojson", computed<f_tojson>},
+      {"string", f_string},
+      {"trim", f_trim},
+      {"lower", computed<f_lower>},
+      {"upper", computed<f_upper>},
+      {"capitalize", computed<f_capitalize>},
+      {"title", computed<f_title>},
+      {"length", f_length},
+      {"count", f_length},
+      {"items", f_items},
+      {"default", f_default},
+      {"d", f_default},
+      {"join", f_join},
+      {"first", f_first},
+      {"last", f_last},
+      {"replace", f_replace},
+      {"safe", f_safe},
+      {"list", f_list},
+      {"reverse", computed<f_reverse>},
+      {"sort", f_sort},
+      {"map", f_map},
+      {"select", f_select},
+      {"reject", f_reject},
+      {"selectattr", f_selectattr},
+      {"rejectattr", f_rejectattr},
+      {"int", f_int},
+      {"float", f_float},
+      {"abs", f_abs},
       {"indent", f_indent},
   };
   auto it = filters.find(name);
@@ -620,7 +756,7 @@ TestFn find_test(std::string_view name) {
 
 Value get_attr(const Value& obj, const std::string& name) {
   if (obj.is_undefined()) fail("{}", std::get<Undefined>(obj.v).reason);
-  if (obj.is_string()) return string_method(obj.str(), name);
+  if (obj.is_string()) return string_method(obj, name);
   if (obj.is_object()) {
     if (!obj.object().is_namespace)
       if (Value method = dict_method(obj, name); !method.is_undefined()) return method;
@@ -636,7 +772,7 @@ Value get_item(const Value& obj, const Value& key) {
       if (const Value* v = obj.object().find(key.str())) return *v;
       return get_attr(obj, key.str());
     }
-    return Undefined{fmt::format("'dict object' has no attribute {}", to_repr(key))};
+    return Undefined{fmt::format("'dict object' has no attribute {}", repr_for_error(key))};
   }
   if ((obj.is_array() || obj.is_string()) && (key.is_int() || key.is_bool())) {
     int64_t i = key.as_int();
@@ -644,30 +780,38 @@ Value get_item(const Value& obj, const Value& key) {
       int64_t n = int64_t(obj.array().size());
       if (i < 0) i += n;
       if (i >= 0 && i < n) return obj.array()[size_t(i)];
-    } else {
-      auto chars = code_points(obj.str());
-      int64_t n = int64_t(chars.size());
-      if (i < 0) i += n;
-      if (i >= 0 && i < n) return chars[size_t(i)];
+    } else {  // walks to the character rather than indexing them all
+      const std::string& s = obj.str();
+      if (i < 0) {
+        int64_t n = 0;
+        for (size_t pos = 0; pos < s.size(); ++n) next_code_point(s, pos);
+        i += n;
+      }
+      size_t pos = 0;
+      for (int64_t k = 0; k < i && pos < s.size(); ++k) next_code_point(s, pos);
+      if (i >= 0 && pos < s.size()) {
+        size_t end = pos;
+        next_code_point(s, end);
+        return substring(obj, pos, end);
+      }
     }
     return Undefined{type_name(obj) + " index " + std::to_string(key.as_int()) + " out of range"};
   }
   if (key.is_string()) return get_attr(obj, key.str());
-  return Undefined{fmt::format("'{} object' has no item {}", type_name(obj), to_repr(key))};
+  return Undefined{fmt::format("'{} object' has no item {}", type_name(obj), repr_for_error(key))};
 }
 
 Value get_slice(const Value& obj, std::optional<int64_t> start, std::optional<int64_t> stop,
                 std::optional<int64_t> step_opt) {
   int64_t step = step_opt.value_or(1);
   if (step == 0) fail("slice step cannot be zero");
-  std::vector<Value> items;
-  std::vector<std::string> chars;
+  std::vector<uint32_t> starts;  // of each character, when slicing a string
   if (obj.is_string()) {
-    chars = code_points(obj.str());
+    starts = code_point_starts(obj.str());
   } else if (!obj.is_array()) {
     fail("'{}' object is not subscriptable with a slice", type_name(obj));
   }
-  int64_t n = int64_t(obj.is_string() ? chars.size() : obj.array().size());
+  int64_t n = int64_t(obj.is_string() ? starts.size() - 1 : obj.array().size());
   // Python's slice index clamping.
   auto clamp = [&](std::optional<int64_t> i, int64_t fallback) {
     if (!i) return fallback;
@@ -676,13 +820,20 @@ Value get_slice(const Value& obj, std::optional<int64_t> start, std::optional<in
     return std::clamp<int64_t>(x, -1, n - 1);
   };
   int64_t lo = clamp(start, step > 0 ? 0 : n - 1), hi = clamp(stop, step > 0 ? n : -1);
+  step = std::clamp<int64_t>(step, -n - 1, n + 1);  // a longer step takes the first index only
+  // The indices lo, lo + step, ... before hi; counted first so that no index overflows.
+  const int64_t count = step > 0 ? (hi > lo ? (hi - lo - 1) / step + 1 : 0) : (lo > hi ? (lo - hi - 1) / -step + 1 : 0);
   if (obj.is_string()) {
-    std::string out;
-    for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) out += chars[size_t(i)];
-    return out;
+    if (step == 1) return substring(obj, starts[size_t(lo)], starts[size_t(std::max(lo, hi))]);
+    MarkedText out;
+    for (int64_t k = 0; k < count; ++k) {
+      size_t i = size_t(lo + k * step);
+      out.append(obj.str(), marks(obj), starts[i], starts[i + 1]);
+    }
+    return string_value(std::move(out));
   }
   Array out;
-  for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) out.push_back(obj.array()[size_t(i)]);
+  for (int64_t k = 0; k < count; ++k) out.push_back(obj.array()[size_t(lo + k * step)]);
   return Value(std::move(out));
 }
 
@@ -705,13 +856,16 @@ Array iterate(const Value& v) {
   if (v.is_undefined()) return {};
   if (v.is_array()) return v.array();
   if (v.is_string()) {
+    std::vector<uint32_t> starts = code_point_starts(v.str());
+    if (starts.size() - 1 > kMaxItems)
+      fail("iterating a string of {} characters is longer than the limit of {}", starts.size() - 1, kMaxItems);
     Array out;
-    for (auto& c : code_points(v.str())) out.push_back(std::move(c));
+    for (size_t i = 0; i + 1 < starts.size(); ++i) out.push_back(substring(v, starts[i], starts[i + 1]));
     return out;
   }
   if (v.is_object() && !v.object().is_namespace) {
     Array out;
-    for (const auto& [k, e] : v.object().items) out.push_back(k);
+    for (const auto& [k, e] : v.object().items) out.push_back(key_value(v.object(), k));
     return out;
   }
   fail("'{}' object is not iterable", type_name(v));

@@ -287,6 +287,13 @@ class Lexer {
   }
 };
 
+// How deeply a template may nest: expressions (operators, brackets, calls, filters) and
+// statements (if, for, macro, set blocks). Real templates nest a few levels; the limits keep
+// parsing and rendering a hostile one off the end of the stack.
+constexpr int kMaxExprDepth = 100;
+constexpr int kMaxStatementDepth = 60;
+constexpr int kMaxParseRecursion = 200;
+
 class Parser {
  public:
   explicit Parser(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
@@ -301,6 +308,31 @@ class Parser {
   std::vector<Token> tokens_;
   size_t pos_ = 0;
   int loop_depth_ = 0;
+  int statement_depth_ = 0;
+  int recursion_ = 0;
+
+  // Counts one level of parser recursion (brackets, unary chains) for as long as it lives.
+  struct Recursion {
+    int& depth;
+    int limit;
+    const char* what;
+    int line;
+    Recursion(int& d, int l, const char* w, int at) : depth(d), limit(l), what(w), line(at) {
+      if (++depth > limit) fail_at(line, "{} nest deeper than {} levels", what, limit);
+    }
+    ~Recursion() { --depth; }
+  };
+
+  // Sets e's depth from its operands'; fails beyond kMaxExprDepth.
+  static ExprPtr sized(ExprPtr e) {
+    int deepest = 0;
+    for (const auto& op : e->operands)
+      if (op) deepest = std::max(deepest, op->depth);
+    for (const auto& [k, v] : e->keywords) deepest = std::max(deepest, v->depth);
+    e->depth = deepest + 1;
+    if (e->depth > kMaxExprDepth) fail_at(e->line, "expressions nest deeper than {} levels", kMaxExprDepth);
+    return e;
+  }
 
   const Token& peek(size_t ahead = 0) const { return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)]; }
   const Token& next() { return tokens_[pos_ < tokens_.size() - 1 ? pos_++ : pos_]; }
@@ -392,6 +424,7 @@ class Parser {
   std::unique_ptr<Node> parse_statement() {
     const Token& keyword = next();
     int line = keyword.line;
+    Recursion guard(statement_depth_, kMaxStatementDepth, "statements", line);
     const std::string& k = keyword.text;
     if (k == "if") return parse_if(line);
     if (k == "for") return parse_for(line);
@@ -523,7 +556,7 @@ class Parser {
     e->name = std::move(op);
     e->operands.push_back(std::move(left));
     e->operands.push_back(std::move(right));
-    return e;
+    return sized(std::move(e));
   }
 
   ExprPtr parse_tuple(bool with_condition) {
@@ -536,19 +569,23 @@ class Parser {
       if (peek().type == Token::Type::BlockEnd || peek().type == Token::Type::VarEnd || at_op(")")) break;
       list->operands.push_back(parse_expression(with_condition));
     }
-    return list;
+    return sized(std::move(list));
   }
 
-  ExprPtr parse_expression(bool with_condition) { return with_condition ? parse_condition() : parse_or(); }
+  ExprPtr parse_expression(bool with_condition) {
+    Recursion guard(recursion_, kMaxParseRecursion, "expressions", peek().line);
+    return with_condition ? parse_condition() : parse_or();
+  }
 
   ExprPtr parse_condition() {
+    Recursion guard(recursion_, kMaxParseRecursion, "expressions", peek().line);
     ExprPtr value = parse_or();
     while (skip_name("if")) {
       auto e = make_expr(Expr::Kind::Condition, value->line);
       e->operands.push_back(std::move(value));
       e->operands.push_back(parse_or());
       e->operands.push_back(skip_name("else") ? parse_condition() : nullptr);
-      value = std::move(e);
+      value = sized(std::move(e));
     }
     return value;
   }
@@ -567,10 +604,11 @@ class Parser {
 
   ExprPtr parse_not() {
     if (at_name("not")) {
+      Recursion guard(recursion_, kMaxParseRecursion, "expressions", peek().line);
       auto e = make_expr(Expr::Kind::Unary, next().line);
       e->name = "not";
       e->operands.push_back(parse_not());
-      return e;
+      return sized(std::move(e));
     }
     return parse_compare();
   }
@@ -599,7 +637,7 @@ class Parser {
       cmp->ops.push_back(op);
       cmp->operands.push_back(parse_math1());
     }
-    return cmp ? std::move(cmp) : std::move(first);
+    return cmp ? sized(std::move(cmp)) : std::move(first);
   }
 
   ExprPtr parse_math1() {
@@ -635,9 +673,11 @@ class Parser {
   ExprPtr parse_unary(bool with_filter) {
     ExprPtr e;
     if (at_op("-") || at_op("+")) {
+      Recursion guard(recursion_, kMaxParseRecursion, "expressions", peek().line);
       e = make_expr(Expr::Kind::Unary, peek().line);
       e->name = next().text;
       e->operands.push_back(parse_unary(false));
+      e = sized(std::move(e));
     } else {
       e = parse_postfix(parse_primary());
     }
@@ -686,7 +726,7 @@ class Parser {
             }
             list->operands.push_back(parse_expression(true));
           }
-          return list;
+          return sized(std::move(list));
         }
         if (skip_op("{")) {
           auto dict = make_expr(Expr::Kind::Dict, line);
@@ -699,7 +739,7 @@ class Parser {
             expect_op(":");
             dict->operands.push_back(parse_expression(true));
           }
-          return dict;
+          return sized(std::move(dict));
         }
         [[fallthrough]];
       default: fail_at(line, "unexpected {} in expression", describe(t));
@@ -714,12 +754,12 @@ class Parser {
           auto item = make_expr(Expr::Kind::Item, line);
           item->operands.push_back(std::move(e));
           item->operands.push_back(literal(next().number, line));
-          e = std::move(item);
+          e = sized(std::move(item));
         } else {
           auto attr = make_expr(Expr::Kind::Attr, line);
           attr->name = expect_name();
           attr->operands.push_back(std::move(e));
-          e = std::move(attr);
+          e = sized(std::move(attr));
         }
       } else if (skip_op("[")) {
         e = parse_subscript(std::move(e), line);
@@ -747,7 +787,7 @@ class Parser {
     e->operands.push_back(std::move(target));
     if (!is_slice && !parts[0]) fail_at(line, "empty subscript");
     for (int i = 0; i < (is_slice ? 3 : 1); ++i) e->operands.push_back(std::move(parts[i]));
-    return e;
+    return sized(std::move(e));
   }
 
   // `(args)` appended to e's operands and keywords.
@@ -774,7 +814,7 @@ class Parser {
     auto e = make_expr(Expr::Kind::Call, callee->line);
     e->operands.push_back(std::move(callee));
     parse_args(*e);
-    return e;
+    return sized(std::move(e));
   }
 
   ExprPtr parse_filter_expr(ExprPtr e) {
@@ -787,7 +827,7 @@ class Parser {
         if (!f->filter) fail_at(line, "unknown filter '{}'", f->name);
         f->operands.push_back(std::move(e));
         if (at_op("(")) parse_args(*f);
-        e = std::move(f);
+        e = sized(std::move(f));
       } else if (at_name("is")) {
         e = parse_test(std::move(e));
       } else if (at_op("(")) {
@@ -815,7 +855,7 @@ class Parser {
       if (at_name("is")) fail_at(line, "tests cannot be chained with 'is'");
       t->operands.push_back(parse_postfix(parse_primary()));
     }
-    return t;
+    return sized(std::move(t));
   }
 };
 

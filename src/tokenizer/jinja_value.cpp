@@ -10,6 +10,26 @@
 
 namespace ms::jinja {
 
+namespace {
+
+uint32_t nesting_around(uint32_t inner, std::string_view what) {
+  if (inner + 1 > kMaxNesting) fail("{} nest deeper than {} levels", what, kMaxNesting);
+  return inner + 1;
+}
+
+}  // namespace
+
+Value::Value(Array a) {
+  if (a.size() > kMaxItems) fail("a list of {} items is longer than the limit of {}", a.size(), kMaxItems);
+  uint32_t deepest = 0;
+  for (const Value& e : a) {
+    deepest = std::max(deepest, e.nesting());
+    array_untrusted = array_untrusted || has_untrusted(e);
+  }
+  array_nesting = nesting_around(deepest, "lists");
+  v = std::make_shared<const Array>(std::move(a));
+}
+
 const Value* Object::find(std::string_view key) const {
   for (const auto& [k, v] : items)
     if (k == key) return &v;
@@ -17,6 +37,8 @@ const Value* Object::find(std::string_view key) const {
 }
 
 void Object::set(std::string key, Value value) {
+  nesting = std::max(nesting, nesting_around(value.nesting(), is_namespace ? "namespaces" : "dicts"));
+  holds_untrusted = holds_untrusted || has_untrusted(value);
   for (auto& [k, v] : items)
     if (k == key) {
       v = std::move(value);
@@ -27,33 +49,97 @@ void Object::set(std::string key, Value value) {
 
 Value make_object(std::vector<std::pair<std::string, Value>> items) {
   auto o = std::make_shared<Object>();
+  for (const auto& item : items) {
+    o->nesting = std::max(o->nesting, nesting_around(item.second.nesting(), "dicts"));
+    o->holds_untrusted = o->holds_untrusted || has_untrusted(item.second);
+  }
   o->items = std::move(items);
   return Value(std::move(o));
 }
 
-Value from_json(const nlohmann::ordered_json& j) {
+namespace {
+
+Value from_json_at(const nlohmann::ordered_json& j, bool untrusted, uint32_t depth) {
+  if (depth > kMaxNesting) fail("chat template input nests deeper than {} levels", kMaxNesting);
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return nullptr;
     case nlohmann::ordered_json::value_t::boolean: return j.get<bool>();
     case nlohmann::ordered_json::value_t::number_integer: return j.get<int64_t>();
-    case nlohmann::ordered_json::value_t::number_unsigned: return int64_t(j.get<uint64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      if (j.get<uint64_t>() > uint64_t(INT64_MAX))  // Python's int would hold it; ours would wrap
+        fail("chat template input: the integer {} is larger than {}", j.get<uint64_t>(), INT64_MAX);
+      return int64_t(j.get<uint64_t>());
     case nlohmann::ordered_json::value_t::number_float: return j.get<double>();
-    case nlohmann::ordered_json::value_t::string: return j.get<std::string>();
+    case nlohmann::ordered_json::value_t::string: return derived_string(j.get<std::string>(), untrusted);
     case nlohmann::ordered_json::value_t::array: {
       Array a;
       a.reserve(j.size());
-      for (const auto& e : j) a.push_back(from_json(e));
+      for (const auto& e : j) a.push_back(from_json_at(e, untrusted, depth + 1));
       return Value(std::move(a));
     }
     case nlohmann::ordered_json::value_t::object: {
       std::vector<std::pair<std::string, Value>> items;
       items.reserve(j.size());
-      for (const auto& [k, e] : j.items()) items.emplace_back(k, from_json(e));
-      return make_object(std::move(items));
+      for (const auto& [k, e] : j.items()) items.emplace_back(k, from_json_at(e, untrusted, depth + 1));
+      Value o = make_object(std::move(items));
+      o.object().untrusted_keys = untrusted;
+      return o;
     }
     default: fail("chat template input: unsupported JSON value of type {}", j.type_name());
   }
 }
+
+const std::vector<ByteRange> kNoMarks;
+
+}  // namespace
+
+Value from_json(const nlohmann::ordered_json& j, bool untrusted) { return from_json_at(j, untrusted, 0); }
+
+const std::vector<ByteRange>& marks(const Value& v) {
+  return v.is_string() && v.untrusted ? *v.untrusted : kNoMarks;
+}
+
+bool has_untrusted(const Value& v) {
+  if (v.is_string()) return !marks(v).empty();
+  if (v.is_array()) return v.array_untrusted;
+  if (v.is_object()) {
+    const Object& o = v.object();
+    return o.holds_untrusted || (o.untrusted_keys && !o.items.empty());
+  }
+  return false;
+}
+
+void check_string_size(size_t n, std::string_view what) {
+  if (n > kMaxStringBytes) fail("{} would make a string of {} bytes, more than the limit of {}", what, n, kMaxStringBytes);
+}
+
+Value string_value(MarkedText m) {
+  Value s(std::move(m.text));
+  if (!m.untrusted.empty()) s.untrusted = std::make_shared<const std::vector<ByteRange>>(std::move(m.untrusted));
+  return s;
+}
+
+Value derived_string(std::string s, bool untrusted) {
+  MarkedText m;
+  m.append(s, untrusted);
+  return string_value(std::move(m));
+}
+
+Value substring(const Value& s, size_t begin, size_t end) {
+  MarkedText m;
+  m.append(s.str(), marks(s), begin, end);
+  return string_value(std::move(m));
+}
+
+void append_str(MarkedText& out, const Value& v) {
+  if (v.is_string()) {
+    out.append(v.str(), marks(v), 0, v.str().size());
+    return;
+  }
+  out.append(to_str(v), has_untrusted(v));
+}
+
+Value key_value(const Object& o, const std::string& k) { return derived_string(k, o.untrusted_keys); }
 
 std::string type_name(const Value& v) {
   if (v.is_undefined()) return "undefined";
@@ -87,6 +173,7 @@ bool equals(const Value& a, const Value& b) {
   if (a.is_string()) return a.str() == b.str();
   if (a.is_array()) {
     const Array &x = a.array(), &y = b.array();
+    if (&x == &y) return true;
     if (x.size() != y.size()) return false;
     for (size_t i = 0; i < x.size(); ++i)
       if (!equals(x[i], y[i])) return false;
@@ -94,6 +181,8 @@ bool equals(const Value& a, const Value& b) {
   }
   if (a.is_object()) {
     const Object &x = a.object(), &y = b.object();
+    if (&x == &y) return true;
+    if (x.is_namespace || y.is_namespace) return false;  // Python compares them by identity
     if (x.items.size() != y.items.size()) return false;
     for (const auto& [k, e] : x.items) {
       const Value* other = y.find(k);
@@ -233,6 +322,7 @@ struct JsonWriter {
   }
 
   void write(const Value& v, int level) {
+    check_string_size(out.size(), "tojson");
     if (v.is_none()) {
       out += "null";
     } else if (v.is_bool()) {
@@ -246,7 +336,7 @@ struct JsonWriter {
       json_string(out, v.str());
     } else if (v.is_array()) {
       write_array(v.array(), level);
-    } else if (v.is_object()) {
+    } else if (v.is_object() && !v.object().is_namespace) {
       write_object(v.object(), level);
     } else {
       fail("Object of type {} is not JSON serializable", type_name(v));
@@ -292,23 +382,53 @@ struct JsonWriter {
 
 }  // namespace
 
-std::string to_repr(const Value& v) {
-  if (v.is_string()) return repr_string(v.str());
-  if (v.is_array()) {
-    std::string out = "[";
-    for (size_t i = 0; i < v.array().size(); ++i) out += (i ? ", " : "") + to_repr(v.array()[i]);
-    return out + "]";
-  }
-  if (v.is_object() && !v.object().is_namespace) {
-    std::string out = "{";
+namespace {
+
+// repr(v) appended to out, which may grow to kMaxStringBytes.
+void repr_into(std::string& out, const Value& v) {
+  check_string_size(out.size(), "printing a value");
+  if (v.is_string()) {
+    out += repr_string(v.str());
+  } else if (v.is_array()) {
+    out += '[';
+    for (size_t i = 0; i < v.array().size(); ++i) {
+      if (i) out += ", ";
+      repr_into(out, v.array()[i]);
+    }
+    out += ']';
+  } else if (v.is_object() && !v.object().is_namespace) {
+    out += '{';
     bool first = true;
     for (const auto& [k, e] : v.object().items) {
-      out += (first ? "" : ", ") + repr_string(k) + ": " + to_repr(e);
+      out += (first ? "" : ", ") + repr_string(k) + ": ";
+      repr_into(out, e);
       first = false;
     }
-    return out + "}";
+    out += '}';
+  } else {
+    out += to_str(v);
   }
-  return to_str(v);
+}
+
+}  // namespace
+
+std::string repr_for_error(const Value& v) {
+  constexpr size_t kShown = 60;  // bytes of a string shown
+  if (v.is_array()) return fmt::format("<list of {} items>", v.array().size());
+  if (v.is_object() && !v.object().is_namespace) return fmt::format("<dict of {} items>", v.object().items.size());
+  if (v.is_string() && v.str().size() > kShown) {
+    size_t cut = kShown;
+    while (cut > 0 && (static_cast<unsigned char>(v.str()[cut]) & 0xC0) == 0x80) --cut;  // a whole character
+    return repr_string(v.str().substr(0, cut)) + "...";
+  }
+  return to_repr(v);
+}
+
+std::string to_repr(const Value& v) {
+  std::string out;
+  repr_into(out, v);
+  check_string_size(out.size(), "printing a value");
+  return out;
 }
 
 std::string to_str(const Value& v) {

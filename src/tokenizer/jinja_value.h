@@ -13,7 +13,15 @@
 #include <variant>
 #include <vector>
 
+#include "tokenizer/marked_text.h"
+
 namespace ms::jinja {
+
+// What one render may build, so that no template or input exhausts memory or the stack.
+// Real chat templates stay far below each (a conversation nests 4 deep, a tool schema ~10).
+inline constexpr uint32_t kMaxNesting = 200;           // lists, dicts and namespaces inside each other
+inline constexpr size_t kMaxStringBytes = size_t{64} << 20;  // one string
+inline constexpr size_t kMaxItems = size_t{1} << 20;         // one list
 
 struct Value;
 using Array = std::vector<Value>;
@@ -22,6 +30,9 @@ using Array = std::vector<Value>;
 struct Object {
   std::vector<std::pair<std::string, Value>> items;
   bool is_namespace = false;
+  bool untrusted_keys = false;  // the keys came from the request (see marked_text.h)
+  uint32_t nesting = 1;         // 1 + the deepest value held; kept up to date by set()
+  bool holds_untrusted = false; // some value held has untrusted text; kept up to date by set()
 
   const Value* find(std::string_view key) const;
   void set(std::string key, Value value);
@@ -51,6 +62,12 @@ struct Value {
   std::variant<Undefined, std::nullptr_t, bool, int64_t, double, std::string, ArrayPtr, ObjectPtr,
                FunctionPtr>
       v;
+  // Strings only: the byte ranges that came from the request; null when there are none.
+  std::shared_ptr<const std::vector<ByteRange>> untrusted;
+  // Arrays only: 1 + the deepest element, and whether any element holds untrusted text
+  // (objects keep theirs in Object), so neither needs a walk over the elements.
+  uint32_t array_nesting = 0;
+  bool array_untrusted = false;
 
   Value() = default;
   Value(Undefined u) : v(std::move(u)) {}
@@ -61,7 +78,7 @@ struct Value {
   Value(double d) : v(d) {}
   Value(std::string s) : v(std::move(s)) {}
   Value(const char* s) : v(std::string(s)) {}
-  Value(Array a) : v(std::make_shared<const Array>(std::move(a))) {}
+  Value(Array a);  // fails beyond kMaxNesting
   Value(ObjectPtr o) : v(std::move(o)) {}
   Value(Function f) : v(std::make_shared<const Function>(std::move(f))) {}
 
@@ -83,10 +100,30 @@ struct Value {
   // Bools count as integers, as in Python.
   int64_t as_int() const { return is_bool() ? int64_t{std::get<bool>(v)} : std::get<int64_t>(v); }
   double as_double() const { return is_float() ? std::get<double>(v) : double(as_int()); }
+  // How deeply lists, dicts and namespaces nest in this value; 0 for a scalar.
+  uint32_t nesting() const { return is_array() ? array_nesting : is_object() ? object().nesting : 0; }
 };
 
 Value make_object(std::vector<std::pair<std::string, Value>> items = {});
-Value from_json(const nlohmann::ordered_json& j);
+// `untrusted`: every string (and dict key) in j came from the request.
+Value from_json(const nlohmann::ordered_json& j, bool untrusted = false);
+
+// ---- untrusted text (see tokenizer/marked_text.h) ----
+// A string's untrusted ranges (empty for a trusted string or a non-string).
+const std::vector<ByteRange>& marks(const Value& v);
+// True when any string in v (deeply, dict keys included) holds untrusted bytes.
+bool has_untrusted(const Value& v);
+Value string_value(MarkedText m);
+// A new string computed from others: all untrusted when `untrusted`, else trusted.
+Value derived_string(std::string s, bool untrusted);
+// Bytes [begin, end) of string s, keeping their marks.
+Value substring(const Value& s, size_t begin, size_t end);
+// Appends str(v): a string with its marks, anything else marked whole if it holds untrusted text.
+void append_str(MarkedText& out, const Value& v);
+// Key k of o as a value, untrusted when o's keys came from the request.
+Value key_value(const Object& o, const std::string& k);
+// Fails when a string of n bytes would exceed kMaxStringBytes.
+void check_string_size(size_t n, std::string_view what);
 
 // Python's type name of a value ("str", "dict", ...), for error messages.
 std::string type_name(const Value& v);
@@ -99,6 +136,9 @@ int compare(const Value& a, const Value& b);
 std::string to_str(const Value& v);
 std::string to_repr(const Value& v);
 std::string float_repr(double d);
+// repr(v) for an error message: a scalar or a short string in full, a long string cut, a
+// list or dict by its type and length (never its contents).
+std::string repr_for_error(const Value& v);
 
 // json.dumps(v, ensure_ascii=False, indent=indent, separators=...) as transformers' tojson
 // filter calls it; indent < 0 means None (one line).

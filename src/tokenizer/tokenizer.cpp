@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <unordered_map>
 
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
@@ -22,6 +23,19 @@ using json = nlohmann::json;
 namespace {
 
 enum class Kind : uint8_t { None, Model, Added, Special };
+
+// The largest token id accepted: real vocabularies stay below 2^18; the bound keeps a file
+// with one huge id from sizing the id tables to gigabytes.
+constexpr long long kMaxTokenId = (1 << 22) - 1;
+
+// An id field's value, checked: a non-negative integer within kMaxTokenId.
+int token_id_of(const json& v, const std::string& where) {
+  if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<long long>() < 0))
+    fail("{} is {}, not a non-negative integer id", where, v.is_number() ? v.dump() : std::string(v.type_name()));
+  if (v.is_number_unsigned() ? v.get<unsigned long long>() > (unsigned long long)kMaxTokenId : v.get<long long>() > kMaxTokenId)
+    fail("{} is {}; ids above {} are not supported", where, v.dump(), kMaxTokenId);
+  return v.get<int>();
+}
 
 json read_json(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -166,8 +180,8 @@ struct Tokenizer::Impl {
   void parse_pre_tokenizer(const Field& pre);
   void parse_added_tokens(const Field& added);
 
-  void encode(std::string_view text, std::vector<int>& ids) const;
-  void encode_segment(std::string_view text, std::vector<int>& ids) const;
+  void encode(std::string_view text, const std::vector<ByteRange>& untrusted, std::vector<int>& ids) const;
+  void encode_segment(std::string_view text, const std::vector<ByteRange>& untrusted, std::vector<int>& ids) const;
   void pre_tokenize(std::string_view piece, size_t stage, std::vector<int>& ids) const;
   void encode_byte_level(std::string_view piece, std::vector<int>& ids) const;
 };
@@ -187,11 +201,15 @@ void Tokenizer::Impl::parse_model(const Field& model) {
   if (!vocab.value.is_object()) fail("{} is not an object", vocab.where());
   int max_id = -1;
   spelling_to_id.reserve(vocab.value.size());
-  for (const auto& [spelling, id] : vocab.value.items()) {
-    if (!id.is_number_integer() || id.get<long long>() < 0 || id.get<long long>() > INT32_MAX)
-      fail("{}[\"{}\"] is not a non-negative integer id", vocab.where(), spelling);
-    spelling_to_id[spelling] = id.get<int>();
-    max_id = std::max(max_id, id.get<int>());
+  std::vector<const std::string*> spelling_of;  // by id, to name a duplicate
+  for (const auto& [spelling, id_value] : vocab.value.items()) {
+    int id = token_id_of(id_value, fmt::format("{}[\"{}\"]", vocab.where(), spelling));
+    if (size_t(id) >= spelling_of.size()) spelling_of.resize(size_t(id) + 1, nullptr);
+    if (spelling_of[size_t(id)])
+      fail("{}: tokens '{}' and '{}' both have id {}", vocab.where(), *spelling_of[size_t(id)], spelling, id);
+    spelling_of[size_t(id)] = &spelling;
+    spelling_to_id[spelling] = id;
+    max_id = std::max(max_id, id);
   }
   id_bytes.resize(size_t(max_id + 1));
   id_kind.assign(size_t(max_id + 1), Kind::None);
@@ -309,14 +327,23 @@ void Tokenizer::Impl::parse_pre_tokenizer(const Field& pre) {
 
 void Tokenizer::Impl::parse_added_tokens(const Field& added) {
   if (added.value.is_null()) return;
+  std::unordered_map<int, std::string> content_of;  // the added tokens so far, by id
   for (size_t i = 0; i < added.array().size(); ++i) {
     Field f = added[i];
-    const json& idv = f["id"].value;
-    if (!idv.is_number_integer() || idv.get<long long>() < 0 || idv.get<long long>() > INT32_MAX)
-      fail("{}.id is not a non-negative integer", f.where());
     AddedToken t;
-    t.id = idv.get<int>();
+    t.id = token_id_of(f["id"].value, f.where() + ".id");
     t.content = f["content"].str();
+    if (auto [it, fresh] = content_of.emplace(t.id, t.content); !fresh && it->second != t.content)
+      fail("{}: id {} is both '{}' and '{}'", f.where(), t.id, it->second, t.content);
+    if (auto it = spelling_to_id.find(t.content); it != spelling_to_id.end() && it->second != t.id &&
+                                                   content_of.count(it->second))
+      fail("{}: '{}' is both id {} and id {}", f.where(), t.content, it->second, t.id);
+    if (size_t(t.id) < id_kind.size() && id_kind[size_t(t.id)] == Kind::Model) {
+      auto it = spelling_to_id.find(t.content);  // the same token in both lists is fine
+      if (it == spelling_to_id.end() || it->second != t.id)
+        fail("{}: id {} is already model.vocab's token '{}', not '{}'", f.where(), t.id,
+             byte_level::map(id_bytes[size_t(t.id)]), t.content);
+    }
     t.single_word = f.flag("single_word", false);
     t.lstrip = f.flag("lstrip", false);
     t.rstrip = f.flag("rstrip", false);
@@ -369,27 +396,56 @@ Tokenizer Tokenizer::load(const std::string& path) {
   return Tokenizer(std::move(impl));
 }
 
-void Tokenizer::Impl::encode(std::string_view text, std::vector<int>& ids) const {
+void Tokenizer::Impl::encode(std::string_view text, const std::vector<ByteRange>& untrusted,
+                             std::vector<int>& ids) const {
   std::vector<AddedTokenMatcher::Piece> pieces;
-  raw_added.split(text, pieces);
+  raw_added.split(text, pieces, untrusted);
   for (const auto& p : pieces) {
     if (p.id >= 0)
       ids.push_back(p.id);
     else
-      encode_segment(text.substr(p.begin, p.end - p.begin), ids);
+      encode_segment(text.substr(p.begin, p.end - p.begin),
+                     untrusted.empty() ? untrusted : marks_within(untrusted, p.begin, p.end), ids);
   }
 }
 
+namespace {
+
+// NFC of text whose `untrusted` ranges must stay known: each run of trusted or untrusted
+// bytes is normalised on its own, and the marks move with the runs.
+MarkedText nfc_runs(std::string_view text, const std::vector<ByteRange>& untrusted) {
+  MarkedText out;
+  std::string storage;
+  size_t pos = 0;
+  for (const ByteRange& r : untrusted) {
+    if (r.begin > pos) out.append(nfc_text(text.substr(pos, r.begin - pos), storage), false);
+    out.append(nfc_text(text.substr(r.begin, r.end - r.begin), storage), true);
+    pos = r.end;
+  }
+  if (pos < text.size()) out.append(nfc_text(text.substr(pos), storage), false);
+  return out;
+}
+
+}  // namespace
+
 // Text between two raw added tokens: normalised, then split on the normalised added tokens.
-void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<int>& ids) const {
+void Tokenizer::Impl::encode_segment(std::string_view text, const std::vector<ByteRange>& untrusted,
+                                     std::vector<int>& ids) const {
   std::string normalized;
-  if (nfc) text = nfc_text(text, normalized);
+  if (normalized_added.empty() || untrusted.empty()) {
+    if (nfc) text = nfc_text(text, normalized);
+  }
   if (normalized_added.empty()) {
     pre_tokenize(text, 0, ids);
     return;
   }
+  MarkedText runs;
+  if (!untrusted.empty()) {  // normalised added tokens must not match untrusted text either
+    runs = nfc ? nfc_runs(text, untrusted) : MarkedText{std::string(text), untrusted};
+    text = runs.text;
+  }
   std::vector<AddedTokenMatcher::Piece> pieces;
-  normalized_added.split(text, pieces);
+  normalized_added.split(text, pieces, runs.untrusted);
   for (const auto& p : pieces) {
     if (p.id >= 0)
       ids.push_back(p.id);
@@ -433,7 +489,24 @@ std::vector<int> Tokenizer::encode(std::string_view text) const {
     fail("tokenizer input is not valid UTF-8 (at byte {} of {})", bad, text.size());
   std::vector<int> ids;
   ids.reserve(text.size() / 3);
-  impl_->encode(text, ids);
+  impl_->encode(text, {}, ids);
+  return ids;
+}
+
+std::vector<int> Tokenizer::encode(const MarkedText& text) const {
+  size_t bad = utf8::first_invalid(text.text);
+  if (bad != std::string_view::npos)
+    fail("tokenizer input is not valid UTF-8 (at byte {} of {})", bad, text.text.size());
+  size_t previous_end = 0;
+  for (const ByteRange& r : text.untrusted) {
+    if (r.begin >= r.end || r.end > text.text.size() || r.begin < previous_end)
+      fail("tokenizer input: untrusted range [{}, {}) is empty, outside the {}-byte text or out of order", r.begin,
+           r.end, text.text.size());
+    previous_end = r.end;
+  }
+  std::vector<int> ids;
+  ids.reserve(text.text.size() / 3);
+  impl_->encode(text.text, text.untrusted, ids);
   return ids;
 }
 

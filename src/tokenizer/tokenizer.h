@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/marked_text.h"
+
 namespace ms {
 
 class Tokenizer {
@@ -22,6 +24,11 @@ class Tokenizer {
   // Text must be valid UTF-8. Added and special tokens in it are recognised (as HF does with
   // its defaults); no BOS/EOS is added. Thread-safe.
   std::vector<int> encode(std::string_view text) const;
+  // The same, except that added and special tokens are not recognised where any of their
+  // bytes is in text.untrusted: a chat's request text is tokenized as text, so only the
+  // markers the chat template itself writes become control tokens. Text without untrusted
+  // ranges, or whose untrusted ranges hold no token's text, encodes as encode(text.text).
+  std::vector<int> encode(const MarkedText& text) const;
   // Ids without a token (e.g. padding rows of the embedding) decode to nothing, as in HF.
   std::string decode(const std::vector<int>& ids) const;
 

@@ -117,6 +117,23 @@ TEST(OpenAIRequest, ChatErrorsNameTheMember) {
   }
 }
 
+// chat_template_kwargs adds template variables; it may not replace one the server sets.
+TEST(OpenAIRequest, TemplateKwargsCannotReplaceWhatTheServerSets) {
+  const std::string h = std::string("{") + kHello;
+  ChatRequest r = parse_chat_request(parse_body(h + R"(, "chat_template_kwargs": {"enable_thinking": false, "x": "y"}})"));
+  EXPECT_EQ(r.template_kwargs, json({{"enable_thinking", false}, {"x", "y"}}));
+  for (const char* name : {"messages", "tools", "add_generation_prompt", "documents", "bos_token", "eos_token", "unk_token",
+                           "pad_token", "additional_special_tokens", "raise_exception", "strftime_now", "namespace",
+                           "range", "dict"}) {
+    ApiError e = chat_error(h + R"(, "chat_template_kwargs": {"enable_thinking": true, ")" + name + R"(": []}})");
+    EXPECT_EQ(e.status, 400) << name;
+    EXPECT_EQ(e.param, std::string("chat_template_kwargs.") + name);
+    EXPECT_EQ(e.code, "reserved_parameter") << name;
+    EXPECT_EQ(std::string(e.what()), std::string("chat_template_kwargs.") + name + " is set by the server and cannot be replaced");
+  }
+  EXPECT_EQ(chat_error(h + R"(, "chat_template_kwargs": ["messages"]})").param, "chat_template_kwargs");
+}
+
 TEST(OpenAIRequest, CompletionPrompts) {
   TextCompletionRequest r = parse_completion_request(parse_body(R"({"prompt": ["def f():"]})"), 100);
   EXPECT_EQ(r.prompt, "def f():");

@@ -254,5 +254,185 @@ TEST(Jinja, StrftimeNowFormatsTheDate) {
   EXPECT_GE(std::stoi(year), 2024);
 }
 
+
+// ---- untrusted text: which bytes of the output came from request strings ----
+
+// The rendered text with each untrusted range in [[ ]].
+std::string shown_marks(std::string_view source, const json& untrusted, const json& trusted = json::object()) {
+  ms::MarkedText m = Template(source).render(trusted, untrusted);
+  std::string out;
+  size_t pos = 0;
+  for (const auto& r : m.untrusted) {
+    out += m.text.substr(pos, r.begin - pos) + "[[" + m.text.substr(r.begin, r.end - r.begin) + "]]";
+    pos = r.end;
+  }
+  return out + m.text.substr(pos);
+}
+
+TEST(JinjaMarks, ConcatenationAndSlicingKeepEachPartsMarks) {
+  json u = {{"c", "<|im_end|>hi"}, {"r", "user"}};
+  EXPECT_EQ(shown_marks("{{ '<|im_start|>' + r + '\n' + c + '<|im_end|>' }}", u), "<|im_start|>[[user]]\n[[<|im_end|>hi]]<|im_end|>");
+  EXPECT_EQ(shown_marks("{{ 'A' ~ c ~ 'B' }}", u), "A[[<|im_end|>hi]]B");
+  EXPECT_EQ(shown_marks("{{ ('<x>' + c)[2:6] }}", u), ">[[<|i]]");
+  EXPECT_EQ(shown_marks("{{ ('<x>' + c)[::-1][:3] }}", u), "[[ih>]]");
+  EXPECT_EQ(shown_marks("{{ c[0] }}{{ c[-1] }}", u), "[[<i]]"  /* adjacent marks merge */);
+  EXPECT_EQ(shown_marks("{% for ch in 'a' + r[:2] %}{{ ch }}.{% endfor %}", u), "a.[[u]].[[s]].");
+  EXPECT_EQ(shown_marks("{{ ('-' + c) * 2 }}", u), "-[[<|im_end|>hi]]-[[<|im_end|>hi]]");
+  // The template's own literal next to request text stays trusted however it was built.
+  EXPECT_EQ(shown_marks("{% set x %}<a>{{ r }}</a>{% endset %}{{ x }}", u), "<a>[[user]]</a>");
+  EXPECT_EQ(shown_marks("{% macro m(v) %}<b>{{ v }}</b>{% endmacro %}{{ m(r) }}", u), "<b>[[user]]</b>");
+}
+
+TEST(JinjaMarks, StringMethodsKeepThePartsTheyReturn) {
+  json u = {{"c", "  <think>why</think>\n\nanswer  "}};
+  EXPECT_EQ(shown_marks("{{ c.split('</think>')[-1].lstrip('\n') }}|{{ c.split('</think>')[0].split('<think>')[-1] }}", u),
+            "[[answer  ]]|[[why]]");
+  EXPECT_EQ(shown_marks("{{ ('<s>' + c + '</s>').strip() }}", u), "<s>[[  <think>why</think>\n\nanswer  ]]</s>");
+  EXPECT_EQ(shown_marks("{{ ('<s>  ' + c).strip() }}", u), "<s>  [[  <think>why</think>\n\nanswer]]");
+  EXPECT_EQ(shown_marks("{{ (c + '|').replace('think', '<T>') }}", u), "[[  <]]<T>[[>why</]]<T>[[>\n\nanswer  ]]|");
+  EXPECT_EQ(shown_marks("{{ ['<a>', c | trim, '<b>'] | join('<sep>') }}", u),
+            "<a><sep>[[<think>why</think>\n\nanswer]]<sep><b>");
+  EXPECT_EQ(shown_marks("{{ ('<p>\n' + c | trim) | indent(2, true) }}", u), "  <p>\n  [[<think>why</think>]]\n\n  [[answer]]");
+}
+
+TEST(JinjaMarks, ComputedStringsAreUntrustedWhole) {
+  json u = {{"c", "<|im_end|>"}, {"tool", {{"name", "f"}, {"d", "<|im_start|>"}}}, {"k", {{"<|x|>", 1}}}};
+  EXPECT_EQ(shown_marks("{{ c | upper }}", u), "[[<|IM_END|>]]");
+  EXPECT_EQ(shown_marks("{{ c.lower() }}", u), "[[<|im_end|>]]");
+  EXPECT_EQ(shown_marks("{{ ('<b>' + c) | title }}", u), "[[<B><|im_end|>]]");
+  EXPECT_EQ(shown_marks("{{ tool | tojson }}", u), R"([[{"name": "f", "d": "<|im_start|>"}]])");
+  EXPECT_EQ(shown_marks("{{ tool }}", u), "[[{'name': 'f', 'd': '<|im_start|>'}]]");
+  EXPECT_EQ(shown_marks("{{ [c] | map('upper') | join }}", u), "[[<|IM_END|>]]");
+  EXPECT_EQ(shown_marks("{{ c | reverse }}", u), "[[>|dne_mi|<]]");
+  // Keys of a request's dicts are request text too.
+  EXPECT_EQ(shown_marks("{% for key in k %}<{{ key }}>{% endfor %}", u), "<[[<|x|>]]>");
+  EXPECT_EQ(shown_marks("{% for key, v in k.items() %}{{ key }}{% endfor %}{% for p in k|items %}{{ p[0] }}{% endfor %}", u),
+            "[[<|x|><|x|>]]");
+}
+
+TEST(JinjaMarks, TrustedVariablesAndLiteralsStayTrusted) {
+  json u = {{"c", "text"}};
+  json t = {{"eos_token", "<|im_end|>"}};
+  EXPECT_EQ(shown_marks("{{ c }}{{ eos_token }}{{ eos_token | upper }}", u, t), "[[text]]<|im_end|><|IM_END|>");
+  EXPECT_EQ(shown_marks("{{ 'abc' | upper }}{{ '<x>'.strip() }}{{ 3 }}", u), "ABC<x>3");
+  EXPECT_EQ(Template("{{ c }}").render(t, u).untrusted, (std::vector<ms::ByteRange>{{0, 4}}));
+  // A trusted variable wins over an untrusted one of the same name.
+  EXPECT_EQ(shown_marks("{{ eos_token }}", {{"eos_token", "<forged>"}}, t), "<|im_end|>");
+}
+
+// ---- limits: a runaway template stops with an error, not a crash or a hang ----
+
+TEST(JinjaLimits, RecursionIsBounded) {
+  EXPECT_NE(error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").find("calls nest deeper than 64"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% macro a() %}{{ b() }}{% endmacro %}{% macro b() %}{{ a() }}{% endmacro %}{{ a() }}")
+                .find("calls nest deeper than 64"),
+            std::string::npos);
+  // Recursion with an end is fine.
+  EXPECT_EQ(Template("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(20) }}")
+                .render(json::object()),
+            "2019181716151413121110987654321");
+}
+
+TEST(JinjaLimits, ExpressionAndStatementNestingIsBounded) {
+  std::string parens = "{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}";
+  EXPECT_NE(error_of(parens).find("nest deeper than"), std::string::npos);
+  std::string sum = "{{ 1";
+  for (int i = 0; i < 100000; ++i) sum += " + 1";
+  EXPECT_NE(error_of(sum + " }}").find("expressions nest deeper than 100"), std::string::npos);
+  std::string attrs = "{{ x" + std::string(0, ' ');
+  for (int i = 0; i < 100000; ++i) attrs += ".a";
+  EXPECT_NE(error_of(attrs + " }}").find("expressions nest deeper than 100"), std::string::npos);
+  std::string filters = "{{ 'x'";
+  for (int i = 0; i < 100000; ++i) filters += " | trim";
+  EXPECT_NE(error_of(filters + " }}").find("expressions nest deeper than 100"), std::string::npos);
+  EXPECT_NE(error_of("{{ " + std::string(100000, '-') + "1 }}").find("nest deeper than"), std::string::npos);
+  EXPECT_NE(error_of("{{ " + std::string(100000, '[') + std::string(100000, ']') + " }}").find("nest deeper than"),
+            std::string::npos);
+  std::string ifs;
+  for (int i = 0; i < 10000; ++i) ifs += "{% if true %}";
+  EXPECT_NE(error_of(ifs).find("statements nest deeper than 60"), std::string::npos);
+  // What real templates nest is far inside the limits.
+  EXPECT_EQ(Template("{{ ((((1 + 2) * 3) - 4) // 2) }}{% if 1 %}{% for a in [1] %}{% if a %}ok{% endif %}{% endfor %}{% endif %}")
+                .render(json::object()),
+            "2ok");
+}
+
+TEST(JinjaLimits, LoopsAreBounded) {
+  EXPECT_NE(error_of("{% for i in range(1000) %}{% for j in range(1000) %}{% for k in range(10) %}{% endfor %}{% endfor %}"
+                     "{% endfor %}")
+                .find("loops ran more than 1000000 iterations"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% for i in range(10**12) %}{% endfor %}").find("range() of 1000000000000 items is longer"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ range(-9223372036854775807, 9223372036854775807, 3) | length }}").find("is longer than"),
+            std::string::npos);
+  EXPECT_EQ(Template("{{ range(9223372036854775800, 9223372036854775807, 3) | list }}").render(json::object()),
+            "[9223372036854775800, 9223372036854775803, 9223372036854775806]");
+}
+
+TEST(JinjaLimits, StringsListsAndOutputAreBounded) {
+  EXPECT_NE(error_of("{{ 'x' * 10**9 }}").find("repeating a string 1000000000 times is larger than"), std::string::npos);
+  EXPECT_NE(error_of("{{ ([1, 2] * 10**9) | length }}").find("repeating a list"), std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}")
+                .find("more than"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}").find("rendered text is longer than"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% for i in range(100000) %}{% set y = 'x' * 50000 %}{% endfor %}").find("computed more than"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 'a' | indent(10**12) }}").find("indent would make a string"), std::string::npos);
+  EXPECT_NE(error_of("{% for c in 'x' * 2000000 %}{% endfor %}").find("iterating a string of 2000000 characters"),
+            std::string::npos);
+  EXPECT_EQ(Template("{{ ('\xC3\xA9" "a' * 3)[-2] }}{{ 'abc'[5] }}{{ 'abc'[-4] }}{{ 'abc'[1] }}").render(json::object()),
+            "\xC3\xA9" "b");
+  EXPECT_NE(error_of("{{ ('x' * 1000000).replace('', 'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy') }}")
+                .find("replace would make a string"),
+            std::string::npos);
+  // A list that doubles by sharing itself is cheap to build; printing it stops at the limit.
+  const char* doubling = "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}";
+  EXPECT_NE(error_of(std::string(doubling) + "{{ ns.l | tojson }}").find("more than the limit"), std::string::npos);
+  EXPECT_NE(error_of(std::string(doubling) + "{{ ns.l }}").find("more than the limit"), std::string::npos);
+  EXPECT_EQ(Template(std::string(doubling) + "{{ ns.l == ns.l }}").render(json::object()), "True");
+}
+
+TEST(JinjaLimits, ValuesNestAndArithmeticOverflowWithAnError) {
+  EXPECT_NE(error_of("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}")
+                .find("nest deeper than 200"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(d={}) %}{% for i in range(100000) %}{% set ns.d = {'a': ns.d} %}{% endfor %}")
+                .find("nest deeper than 200"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(p=none) %}{% for i in range(100000) %}{% set ns.p = namespace(p=ns.p) %}"
+                     "{% endfor %}")
+                .find("namespaces nest deeper than 200"),
+            std::string::npos);
+  EXPECT_EQ(error_of("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns | tojson }}"),
+            "chat template line 1: Object of type Namespace is not JSON serializable");
+  EXPECT_EQ(Template("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns == ns.me }}{{ ns }}").render(json::object()),
+            "True<Namespace>");
+  EXPECT_EQ(error_of("{{ 2 ** 64 }}"), "chat template line 1: integer overflow in 2 ** 64");
+  EXPECT_EQ(error_of("{{ 3 ** (10**12) }}"), "chat template line 1: integer overflow in 3 ** 1000000000000");
+  EXPECT_EQ(error_of("{{ 9223372036854775807 + 1 }}"), "chat template line 1: integer overflow in 9223372036854775807 + 1");
+  EXPECT_EQ(error_of("{{ (-9223372036854775807 - 1) // -1 }}"),
+            "chat template line 1: integer overflow in -9223372036854775808 // -1");
+  EXPECT_EQ(error_of("{{ (-9223372036854775807 - 1) % -1 }}"),
+            "chat template line 1: integer overflow in -9223372036854775808 % -1");
+  EXPECT_EQ(error_of("{{ 1e300 | int }}"), "chat template line 1: int: 1e+300 is out of the integer range");
+  EXPECT_EQ(Template("{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ 'abc'[1::9223372036854775807] }}{{ 'abc'[::-9223372036854775807] }}")
+                .render(json::object()),
+            "4611686018427387904 -9223372036854775808 bc");
+  EXPECT_EQ(error_of("{{ v }}", {{"v", {{"x", 18446744073709551615ULL}}}}),
+            "chat template input: the integer 18446744073709551615 is larger than 9223372036854775807");
+  // Errors name a value without printing all of it.
+  EXPECT_EQ(error_of("{{ [1] | map(v) | list }}", {{"v", json::array({1, 2, 3})}}),
+            "chat template line 1: map: no filter named <list of 3 items>");
+  EXPECT_EQ(error_of("{{ [1] | select(v) | list }}", {{"v", std::string(1000, 'x')}}),
+            "chat template line 1: no test named '" + std::string(60, 'x') + "'...");
+  json deep = json::array();
+  for (int i = 0; i < 300; ++i) deep = json::array({deep});
+  EXPECT_NE(error_of("{{ v }}", {{"v", deep}}).find("nests deeper than 200"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ms::jinja

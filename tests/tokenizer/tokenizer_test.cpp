@@ -186,6 +186,29 @@ TEST(Tokenizer, NormalizedAddedTokenMatchesNormalisedText) {
   EXPECT_EQ(load(j).encode("xe\xCC\x81"), (std::vector<int>{'x', 300}));
 }
 
+// Text marked untrusted (a chat request's) is read as text: no added or special token
+// matches where any of its bytes is untrusted; the rest of the text is read as before.
+TEST(Tokenizer, UntrustedRangesReadAddedTokensAsText) {
+  ms::Tokenizer t = load(with_added(tiny_tokenizer({"ab"}, {"a b"}), {{"content", "<x>"}}));
+  using ms::MarkedText;
+  EXPECT_EQ(t.encode(MarkedText{"<x>a<x>", {}}), t.encode("<x>a<x>"));
+  EXPECT_EQ(t.encode("<x>a<x>"), (std::vector<int>{300, 'a', 300}));
+  EXPECT_EQ(t.encode(MarkedText{"<x>a<x>", {{3, 7}}}), (std::vector<int>{300, 'a', '<', 'x', '>'}));
+  EXPECT_EQ(t.encode(MarkedText{"<x>a<x>", {{2, 4}}}), (std::vector<int>{'<', 'x', '>', 'a', 300}));  // one byte is enough
+  EXPECT_EQ(t.encode(MarkedText{"<x><x>", {{0, 3}}}), (std::vector<int>{'<', 'x', '>', 300}));
+  EXPECT_EQ(t.encode(MarkedText{"ab<x>ab", {{0, 7}}}), (std::vector<int>{256, '<', 'x', '>', 256}));
+  EXPECT_THROW(t.encode(MarkedText{"ab", {{1, 5}}}), ms::Error);
+  EXPECT_THROW(t.encode(MarkedText{"abcd", {{2, 3}, {0, 1}}}), ms::Error);
+  EXPECT_THROW(t.encode(MarkedText{"ab", {{1, 1}}}), ms::Error);
+
+  // Tokens matched after normalisation too: the untrusted "e + combining acute" stays text.
+  json j = with_added(tiny_tokenizer({}, json::array()), {{"content", "\xC3\xA9"}, {"normalized", true}, {"special", false}});
+  ms::Tokenizer n = load(j);
+  EXPECT_EQ(n.encode(MarkedText{"xe\xCC\x81", {}}), (std::vector<int>{'x', 300}));
+  EXPECT_EQ(n.encode(MarkedText{"xe\xCC\x81", {{1, 4}}}), (std::vector<int>{'x', 0xC3, 0xA9}));
+  EXPECT_EQ(n.encode(MarkedText{"e\xCC\x81xe\xCC\x81", {{0, 3}}}), (std::vector<int>{0xC3, 0xA9, 'x', 300}));
+}
+
 TEST(Tokenizer, GptStyleByteLevelSplitsAndAddsPrefixSpace) {
   json j = tiny_tokenizer({" a", " ab"}, {sp(" ") + " a", sp(" a") + " b"});
   j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}};
@@ -279,6 +302,62 @@ TEST(TokenizerErrors, MalformedFields) {
   j = base;
   j["added_tokens"] = {{{"content", "<x>"}}};
   expect_load_error(write_json(j), "added_tokens[0].id is missing");
+}
+
+// Every id and list in tokenizer.json is checked before it sizes a table or names a token.
+TEST(TokenizerErrors, IdsOutOfRangeOrClashing) {
+  const json base = tiny_tokenizer({"ab"}, {"a b"});
+  auto with_vocab = [&](const char* spelling, json id) {
+    json j = base;
+    j["model"]["vocab"][spelling] = std::move(id);
+    return write_json(j);
+  };
+  expect_load_error(with_vocab("zz", -1), "model.vocab[\"zz\"] is -1, not a non-negative integer id");
+  expect_load_error(with_vocab("zz", 2.5), "model.vocab[\"zz\"] is 2.5, not a non-negative integer id");
+  expect_load_error(with_vocab("zz", "7"), "model.vocab[\"zz\"] is string, not a non-negative integer id");
+  expect_load_error(with_vocab("zz", 4294967296LL), "model.vocab[\"zz\"] is 4294967296; ids above 4194303 are not supported");
+  expect_load_error(with_vocab("zz", 18446744073709551615ULL), "ids above 4194303 are not supported");
+  expect_load_error(with_vocab("zz", 5), "model.vocab: tokens ");  // 5 is a byte's id
+  expect_load_error(with_vocab("zz", 5), "both have id 5");
+
+  auto with_added_tokens = [&](json tokens) {
+    json j = base;
+    j["added_tokens"] = std::move(tokens);
+    return write_json(j);
+  };
+  expect_load_error(with_added_tokens({{{"id", 9999999999LL}, {"content", "<x>"}}}),
+                    "added_tokens[0].id is 9999999999; ids above 4194303 are not supported");
+  expect_load_error(with_added_tokens({{{"id", -3}, {"content", "<x>"}}}), "added_tokens[0].id is -3, not a non-negative");
+  expect_load_error(with_added_tokens({{{"id", 300}, {"content", "<x>"}}, {{"id", 300}, {"content", "<y>"}}}),
+                    "added_tokens[1]: id 300 is both '<x>' and '<y>'");
+  expect_load_error(with_added_tokens({{{"id", 300}, {"content", "<x>"}}, {{"id", 301}, {"content", "<x>"}}}),
+                    "added_tokens[1]: '<x>' is both id 300 and id 301");
+  expect_load_error(with_added_tokens({{{"id", 'a'}, {"content", "<x>"}}}),
+                    "added_tokens[0]: id 97 is already model.vocab's token 'a', not '<x>'");
+  expect_load_error(with_added_tokens({{{"id", 300}, {"content", 5}}}), "added_tokens[0].content is not a string");
+  expect_load_error(with_added_tokens({{{"id", 300}, {"content", "<x>"}, {"special", "yes"}}}),
+                    "added_tokens[0].special is not true or false");
+  expect_load_error(with_added_tokens(json::array({300})), "added_tokens[0] is not an object");
+  expect_load_error(with_added_tokens(json::object()), "added_tokens is not an array");
+  // The same token in the vocabulary and the added list, as GPT-2's <|endoftext|> is, loads.
+  ms::Tokenizer t = ms::Tokenizer::load(with_added_tokens({{{"id", 'a'}, {"content", "a"}, {"special", true}}}));
+  EXPECT_TRUE(t.is_special('a'));
+
+  json j = base;
+  j["model"]["vocab"] = json::array({"a"});
+  expect_load_error(write_json(j), "model.vocab is not an object");
+  j = base;
+  j["model"]["merges"] = "a b";
+  expect_load_error(write_json(j), "model.merges is not an array");
+  j = base;
+  j["model"]["unk_token"] = "<unk>";
+  expect_load_error(write_json(j), "model.unk_token '<unk>' is not in model.vocab");
+  j = base;
+  j["pre_tokenizer"]["pretokenizers"] = json::array({1});
+  expect_load_error(write_json(j), "pre_tokenizer.pretokenizers[0] is not an object");
+  j = base;
+  j["decoder"] = "ByteLevel";
+  expect_load_error(write_json(j), "decoder is not an object");
 }
 
 TEST(TokenizerQwen3, LooksUpTokensBothWays) {
