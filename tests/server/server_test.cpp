@@ -510,6 +510,8 @@ TEST(ServerPrefill, SigtermDrainStopsALongPromptWithinAChunk) {
   std::string finish;
   check_stream(r.body, false, &finish);
   EXPECT_EQ(finish, "cancelled");
+}
+
 // A chat template that runs away on some requests (recursing, looping, growing its output)
 // makes those requests a 400 naming the bound and the template line; the server serves on.
 TEST(ServerTemplate, RunawayTemplateIsA400AndTheServerSurvives) {
