@@ -14,6 +14,7 @@
 #include "tokenizer/regex.h"
 #include "tokenizer/utf8.h"
 #include "util/error.h"
+#include "util/json.h"
 
 namespace ms {
 
@@ -24,13 +25,8 @@ namespace {
 enum class Kind : uint8_t { None, Model, Added, Special };
 
 json read_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open tokenizer file", path);
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", path, e.what());
-  }
+  if (!std::ifstream(path, std::ios::binary)) fail("{}: cannot open tokenizer file", path);
+  return parse_json_file(path);
 }
 
 // A JSON value and where it is, for error messages ("file: model.merges[3]").
