@@ -23,9 +23,16 @@ size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 bool valid_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 8 || bits == kRawBits; }
 
+// Bounds that keep every record, stride and blob size far from size_t overflow (a 2^20 x 2^20
+// bf16 projection is 2 TiB; real experts are a few MiB).
+constexpr int kMaxProjectionDim = 1 << 20;
+constexpr int kMaxExperts = 1 << 16;
+
 ProjLayout place_projection(const std::string& where, const ProjSpec& s, size_t& offset) {
   if (!valid_bits(s.bits)) fail("{}: bits {} is not one of 2, 3, 4, 8, 16", where, s.bits);
   if (s.rows <= 0 || s.cols <= 0) fail("{}: shape [{}, {}] is empty", where, s.rows, s.cols);
+  if (s.rows > kMaxProjectionDim || s.cols > kMaxProjectionDim)
+    fail("{}: shape [{}, {}] is larger than {} in a dimension", where, s.rows, s.cols, kMaxProjectionDim);
   ProjLayout p{s.bits, s.bits == kRawBits ? 0 : s.group, s.rows, s.cols};
   if (s.bits != kRawBits) {
     if (s.group != 32 && s.group != 64 && s.group != 128) fail("{}: group {} is not one of 32, 64, 128", where, s.group);
@@ -96,7 +103,21 @@ json dims_json(const ModelConfig& cfg) {
           {"shared_expert_intermediate_size", cfg.shared_inter}};
 }
 
-ExpertLayer read_layer(const Fields& f, int version) {
+// The layer's experts and projection shapes are config.json's: checked before anything is
+// computed from them (a stride from forged rows and cols would size a pool or a file).
+void check_layer_shape(const Fields& f, const std::string& name, int64_t n_experts, const std::array<ProjSpec, 3>& spec,
+                       const ModelConfig& cfg) {
+  if (n_experts != cfg.n_experts)
+    fail("{}: {}: layer {} has n_experts {}, config.json's num_experts is {}", f.file(), f.where(), name, n_experts,
+         cfg.n_experts);
+  const int want[3][2] = {{cfg.moe_inter, cfg.hidden}, {cfg.moe_inter, cfg.hidden}, {cfg.hidden, cfg.moe_inter}};
+  for (size_t i = 0; i < 3; ++i)
+    if (spec[i].rows != want[i][0] || spec[i].cols != want[i][1])
+      fail("{}: {}: layer {}: projection {} is [{}, {}], config.json gives [{}, {}]", f.file(), f.where(), name,
+           kExpertProjections[i], spec[i].rows, spec[i].cols, want[i][0], want[i][1]);
+}
+
+ExpertLayer read_layer(const Fields& f, int version, const ModelConfig& cfg) {
   ExpertLayer l;
   l.name = f.string("name");
   l.file = f.string("file");
@@ -114,6 +135,7 @@ ExpertLayer read_layer(const Fields& f, int version) {
     };
     spec[i] = {small("bits"), small("group"), small("rows"), small("cols")};
   }
+  check_layer_shape(f, l.name, n, spec, cfg);
   // The layout is a function of the shapes: recompute it and require the stored one to agree,
   // so a reader never trusts an offset it could not have computed itself.
   const std::string where = fmt::format("{}: layer {}", f.file(), l.name);
@@ -150,7 +172,7 @@ ExpertLayer read_layer(const Fields& f, int version) {
 
 ExpertLayer plan_expert_layer(const std::string& name, const std::string& file, int n_experts,
                               const std::array<ProjSpec, 3>& spec, int version) {
-  if (n_experts <= 0) fail("{}: n_experts {} must be positive", name, n_experts);
+  if (n_experts <= 0 || n_experts > kMaxExperts) fail("{}: n_experts {} must be in [1, {}]", name, n_experts, kMaxExperts);
   if (version < kOldestEngineFormatVersion || version > kEngineFormatVersion)
     fail("{}: format version {} is not one of {} to {}", name, version, kOldestEngineFormatVersion, kEngineFormatVersion);
   ExpertLayer l;
@@ -395,7 +417,7 @@ EngineIndex read_engine_index(const std::string& dir, const ModelConfig& cfg) {
   std::set<fs::path> files;
   for (size_t i = 0; i < layers.size(); ++i) {
     const std::string where = fmt::format("expert_layers[{}]", i);
-    ExpertLayer l = read_layer(Fields(layers[i], path, where), index.version);
+    ExpertLayer l = read_layer(Fields(layers[i], path, where), index.version, cfg);
     check_layer_name(path, where, l.name, cfg);
     if (!names.insert(l.name).second) fail("{}: {}: layer {} is listed twice", path, where, l.name);
     if (!files.insert(check_blob_path(dir, path, where, l.file)).second)

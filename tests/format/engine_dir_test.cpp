@@ -78,6 +78,9 @@ TEST(EngineDir, PlanRejectsBadBitsAndGroups) {
   EXPECT_NE(e.find("128"), std::string::npos) << e;
   EXPECT_NE(error_of([] { plan_expert_layer("L", "f", 2, specs(4, 4, 4, 48)); }).find("group 48"), std::string::npos);
   EXPECT_NE(error_of([] { plan_expert_layer("L", "f", 0, specs(4, 4, 4, 64)); }).find("n_experts"), std::string::npos);
+  EXPECT_NE(error_of([] { plan_expert_layer("L", "f", 1 << 20, specs(4, 4, 4, 64)); }).find("n_experts"), std::string::npos);
+  const std::array<ProjSpec, 3> huge = {ProjSpec{16, 0, 1 << 21, 64}, ProjSpec{16, 0, 64, 64}, ProjSpec{16, 0, 64, 64}};
+  EXPECT_NE(error_of([&] { plan_expert_layer("L", "f", 2, huge); }).find("larger than"), std::string::npos);
 }
 
 TEST(EngineDir, ExpertFileNames) {
@@ -242,6 +245,9 @@ TEST(EngineDir, StrictIndexRefusesForgedLayersFilesAndBits) {
   check([&](json& j) { layer(j)["file"] = ""; }, {"expert_layers[0]", "file ''"});
   check([&](json& j) { layer(j)["file"] = "experts/link.bin"; }, {"expert_layers[0]", "experts/link.bin", "outside"});
   check([&](json& j) { layer(j)["header_bytes"] = 0; }, {"header_bytes is 0"});
+  check([&](json& j) { layer(j)["n_experts"] = 4; }, {"model.layers.1.mlp", "n_experts 4", "num_experts is 3"});
+  check([&](json& j) { layer(j)["projections"]["up"]["rows"] = 128; }, {"projection up", "[128, 256]", "[64, 256]"});
+  check([&](json& j) { layer(j)["projections"]["down"]["cols"] = 1 << 30; }, {"projection down", "1073741824"});
   check([&](json& j) { layer(j)["projections"]["gate"]["q_offset"] = 0; }, {"q_offset"});  // the header's bytes
 
   ModelConfig dense_layer = cfg;
