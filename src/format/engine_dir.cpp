@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -206,24 +207,23 @@ const ExpertLayer* EngineIndex::find(const std::string& name) const {
 
 namespace {
 
-// Little-endian fields of a record header at their offsets (RecordHeader's).
-template <class T>
-void put(uint8_t* rec, size_t at, T v) { std::memcpy(rec + at, &v, sizeof v); }
-template <class T>
-T get(const uint8_t* rec, size_t at) {
-  T v;
-  std::memcpy(&v, rec + at, sizeof v);
-  return v;
+// The header's fields end here; the rest of its kRecordHeaderBytes is zero.
+constexpr size_t kHeaderFieldBytes = offsetof(RecordHeader, n_experts) + sizeof(uint32_t);
+static_assert(offsetof(RecordHeader, version) == 8 && offsetof(RecordHeader, expert) == 12 &&
+              offsetof(RecordHeader, layer_hash) == 16 && offsetof(RecordHeader, record_bytes) == 24 &&
+              offsetof(RecordHeader, n_experts) == 32 && kHeaderFieldBytes <= kRecordHeaderBytes);
+
+RecordHeader header_of(const uint8_t* rec) {
+  RecordHeader h;
+  std::memcpy(&h, rec, kHeaderFieldBytes);
+  return h;
 }
-constexpr size_t kHdrVersion = 8, kHdrExpert = 12, kHdrLayer = 16, kHdrRecordBytes = 24, kHdrExperts = 32,
-                 kHdrEnd = 36;
 
 // What a record that is not expert e of its layer holds, for the error message.
-std::string record_owner(const EngineIndex& index, const uint8_t* rec) {
-  const uint64_t hash = get<uint64_t>(rec, kHdrLayer);
+std::string record_owner(const EngineIndex& index, const RecordHeader& h) {
   for (const ExpertLayer& l : index.layers)
-    if (layer_name_hash(l.name) == hash) return fmt::format("expert {} of layer {}", get<uint32_t>(rec, kHdrExpert), l.name);
-  return fmt::format("expert {} of a layer not in this directory (name hash {})", get<uint32_t>(rec, kHdrExpert), hex64(hash));
+    if (layer_name_hash(l.name) == h.layer_hash) return fmt::format("expert {} of layer {}", h.expert, l.name);
+  return fmt::format("expert {} of a layer not in this directory (name hash {})", h.expert, hex64(h.layer_hash));
 }
 
 json dense_json(const EngineIndex& index) {
@@ -291,30 +291,33 @@ uint64_t layer_name_hash(const std::string& name) { return XXH64(name.data(), na
 
 void write_record_header(const ExpertLayer& layer, int e, uint8_t* rec) {
   if (layer.header_bytes == 0) return;
+  RecordHeader h;
+  std::memcpy(h.magic, kRecordMagic, sizeof kRecordMagic);
+  h.version = 2;
+  h.expert = uint32_t(e);
+  h.layer_hash = layer_name_hash(layer.name);
+  h.record_bytes = layer.record_bytes;
+  h.n_experts = uint32_t(layer.n_experts);
   std::memset(rec, 0, layer.header_bytes);
-  std::memcpy(rec, kRecordMagic, sizeof kRecordMagic);
-  put<uint32_t>(rec, kHdrVersion, 2);
-  put<uint32_t>(rec, kHdrExpert, uint32_t(e));
-  put<uint64_t>(rec, kHdrLayer, layer_name_hash(layer.name));
-  put<uint64_t>(rec, kHdrRecordBytes, layer.record_bytes);
-  put<uint32_t>(rec, kHdrExperts, uint32_t(layer.n_experts));
+  std::memcpy(rec, &h, kHeaderFieldBytes);
 }
 
 void check_record_header(const EngineIndex& index, const ExpertLayer& layer, int e, const uint8_t* rec,
                          const std::string& file) {
   if (layer.header_bytes == 0) return;
+  const RecordHeader h = header_of(rec);
   const auto where = [&] { return fmt::format("{}: layer {}, expert {}", file, layer.name, e); };
-  if (std::memcmp(rec, kRecordMagic, sizeof kRecordMagic) != 0 || get<uint32_t>(rec, kHdrVersion) != 2)
+  if (std::memcmp(h.magic, kRecordMagic, sizeof kRecordMagic) != 0 || h.version != 2)
     fail("{}: the record does not start with a version-2 record header: the blob is corrupt or not of this conversion",
          where());
-  if (get<uint64_t>(rec, kHdrLayer) != layer_name_hash(layer.name) || get<uint32_t>(rec, kHdrExpert) != uint32_t(e))
-    fail("{}: the record read holds {}: the blob is misplaced or swapped", where(), record_owner(index, rec));
+  if (h.layer_hash != layer_name_hash(layer.name) || h.expert != uint32_t(e))
+    fail("{}: the record read holds {}: the blob is misplaced or swapped", where(), record_owner(index, h));
   bool zero = true;
-  for (size_t i = kHdrEnd; i < layer.header_bytes; ++i) zero = zero && rec[i] == 0;
-  if (get<uint64_t>(rec, kHdrRecordBytes) != layer.record_bytes || get<uint32_t>(rec, kHdrExperts) != uint32_t(layer.n_experts) ||
-      !zero)
-    fail("{}: the record header gives record_bytes {} and n_experts {}, the index {} and {}: the blob is corrupt", where(),
-         get<uint64_t>(rec, kHdrRecordBytes), get<uint32_t>(rec, kHdrExperts), layer.record_bytes, layer.n_experts);
+  for (size_t i = kHeaderFieldBytes; i < layer.header_bytes; ++i) zero = zero && rec[i] == 0;
+  if (h.record_bytes != layer.record_bytes || h.n_experts != uint32_t(layer.n_experts) || !zero)
+    fail("{}: the record header gives record_bytes {} and n_experts {} (reserved bytes {}), the index {} and {}: the "
+         "blob is corrupt",
+         where(), h.record_bytes, h.n_experts, zero ? "zero" : "not zero", layer.record_bytes, layer.n_experts);
 }
 
 DenseChecksums dense_checksums(const std::string& path) {

@@ -62,8 +62,9 @@ ExpertLayer plan_expert_layer(const std::string& name, const std::string& file, 
 
 struct EngineIndex;
 
-// The first kRecordHeaderBytes of a version-2 record, little-endian; the rest of them is zero.
-// Lets every read check that the record is the one asked for without a full checksum.
+// The fields at the start of a version-2 record's kRecordHeaderBytes, little-endian (as the host
+// writes them); the rest of those bytes is zero. Lets every read check that the record is the
+// one asked for without a full checksum.
 struct RecordHeader {
   char magic[8];          // kRecordMagic
   uint32_t version;       // the format version (2)
