@@ -144,6 +144,11 @@ void add_inspect(CLI::App& app) {
     fmt::print("experts        {} per MoE layer, top-{}, width {}{}\n", c.n_experts, c.top_k, c.moe_inter,
                c.shared_inter ? fmt::format(", shared expert width {}", c.shared_inter) : "");
     fmt::print("mtp head       {}\n", model->has_mtp() ? "yes" : "no");
+    if (const ExpertStore* experts = model->experts())
+      fmt::print("format         engine directory, version {}{}\n", experts->index().version,
+                 experts->index().version < 2 ? " (records without headers, no dense checksums: --verify checks the "
+                                                "expert records only)"
+                                              : "");
     fmt::print("parameters     dense {} ({})  experts {} ({})  total {}\n", w.dense_params, human_bytes(double(w.dense_bytes)),
                w.expert_params, human_bytes(double(w.expert_bytes)), w.dense_params + w.expert_params);
   });

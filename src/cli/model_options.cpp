@@ -8,6 +8,7 @@
 
 #include "cli/flag_checks.h"
 #include "util/error.h"
+#include "util/json.h"
 #if MOESTREAM_CUDA
 #include "experts/device_store.h"
 #endif
@@ -30,28 +31,22 @@ int layer_key(const std::string& path, const char* field, const std::string& k) 
 
 // {"layer_caps": {"0": 40, ...}, "pins": {"0": [3, 17], ...}} (pins optional).
 void load_pool_profile(const std::string& path, StoreOptions& o) {
-  std::ifstream in(path);
-  if (!in) fail("{}: cannot open pool profile", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: malformed JSON: {}", path, e.what());
-  }
+  if (!std::ifstream(path)) fail("{}: cannot open pool profile", path);
+  const nlohmann::json j = parse_json_file(path);
   if (!j.is_object() || !j.contains("layer_caps") || !j["layer_caps"].is_object())
     fail("{}: expected {{\"layer_caps\": {{\"0\": 40, ...}}}}", path);
   for (auto& [k, v] : j["layer_caps"].items()) {
     const int layer = layer_key(path, "layer_caps", k);
-    if (!v.is_number_integer() || v.get<int>() <= 0) fail("{}: layer_caps[\"{}\"] is {}, expected a positive integer", path, k, v.dump());
+    if (!v.is_number_integer() || v.get<int>() <= 0) fail("{}: layer_caps[\"{}\"] is {}, expected a positive integer", path, k, json_summary(v));
     o.layer_caps[layer] = v.get<int>();
   }
   if (!j.contains("pins")) return;
   if (!j["pins"].is_object()) fail("{}: pins must be an object of layer -> expert ids", path);
   for (auto& [k, v] : j["pins"].items()) {
     const int layer = layer_key(path, "pins", k);
-    if (!v.is_array()) fail("{}: pins[\"{}\"] is {}, expected a list of expert ids", path, k, v.dump());
+    if (!v.is_array()) fail("{}: pins[\"{}\"] is {}, expected a list of expert ids", path, k, json_summary(v));
     for (auto& e : v) {
-      if (!e.is_number_integer() || e.get<int>() < 0) fail("{}: pins[\"{}\"] holds {}, not an expert id", path, k, e.dump());
+      if (!e.is_number_integer() || e.get<int>() < 0) fail("{}: pins[\"{}\"] holds {}, not an expert id", path, k, json_summary(e));
       o.pins[layer].push_back(e.get<int>());
     }
   }
@@ -100,7 +95,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   cmd->add_option("--policy", a.policy, "Expert eviction policy")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
   cmd->add_option("--io", a.io, "Expert reads: io_uring or a pread thread pool")->check(CLI::IsMember({"auto", "uring", "pread"}));
   cmd->add_flag("--no-direct-io", a.no_direct_io, "Read experts through the page cache (no O_DIRECT)");
-  cmd->add_flag("--verify", a.verify, "Checksum every expert record read");
+  cmd->add_flag("--verify", a.verify, "Checksum every expert record read, and the dense weights at load (format 2)");
   cmd->add_option("--device", a.device,
                   "Where the forward runs: cpu, cuda (dense weights and the expert pool in VRAM), or auto (cuda when a "
                   "GPU is present)")

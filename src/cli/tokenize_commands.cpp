@@ -10,6 +10,7 @@
 #include "cli/flag_checks.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/json.h"
 
 namespace ms::cli {
 
@@ -47,12 +48,7 @@ void tokenize(const TokenizerSource& src) {
 
 // The ids of a JSON array, each checked to be an id of the tokenizer's vocabulary.
 std::vector<int> parse_ids(const std::string& text, int vocab_size) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("detokenize: stdin is not JSON: {}", e.what());
-  }
+  const nlohmann::json j = parse_json(text, "detokenize: stdin");
   if (!j.is_array()) fail("detokenize: stdin must be a JSON array of token ids");
   std::vector<int> ids;
   for (size_t i = 0; i < j.size(); ++i) {

@@ -33,8 +33,9 @@ ExpertFiles::ExpertFiles(const std::string& dir, const EngineIndex& index, IoKin
       const std::string path = (fs::path(dir) / l.file).string();
       fds_.push_back(open_blob(path, direct_io));
       const uint64_t need = uint64_t(l.n_experts) * l.stride;
-      if (fs::file_size(path) < need)
-        fail("{}: expert blob of layer {} is {} bytes, the index needs {} ({} experts x {} bytes)", path, l.name,
+      // Exactly: a longer blob is from another conversion as surely as a shorter one.
+      if (fs::file_size(path) != need)
+        fail("{}: expert blob of layer {} is {} bytes, the index needs exactly {} ({} experts x {} bytes)", path, l.name,
              fs::file_size(path), need, l.n_experts, l.stride);
     }
   } catch (...) {
@@ -64,6 +65,7 @@ ReadResult ExpertFiles::read(int layer, const std::vector<int>& experts, const s
     if (ops[i].result < 0) fail("{}: read failed: {}", where(), std::strerror(int(-ops[i].result)));
     if (uint64_t(ops[i].result) < l.record_bytes)
       fail("{}: short read ({} of {} bytes): the blob is truncated", where(), ops[i].result, l.record_bytes);
+    check_record_header(index_, l, experts[i], dsts[i], (fs::path(dir_) / l.file).string());
     if (verify_ && record_checksum(dsts[i], l.record_bytes) != l.checksums[size_t(experts[i])])
       fail("{}: checksum mismatch: the record is corrupt", where());
     r.bytes += uint64_t(ops[i].result);

@@ -1,7 +1,8 @@
 #pragma once
 // The expert blobs of an engine directory, open for reading records in batches (all misses of a
-// layer together). Every record read is checked: I/O errors, short reads (a truncated blob) and,
-// with `verify`, the record's checksum; a failure names the file, layer and expert.
+// layer together). Every record read is checked: I/O errors, short reads (a truncated blob), its
+// record header (version 2: the layer and expert it holds) and, with `verify`, the record's
+// checksum; a failure names the file, layer and expert.
 #include <cstdint>
 #include <memory>
 #include <mutex>

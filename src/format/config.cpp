@@ -1,14 +1,12 @@
 #include "format/config.h"
 
 #include <algorithm>
-#include <cerrno>
+#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/json.h"
 
 namespace ms {
 
@@ -58,7 +56,7 @@ class Fields {
   }
 
   [[noreturn]] void wrong(const std::string& key, const json& v, const char* expected) const {
-    fail("{}: field '{}' is {}, expected {}", path_, key, v.dump(), expected);
+    fail("{}: field '{}' is {}, expected {}", path_, key, json_summary(v), expected);
   }
 
   const std::string& path() const { return path_; }
@@ -94,7 +92,7 @@ void read_rope(const Fields& f, ModelConfig& c) {
     if (r.has("rope_type")) {
       const json& t = rp["rope_type"];
       if (!t.is_string() || t.get<std::string>() != "default")
-        fail("{}: rope_parameters.rope_type {} is not supported (only \"default\")", f.path(), t.dump());
+        fail("{}: rope_parameters.rope_type {} is not supported (only \"default\")", f.path(), json_summary(t));
     }
   }
 }
@@ -110,7 +108,7 @@ void read_layer_types(const Fields& f, ModelConfig& c) {
       std::string s = lt[i].is_string() ? lt[i].get<std::string>() : "";
       if (s == "full_attention") c.layer_types[i] = LayerType::FullAttention;
       else if (s == "linear_attention") c.layer_types[i] = LayerType::LinearAttention;
-      else fail("{}: layer_types[{}] is {}, expected \"full_attention\" or \"linear_attention\"", f.path(), i, lt[i].dump());
+      else fail("{}: layer_types[{}] is {}, expected \"full_attention\" or \"linear_attention\"", f.path(), i, json_summary(lt[i]));
     }
   } else {
     int interval = f.integer("full_attention_interval", 4);
@@ -124,19 +122,58 @@ void check_positive(const std::string& path, const char* what, int v) {
   if (v <= 0) fail("{}: field '{}' must be positive, is {}", path, what, v);
 }
 
+void check_non_negative(const std::string& path, const char* what, int v) {
+  if (v < 0) fail("{}: field '{}' must be 0 or positive, is {}", path, what, v);
+}
+
+// Row counts the loader computes as int (e.g. q_proj's num_attention_heads * head_dim * 2):
+// a product that does not fit is refused here rather than wrapping around there.
+void check_product(const std::string& path, const char* what, int64_t v) {
+  if (v > INT32_MAX) fail("{}: {} is {}, more than a tensor dimension can be (2^31 - 1)", path, what, v);
+}
+
+// rope_theta, partial_rotary_factor and rms_norm_eps drive the arithmetic of every layer: a
+// value outside their range runs, but computes garbage (or, for the rotary dim, writes past a head).
+void check_rope_and_norm(const std::string& path, const ModelConfig& c) {
+  if (!std::isfinite(c.rope_theta) || c.rope_theta <= 0)
+    fail("{}: field 'rope_theta' must be a finite positive number, is {}", path, c.rope_theta);
+  if (!std::isfinite(c.partial_rotary) || c.partial_rotary <= 0 || c.partial_rotary > 1)
+    fail("{}: field 'partial_rotary_factor' must be in (0, 1], is {}", path, c.partial_rotary);
+  if (c.head_dim % 2 != 0) fail("{}: field 'head_dim' must be even (rotary pairs), is {}", path, c.head_dim);
+  if (c.rotary_dim() <= 0)
+    fail("{}: partial_rotary_factor {} of head_dim {} leaves no rotary dimension pair", path, c.partial_rotary, c.head_dim);
+  if (!std::isfinite(c.rms_eps) || c.rms_eps <= 0 || c.rms_eps >= 1)
+    fail("{}: field 'rms_norm_eps' must be in (0, 1), is {}", path, c.rms_eps);
+}
+
+void check_token_ids(const std::string& path, const ModelConfig& c) {
+  if (c.bos_id != -1 && (c.bos_id < 0 || c.bos_id >= c.vocab))
+    fail("{}: field 'bos_token_id' {} is outside the vocabulary [0, {})", path, c.bos_id, c.vocab);
+  for (int id : c.eos_ids)
+    if (id < 0 || id >= c.vocab) fail("{}: field 'eos_token_id' {} is outside the vocabulary [0, {})", path, id, c.vocab);
+}
+
+void check_layer_lists(const std::string& path, const ModelConfig& c, const std::vector<int>& mlp_only) {
+  for (int l : mlp_only)
+    if (l < 0 || l >= c.n_layers)
+      fail("{}: field 'mlp_only_layers' names layer {}, outside [0, {}) (num_hidden_layers)", path, l, c.n_layers);
+}
+
+void check_products(const std::string& path, const ModelConfig& c) {
+  const int64_t q_rows = int64_t(c.n_heads) * c.head_dim * (c.arch == Arch::Qwen3Next ? 2 : 1);
+  check_product(path, "num_attention_heads * head_dim (q_proj rows)", q_rows);
+  check_product(path, "num_key_value_heads * head_dim", int64_t(c.n_kv_heads) * c.head_dim);
+  check_product(path, "2 * hidden_size", 2 * int64_t(c.hidden));
+  const int64_t key_dim = int64_t(c.lin_k_heads) * c.lin_k_dim, value_dim = int64_t(c.lin_v_heads) * c.lin_v_dim;
+  check_product(path, "2 * linear key dim + 2 * linear value dim (in_proj_qkvz rows)", 2 * key_dim + 2 * value_dim);
+}
+
 }  // namespace
 
 ModelConfig load_config(const std::string& where) {
   namespace fs = std::filesystem;
   std::string path = fs::is_directory(where) ? (fs::path(where) / "config.json").string() : where;
-  std::ifstream in(path);
-  if (!in) fail("{}: cannot open: {}", path, std::strerror(errno));
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: malformed JSON: {}", path, e.what());
-  }
+  const json j = parse_json_file(path, {.reject_duplicate_keys = true});
   if (!j.is_object()) fail("{}: not a JSON object", path);
   Fields f(j, path);
   ModelConfig c;
@@ -146,7 +183,8 @@ ModelConfig load_config(const std::string& where) {
   c.architecture = archs[0].get<std::string>();
   if (c.architecture == "Qwen3MoeForCausalLM") c.arch = Arch::Qwen3Moe;
   else if (c.architecture == "Qwen3NextForCausalLM") c.arch = Arch::Qwen3Next;
-  else fail("{}: architecture '{}' is not supported (supported: Qwen3MoeForCausalLM, Qwen3NextForCausalLM)", path, c.architecture);
+  else fail("{}: architecture '{}' is not supported (supported: Qwen3MoeForCausalLM, Qwen3NextForCausalLM)", path,
+            c.architecture.substr(0, 80));
 
   c.hidden = f.integer("hidden_size");
   c.n_layers = f.integer("num_hidden_layers");
@@ -171,11 +209,14 @@ ModelConfig load_config(const std::string& where) {
   for (auto [name, v] : {std::pair{"hidden_size", c.hidden}, {"num_hidden_layers", c.n_layers}, {"vocab_size", c.vocab},
                          {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.n_kv_heads},
                          {"head_dim", c.head_dim}, {"num_experts", c.n_experts}, {"num_experts_per_tok", c.top_k},
-                         {"moe_intermediate_size", c.moe_inter}})
+                         {"moe_intermediate_size", c.moe_inter}, {"max_position_embeddings", c.max_positions}})
     check_positive(path, name, v);
+  check_non_negative(path, "intermediate_size", c.dense_inter);
+  check_non_negative(path, "shared_expert_intermediate_size", c.shared_inter);
   if (c.top_k > c.n_experts) fail("{}: num_experts_per_tok {} exceeds num_experts {}", path, c.top_k, c.n_experts);
   if (c.n_heads % c.n_kv_heads != 0)
     fail("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", path, c.n_heads, c.n_kv_heads);
+  check_rope_and_norm(path, c);
 
   if (c.arch == Arch::Qwen3Next) {
     c.conv_kernel = f.integer("linear_conv_kernel_dim");
@@ -191,13 +232,16 @@ ModelConfig load_config(const std::string& where) {
       fail("{}: linear_num_value_heads {} is not a multiple of linear_num_key_heads {}", path, c.lin_v_heads,
            c.lin_k_heads);
   }
+  check_products(path, c);
   read_layer_types(f, c);
 
   std::vector<int> mlp_only = int_list(f, "mlp_only_layers");
+  check_layer_lists(path, c, mlp_only);
   int step = f.integer("decoder_sparse_step", 1);
+  if (step <= 0) fail("{}: field 'decoder_sparse_step' must be positive, is {}", path, step);
   c.layer_moe.resize(size_t(c.n_layers));
   for (int i = 0; i < c.n_layers; ++i) {
-    bool dense = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end() || step <= 0 || (i + 1) % step != 0;
+    bool dense = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end() || (i + 1) % step != 0;
     c.layer_moe[size_t(i)] = !dense;
     if (dense) check_positive(path, "intermediate_size", c.dense_inter);
   }
@@ -205,6 +249,7 @@ ModelConfig load_config(const std::string& where) {
   std::vector<int> bos = int_list(f, "bos_token_id");
   c.bos_id = bos.empty() ? -1 : bos[0];
   c.eos_ids = int_list(f, "eos_token_id");
+  check_token_ids(path, c);
   return c;
 }
 

@@ -1,12 +1,17 @@
 #include "format/engine_dir.h"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <xxhash.h>
 
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
+#include <set>
 
 #include "util/error.h"
+#include "util/json.h"
 
 namespace ms {
 
@@ -19,9 +24,16 @@ size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 bool valid_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 8 || bits == kRawBits; }
 
+// Bounds that keep every record, stride and blob size far from size_t overflow (a 2^20 x 2^20
+// bf16 projection is 2 TiB; real experts are a few MiB).
+constexpr int kMaxProjectionDim = 1 << 20;
+constexpr int kMaxExperts = 1 << 16;
+
 ProjLayout place_projection(const std::string& where, const ProjSpec& s, size_t& offset) {
   if (!valid_bits(s.bits)) fail("{}: bits {} is not one of 2, 3, 4, 8, 16", where, s.bits);
   if (s.rows <= 0 || s.cols <= 0) fail("{}: shape [{}, {}] is empty", where, s.rows, s.cols);
+  if (s.rows > kMaxProjectionDim || s.cols > kMaxProjectionDim)
+    fail("{}: shape [{}, {}] is larger than {} in a dimension", where, s.rows, s.cols, kMaxProjectionDim);
   ProjLayout p{s.bits, s.bits == kRawBits ? 0 : s.group, s.rows, s.cols};
   if (s.bits != kRawBits) {
     if (s.group != 32 && s.group != 64 && s.group != 128) fail("{}: group {} is not one of 32, 64, 128", where, s.group);
@@ -50,6 +62,13 @@ json proj_json(const ProjLayout& p) {
 
 std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
 
+uint64_t parse_hex64(const json& v, const std::string& where, const std::string& field) {
+  const std::string s = v.is_string() ? v.get<std::string>() : "";
+  if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
+    fail("{}: {} is {}, expected 16 lowercase hex digits", where, field, json_summary(v));
+  return std::stoull(s, nullptr, 16);
+}
+
 // Typed access to a JSON object's fields, naming the file and the path inside it on error.
 class Fields {
  public:
@@ -62,12 +81,12 @@ class Fields {
   }
   int64_t integer(const char* key) const {
     const json& v = at(key);
-    if (!v.is_number_integer()) fail("{}: {}: field '{}' is {}, expected an integer", file_, where_, key, v.dump());
+    if (!v.is_number_integer()) fail("{}: {}: field '{}' is {}, expected an integer", file_, where_, key, json_summary(v));
     return v.get<int64_t>();
   }
   std::string string(const char* key) const {
     const json& v = at(key);
-    if (!v.is_string()) fail("{}: {}: field '{}' is {}, expected a string", file_, where_, key, v.dump());
+    if (!v.is_string()) fail("{}: {}: field '{}' is {}, expected a string", file_, where_, key, json_summary(v));
     return v.get<std::string>();
   }
   Fields object(const char* key) const { return Fields(at(key), file_, where_ + "." + key); }
@@ -85,7 +104,21 @@ json dims_json(const ModelConfig& cfg) {
           {"shared_expert_intermediate_size", cfg.shared_inter}};
 }
 
-ExpertLayer read_layer(const Fields& f) {
+// The layer's experts and projection shapes are config.json's: checked before anything is
+// computed from them (a stride from forged rows and cols would size a pool or a file).
+void check_layer_shape(const Fields& f, const std::string& name, int64_t n_experts, const std::array<ProjSpec, 3>& spec,
+                       const ModelConfig& cfg) {
+  if (n_experts != cfg.n_experts)
+    fail("{}: {}: layer {} has n_experts {}, config.json's num_experts is {}", f.file(), f.where(), name, n_experts,
+         cfg.n_experts);
+  const int want[3][2] = {{cfg.moe_inter, cfg.hidden}, {cfg.moe_inter, cfg.hidden}, {cfg.hidden, cfg.moe_inter}};
+  for (size_t i = 0; i < 3; ++i)
+    if (spec[i].rows != want[i][0] || spec[i].cols != want[i][1])
+      fail("{}: {}: layer {}: projection {} is [{}, {}], config.json gives [{}, {}]", f.file(), f.where(), name,
+           kExpertProjections[i], spec[i].rows, spec[i].cols, want[i][0], want[i][1]);
+}
+
+ExpertLayer read_layer(const Fields& f, int version, const ModelConfig& cfg) {
   ExpertLayer l;
   l.name = f.string("name");
   l.file = f.string("file");
@@ -103,12 +136,13 @@ ExpertLayer read_layer(const Fields& f) {
     };
     spec[i] = {small("bits"), small("group"), small("rows"), small("cols")};
   }
+  check_layer_shape(f, l.name, n, spec, cfg);
   // The layout is a function of the shapes: recompute it and require the stored one to agree,
   // so a reader never trusts an offset it could not have computed itself.
   const std::string where = fmt::format("{}: layer {}", f.file(), l.name);
   ExpertLayer plan;
   try {
-    plan = plan_expert_layer(l.name, l.file, l.n_experts, spec);
+    plan = plan_expert_layer(l.name, l.file, l.n_experts, spec, version);
   } catch (const Error& e) {
     fail("{}: {}", f.file(), e.what());
   }
@@ -118,8 +152,11 @@ ExpertLayer read_layer(const Fields& f) {
     for (auto& [key, v] : want.items())
       if (stored.value(key, json()) != v)
         fail("{}: projection {}: {} is {}, expected {} for this shape and bit width", where, kExpertProjections[i], key,
-             stored.value(key, json()).dump(), v.dump());
+             json_summary(stored.value(key, json())), json_summary(v));
   }
+  if (version >= 2 && uint64_t(f.integer("header_bytes")) != plan.header_bytes)
+    fail("{}: header_bytes is {}, expected {} (format version {})", where, f.integer("header_bytes"), plan.header_bytes,
+         version);
   if (uint64_t(f.integer("record_bytes")) != plan.record_bytes)
     fail("{}: record_bytes is {}, expected {}", where, f.integer("record_bytes"), plan.record_bytes);
   if (uint64_t(f.integer("stride")) != plan.stride)
@@ -128,25 +165,23 @@ ExpertLayer read_layer(const Fields& f) {
   const json& sums = f.at("checksums");
   if (!sums.is_array() || sums.size() != size_t(l.n_experts))
     fail("{}: checksums must be a list of {} hex strings (one per expert)", where, l.n_experts);
-  for (size_t e = 0; e < sums.size(); ++e) {
-    const std::string s = sums[e].is_string() ? sums[e].get<std::string>() : "";
-    if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
-      fail("{}: checksums[{}] is {}, expected 16 lowercase hex digits", where, e, sums[e].dump());
-    plan.checksums.push_back(std::stoull(s, nullptr, 16));
-  }
+  for (size_t e = 0; e < sums.size(); ++e) plan.checksums.push_back(parse_hex64(sums[e], where, fmt::format("checksums[{}]", e)));
   return plan;
 }
 
 }  // namespace
 
 ExpertLayer plan_expert_layer(const std::string& name, const std::string& file, int n_experts,
-                              const std::array<ProjSpec, 3>& spec) {
-  if (n_experts <= 0) fail("{}: n_experts {} must be positive", name, n_experts);
+                              const std::array<ProjSpec, 3>& spec, int version) {
+  if (n_experts <= 0 || n_experts > kMaxExperts) fail("{}: n_experts {} must be in [1, {}]", name, n_experts, kMaxExperts);
+  if (version < kOldestEngineFormatVersion || version > kEngineFormatVersion)
+    fail("{}: format version {} is not one of {} to {}", name, version, kOldestEngineFormatVersion, kEngineFormatVersion);
   ExpertLayer l;
   l.name = name;
   l.file = file;
   l.n_experts = n_experts;
-  size_t offset = 0;
+  l.header_bytes = version >= 2 ? kRecordHeaderBytes : 0;
+  size_t offset = l.header_bytes;
   for (size_t i = 0; i < 3; ++i)
     l.proj[i] = place_projection(fmt::format("{}: projection {}", name, kExpertProjections[i]), spec[i], offset);
   l.record_bytes = offset;
@@ -170,6 +205,173 @@ const ExpertLayer* EngineIndex::find(const std::string& name) const {
   return nullptr;
 }
 
+namespace {
+
+// The header's fields end here; the rest of its kRecordHeaderBytes is zero.
+constexpr size_t kHeaderFieldBytes = offsetof(RecordHeader, n_experts) + sizeof(uint32_t);
+static_assert(offsetof(RecordHeader, version) == 8 && offsetof(RecordHeader, expert) == 12 &&
+              offsetof(RecordHeader, layer_hash) == 16 && offsetof(RecordHeader, record_bytes) == 24 &&
+              offsetof(RecordHeader, n_experts) == 32 && kHeaderFieldBytes <= kRecordHeaderBytes);
+
+RecordHeader header_of(const uint8_t* rec) {
+  RecordHeader h;
+  std::memcpy(&h, rec, kHeaderFieldBytes);
+  return h;
+}
+
+// What a record that is not expert e of its layer holds, for the error message.
+std::string record_owner(const EngineIndex& index, const RecordHeader& h) {
+  for (const ExpertLayer& l : index.layers)
+    if (layer_name_hash(l.name) == h.layer_hash) return fmt::format("expert {} of layer {}", h.expert, l.name);
+  return fmt::format("expert {} of a layer not in this directory (name hash {})", h.expert, hex64(h.layer_hash));
+}
+
+json dense_json(const EngineIndex& index) {
+  json d = {{"file", kEngineDenseFile}, {"bits", index.dense_bits}, {"group", index.dense_group}};
+  if (index.version < 2) return d;
+  json sums = json::object();
+  for (const auto& [name, sum] : index.dense_checksums.tensors) sums[name] = hex64(sum);
+  d["header_checksum"] = hex64(index.dense_checksums.header);
+  d["checksums"] = sums;
+  return d;
+}
+
+void read_dense(const Fields& f, EngineIndex& index) {
+  const Fields dense = f.object("dense");
+  if (dense.string("file") != kEngineDenseFile)
+    fail("{}: dense.file is '{}', expected '{}'", f.file(), dense.string("file").substr(0, 200), kEngineDenseFile);
+  const int64_t bits = dense.integer("bits"), group = dense.integer("group");
+  if (bits != kRawBits && bits != 8 && bits != 4) fail("{}: dense.bits {} is not one of 16, 8, 4", f.file(), bits);
+  if (bits == kRawBits ? group != 0 : group != 32 && group != 64 && group != 128)
+    fail("{}: dense.group {} is not {} for dense.bits {}", f.file(), group, bits == kRawBits ? "0" : "one of 32, 64, 128",
+         bits);
+  index.dense_bits = int(bits);
+  index.dense_group = int(group);
+  if (index.version < 2) return;
+  index.dense_checksums.header = parse_hex64(dense.at("header_checksum"), f.file(), "dense.header_checksum");
+  const json& sums = dense.at("checksums");
+  if (!sums.is_object()) fail("{}: dense.checksums is not an object of tensor name -> checksum", f.file());
+  for (const auto& [name, v] : sums.items())
+    index.dense_checksums.tensors[name] = parse_hex64(v, f.file(), fmt::format("dense.checksums['{}']", name.substr(0, 200)));
+}
+
+// "model.layers.N.mlp" of a MoE layer N of cfg, or "mtp.layers.0.mlp" (Qwen3-Next's MTP head):
+// a layer the model does not have is refused (a num_hidden_layers smaller than the conversion).
+void check_layer_name(const std::string& path, const std::string& where, const std::string& name, const ModelConfig& cfg) {
+  if (name == "mtp.layers.0.mlp" && cfg.arch == Arch::Qwen3Next) return;
+  const std::string prefix = "model.layers.", suffix = ".mlp";
+  const bool shaped = name.size() > prefix.size() + suffix.size() && name.rfind(prefix, 0) == 0 &&
+                      name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  const std::string number = shaped ? name.substr(prefix.size(), name.size() - prefix.size() - suffix.size()) : "";
+  if (number.empty() || number.size() > 6 || number.find_first_not_of("0123456789") != std::string::npos)
+    fail("{}: {}: name '{}' is not a MoE block (model.layers.N.mlp)", path, where, name.substr(0, 200));
+  const int layer = std::stoi(number);
+  if (layer >= cfg.n_layers)
+    fail("{}: {}: layer {} is past config.json's num_hidden_layers {}", path, where, name, cfg.n_layers);
+  if (size_t(layer) >= cfg.layer_moe.size() || !cfg.is_moe(layer)) fail("{}: {}: layer {} is a dense layer in config.json, not a MoE one", path, where, name);
+}
+
+// A blob `file` must name a file inside dir: relative, no "..", and not a symlink that leads out.
+fs::path check_blob_path(const std::string& dir, const std::string& path, const std::string& where, const std::string& file) {
+  const fs::path rel(file);
+  if (file.empty() || rel.is_absolute() || std::find(rel.begin(), rel.end(), "..") != rel.end())
+    fail("{}: {}: file '{}' must be a relative path inside the directory, without '..'", path, where, file.substr(0, 200));
+  std::error_code ec;
+  const fs::path root = fs::weakly_canonical(fs::path(dir), ec);
+  const fs::path real = fs::weakly_canonical(fs::path(dir) / rel, ec);
+  const fs::path inside = real.lexically_relative(root);
+  if (ec || inside.empty() || *inside.begin() == ".." || inside == ".")
+    fail("{}: {}: file '{}' resolves to {}, outside the directory {}", path, where, file, real.string(), root.string());
+  return real;
+}
+
+}  // namespace
+
+uint64_t layer_name_hash(const std::string& name) { return XXH64(name.data(), name.size(), 0); }
+
+void write_record_header(const ExpertLayer& layer, int e, uint8_t* rec) {
+  if (layer.header_bytes == 0) return;
+  RecordHeader h;
+  std::memcpy(h.magic, kRecordMagic, sizeof kRecordMagic);
+  h.version = 2;
+  h.expert = uint32_t(e);
+  h.layer_hash = layer_name_hash(layer.name);
+  h.record_bytes = layer.record_bytes;
+  h.n_experts = uint32_t(layer.n_experts);
+  std::memset(rec, 0, layer.header_bytes);
+  std::memcpy(rec, &h, kHeaderFieldBytes);
+}
+
+void check_record_header(const EngineIndex& index, const ExpertLayer& layer, int e, const uint8_t* rec,
+                         const std::string& file) {
+  if (layer.header_bytes == 0) return;
+  const RecordHeader h = header_of(rec);
+  const auto where = [&] { return fmt::format("{}: layer {}, expert {}", file, layer.name, e); };
+  if (std::memcmp(h.magic, kRecordMagic, sizeof kRecordMagic) != 0 || h.version != 2)
+    fail("{}: the record does not start with a version-2 record header: the blob is corrupt or not of this conversion",
+         where());
+  if (h.layer_hash != layer_name_hash(layer.name) || h.expert != uint32_t(e))
+    fail("{}: the record read holds {}: the blob is misplaced or swapped", where(), record_owner(index, h));
+  bool zero = true;
+  for (size_t i = kHeaderFieldBytes; i < layer.header_bytes; ++i) zero = zero && rec[i] == 0;
+  if (h.record_bytes != layer.record_bytes || h.n_experts != uint32_t(layer.n_experts) || !zero)
+    fail("{}: the record header gives record_bytes {} and n_experts {} (reserved bytes {}), the index {} and {}: the "
+         "blob is corrupt",
+         where(), h.record_bytes, h.n_experts, zero ? "zero" : "not zero", layer.record_bytes, layer.n_experts);
+}
+
+DenseChecksums dense_checksums(const std::string& path) {
+  const SafetensorsFile file(path);
+  DenseChecksums sums;
+  sums.header = XXH64(file.file_data(), file.data_begin(), 0);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
+  std::vector<uint8_t> buf(size_t(4) << 20);
+  XXH64_state_t* state = XXH64_createState();
+  try {
+    for (const auto& [name, t] : file.tensors()) {
+      XXH64_reset(state, 0);
+      const size_t begin = size_t(static_cast<const uint8_t*>(t.data) - file.file_data());
+      for (size_t done = 0; done < t.nbytes;) {
+        const size_t n = std::min(buf.size(), t.nbytes - done);
+        const ssize_t got = ::pread(fd, buf.data(), n, off_t(begin + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) fail("{}: tensor '{}': read failed: {}", path, name, got < 0 ? std::strerror(errno) : "end of file");
+        XXH64_update(state, buf.data(), size_t(got));
+        done += size_t(got);
+      }
+      sums.tensors[name] = XXH64_digest(state);
+      posix_fadvise(fd, off_t(begin), off_t(t.nbytes), POSIX_FADV_DONTNEED);
+    }
+  } catch (...) {
+    XXH64_freeState(state);
+    ::close(fd);
+    throw;
+  }
+  XXH64_freeState(state);
+  ::close(fd);
+  return sums;
+}
+
+void verify_dense(const std::string& dir, const EngineIndex& index) {
+  if (index.version < 2) return;
+  const std::string path = (fs::path(dir) / kEngineDenseFile).string();
+  const DenseChecksums got = dense_checksums(path);
+  const DenseChecksums& want = index.dense_checksums;
+  if (got.header != want.header)
+    fail("{}: header checksum {} does not match {}'s ({}): the tensor list, a dtype, shape or offset was changed", path,
+         hex64(got.header), kEngineIndexFile, hex64(want.header));
+  for (const auto& [name, sum] : want.tensors) {
+    const auto it = got.tensors.find(name);
+    if (it == got.tensors.end()) fail("{}: tensor '{}' that {} lists is missing", path, name, kEngineIndexFile);
+    if (it->second != sum)
+      fail("{}: tensor '{}': checksum {} does not match {}'s ({}); the file is corrupt", path, name, hex64(it->second),
+           kEngineIndexFile, hex64(sum));
+  }
+  for (const auto& [name, sum] : got.tensors)
+    if (!want.tensors.count(name)) fail("{}: tensor '{}' is not listed in {}'s dense.checksums", path, name, kEngineIndexFile);
+}
+
 std::string engine_index_json(const EngineIndex& index, const ModelConfig& cfg) {
   json layers = json::array();
   for (auto& l : index.layers) {
@@ -177,20 +379,14 @@ std::string engine_index_json(const EngineIndex& index, const ModelConfig& cfg) 
     for (size_t i = 0; i < 3; ++i) projs[kExpertProjections[i]] = proj_json(l.proj[i]);
     json sums = json::array();
     for (uint64_t c : l.checksums) sums.push_back(hex64(c));
-    layers.push_back({{"name", l.name},
-                      {"file", l.file},
-                      {"n_experts", l.n_experts},
-                      {"record_bytes", l.record_bytes},
-                      {"stride", l.stride},
-                      {"projections", projs},
-                      {"checksums", sums}});
+    json layer = {{"name", l.name},         {"file", l.file},     {"n_experts", l.n_experts},
+                  {"record_bytes", l.record_bytes}, {"stride", l.stride}, {"projections", projs},
+                  {"checksums", sums}};
+    if (index.version >= 2) layer["header_bytes"] = l.header_bytes;
+    layers.push_back(layer);
   }
-  const json j = {{"format", kEngineFormatName},
-                  {"version", kEngineFormatVersion},
-                  {"architecture", index.architecture},
-                  {"dims", dims_json(cfg)},
-                  {"dense", {{"file", kEngineDenseFile}, {"bits", index.dense_bits}, {"group", index.dense_group}}},
-                  {"expert_layers", layers}};
+  const json j = {{"format", kEngineFormatName},  {"version", index.version}, {"architecture", index.architecture},
+                  {"dims", dims_json(cfg)},       {"dense", dense_json(index)}, {"expert_layers", layers}};
   return j.dump(1) + "\n";
 }
 
@@ -198,37 +394,39 @@ bool is_engine_dir(const std::string& dir) { return fs::is_regular_file(fs::path
 
 EngineIndex read_engine_index(const std::string& dir, const ModelConfig& cfg) {
   const std::string path = (fs::path(dir) / kEngineIndexFile).string();
-  std::ifstream in(path);
-  if (!in) fail("{}: cannot open", path);
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: malformed JSON: {}", path, e.what());
-  }
+  const json j = parse_json_file(path, {.reject_duplicate_keys = true});
   const Fields f(j, path, "index");
   if (f.string("format") != kEngineFormatName)
-    fail("{}: format is '{}', expected '{}'", path, f.string("format"), kEngineFormatName);
-  if (f.integer("version") != kEngineFormatVersion)
-    fail("{}: format version {} is not supported (this build reads version {}; convert the checkpoint again)", path,
-         f.integer("version"), kEngineFormatVersion);
+    fail("{}: format is '{}', expected '{}'", path, f.string("format").substr(0, 80), kEngineFormatName);
+  const int64_t version = f.integer("version");
+  if (version < kOldestEngineFormatVersion || version > kEngineFormatVersion)
+    fail("{}: format version {} is not supported (this build reads versions {} to {}; convert the checkpoint again)", path,
+         version, kOldestEngineFormatVersion, kEngineFormatVersion);
   EngineIndex index;
+  index.version = int(version);
   index.architecture = f.string("architecture");
   if (index.architecture != cfg.architecture)
-    fail("{}: architecture '{}' differs from config.json's '{}'", path, index.architecture, cfg.architecture);
+    fail("{}: architecture '{}' differs from config.json's '{}'", path, index.architecture.substr(0, 80), cfg.architecture);
   const json want_dims = dims_json(cfg);
   const json& dims = f.at("dims");
   for (auto& [key, v] : want_dims.items())
     if (!dims.is_object() || dims.value(key, json()) != v)
-      fail("{}: dims.{} is {}, but config.json gives {}", path, key, dims.is_object() ? dims.value(key, json()).dump() : "missing",
-           v.dump());
-  const Fields dense = f.object("dense");
-  index.dense_bits = int(dense.integer("bits"));
-  index.dense_group = int(dense.integer("group"));
+      fail("{}: dims.{} is {}, but config.json gives {}", path, key,
+           dims.is_object() ? json_summary(dims.value(key, json())) : "missing", json_summary(v));
+  read_dense(f, index);
   const json& layers = f.at("expert_layers");
   if (!layers.is_array()) fail("{}: expert_layers is not a list", path);
-  for (size_t i = 0; i < layers.size(); ++i)
-    index.layers.push_back(read_layer(Fields(layers[i], path, fmt::format("expert_layers[{}]", i))));
+  std::set<std::string> names;
+  std::set<fs::path> files;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string where = fmt::format("expert_layers[{}]", i);
+    ExpertLayer l = read_layer(Fields(layers[i], path, where), index.version, cfg);
+    check_layer_name(path, where, l.name, cfg);
+    if (!names.insert(l.name).second) fail("{}: {}: layer {} is listed twice", path, where, l.name);
+    if (!files.insert(check_blob_path(dir, path, where, l.file)).second)
+      fail("{}: {}: file '{}' is the blob of another layer too", path, where, l.file);
+    index.layers.push_back(std::move(l));
+  }
   return index;
 }
 
@@ -248,7 +446,9 @@ const uint8_t* ExpertBlobs::record(const ExpertLayer& layer, int e) const {
   const size_t i = size_t(&layer - index_.layers.data());
   if (i >= index_.layers.size()) fail("expert layer {} is not part of this engine directory", layer.name);
   if (e < 0 || e >= layer.n_experts) fail("{}: layer {}: expert {} out of range [0, {})", layer.file, layer.name, e, layer.n_experts);
-  return maps_[i]->data() + size_t(e) * layer.stride;
+  const uint8_t* rec = maps_[i]->data() + size_t(e) * layer.stride;
+  check_record_header(index_, layer, e, rec, (fs::path(dir_) / layer.file).string());
+  return rec;
 }
 
 void ExpertBlobs::verify(const ExpertLayer& layer, int e) const {

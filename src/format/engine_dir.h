@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,10 +19,14 @@ namespace ms {
 inline constexpr const char* kEngineIndexFile = "moestream.json";
 inline constexpr const char* kEngineDenseFile = "dense.safetensors";
 inline constexpr const char* kEngineFormatName = "moestream";
-inline constexpr int kEngineFormatVersion = 1;
+inline constexpr int kEngineFormatVersion = 2;       // what convert and synth write
+inline constexpr int kOldestEngineFormatVersion = 1;  // still read: no record headers, no dense checksums
 inline constexpr size_t kExpertStrideAlign = 4096;  // O_DIRECT reads of whole records
 inline constexpr size_t kRecordRegionAlign = 64;    // every region of a record starts on a cache line
 inline constexpr int kRawBits = 16;                 // "bits" of an unquantized bf16 projection
+// Version 2: every record starts with a header naming its layer and expert (RecordHeader).
+inline constexpr size_t kRecordHeaderBytes = 64;
+inline constexpr char kRecordMagic[8] = {'M', 'S', 'E', 'X', 'P', 'R', 'T', '2'};
 
 // The projections of an expert, in record order.
 inline constexpr std::array<const char*, 3> kExpertProjections = {"gate", "up", "down"};
@@ -38,6 +43,7 @@ struct ExpertLayer {
   std::string name;  // tensor prefix of the MoE block: "model.layers.3.mlp", "mtp.layers.0.mlp"
   std::string file;  // relative to the directory: "experts/layer_003.bin"
   int n_experts = 0;
+  size_t header_bytes = 0;  // kRecordHeaderBytes in version 2, 0 in version 1
   size_t record_bytes = 0;  // bytes a record uses; the checksum covers these
   size_t stride = 0;        // record_bytes rounded up to kExpertStrideAlign; the rest is zero
   std::array<ProjLayout, 3> proj;
@@ -48,10 +54,36 @@ struct ProjSpec {
   int bits = kRawBits, group = 0, rows = 0, cols = 0;
 };
 
-// Lays out gate, up, down (q, scales, biases each) one after another, each region aligned to
-// kRecordRegionAlign. Throws naming `name` for an invalid bits/group/shape combination.
+// Lays out the record header (version 2), then gate, up, down (q, scales, biases each) one
+// after another, each region aligned to kRecordRegionAlign. Throws naming `name` for an invalid
+// bits/group/shape combination.
 ExpertLayer plan_expert_layer(const std::string& name, const std::string& file, int n_experts,
-                              const std::array<ProjSpec, 3>& spec);
+                              const std::array<ProjSpec, 3>& spec, int version = kEngineFormatVersion);
+
+struct EngineIndex;
+
+// The fields at the start of a version-2 record's kRecordHeaderBytes, little-endian (as the host
+// writes them); the rest of those bytes is zero. Lets every read check that the record is the
+// one asked for without a full checksum.
+struct RecordHeader {
+  char magic[8];          // kRecordMagic
+  uint32_t version;       // the format version (2)
+  uint32_t expert;        // expert id within its layer
+  uint64_t layer_hash;    // layer_name_hash(layer name)
+  uint64_t record_bytes;  // the layer's record_bytes
+  uint32_t n_experts;     // the layer's n_experts
+};
+
+uint64_t layer_name_hash(const std::string& name);
+
+// Writes expert e's header at the start of rec (nothing for a version-1 layer).
+void write_record_header(const ExpertLayer& layer, int e, uint8_t* rec);
+
+// Checks that rec is expert e of `layer` (nothing for a version-1 layer): throws naming `file`,
+// the layer and the expert asked for, and, when rec is a record of another layer or expert of
+// `index`, which one it holds.
+void check_record_header(const EngineIndex& index, const ExpertLayer& layer, int e, const uint8_t* rec,
+                         const std::string& file);
 
 // The expert blob file name of a MoE block ("model.layers.3.mlp" -> "experts/layer_003.bin",
 // "mtp.layers.0.mlp" -> "experts/mtp_layer_000.bin").
@@ -59,10 +91,22 @@ std::string expert_file_name(const std::string& name);
 
 uint64_t record_checksum(const void* data, size_t n);
 
+// Checksums of dense.safetensors (version 2): its header bytes and each tensor's bytes, XXH64.
+struct DenseChecksums {
+  uint64_t header = 0;
+  std::map<std::string, uint64_t> tensors;
+};
+
+// The checksums of a safetensors file (what convert and synth store in the index), read in
+// pieces with pread and dropped from the page cache behind, so memory does not grow with it.
+DenseChecksums dense_checksums(const std::string& path);
+
 struct EngineIndex {
   std::string architecture;  // config.json's, e.g. "Qwen3NextForCausalLM"
   int dense_bits = kRawBits, dense_group = 0;
   std::vector<ExpertLayer> layers;
+  int version = kEngineFormatVersion;
+  DenseChecksums dense_checksums;  // version 2
 
   const ExpertLayer* find(const std::string& name) const;  // null when absent
 };
@@ -73,10 +117,16 @@ std::string engine_index_json(const EngineIndex& index, const ModelConfig& cfg);
 
 bool is_engine_dir(const std::string& dir);
 
-// Reads and checks dir/moestream.json: format name and version, every layer's layout against
-// the one plan_expert_layer computes, one checksum per expert, dims against cfg (the
-// directory's config.json). Errors name the file, the layer and the field.
+// Reads and checks dir/moestream.json: format name and version, dense bits and group, every
+// layer's name (a MoE layer of cfg, listed once), file (inside dir, symlinks resolved) and
+// layout against the one plan_expert_layer computes, one checksum per expert, dims against cfg
+// (the directory's config.json). Errors name the file, the layer and the field.
 EngineIndex read_engine_index(const std::string& dir, const ModelConfig& cfg);
+
+// --verify of the dense weights: dir/dense.safetensors against index.dense_checksums (its
+// header, then every tensor), throwing naming the tensor that differs. A version-1 index
+// has no dense checksums: nothing to check (docs/FORMAT.md).
+void verify_dense(const std::string& dir, const EngineIndex& index);
 
 // The expert blobs of an engine directory, mmap'ed; sizes checked against the index.
 class ExpertBlobs {

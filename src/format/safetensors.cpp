@@ -14,6 +14,7 @@
 
 #include "util/error.h"
 #include "util/half.h"
+#include "util/json.h"
 
 namespace ms {
 
@@ -116,6 +117,62 @@ MappedFile::~MappedFile() {
   if (data_) munmap(const_cast<uint8_t*>(data_), size_);
 }
 
+namespace {
+
+// One tensor's header entry: dtype, a shape whose byte count does not overflow, and
+// data_offsets inside the data section that give exactly that many bytes.
+TensorView read_entry(const std::string& path, const std::string& name, const json& v, size_t data_size) {
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+    fail("{}: tensor '{}': header entry needs dtype, shape and data_offsets", path, name);
+  TensorView t;
+  t.name = name;
+  t.file = path;
+  if (!v["dtype"].is_string() || !parse_dtype(v["dtype"].get<std::string>(), &t.dtype))
+    fail("{}: tensor '{}': unknown dtype {}", path, name, json_summary(v["dtype"]));
+  const json& shape = v["shape"];
+  if (!shape.is_array()) fail("{}: tensor '{}': shape is not an array", path, name);
+  size_t want = dtype_size(t.dtype);
+  for (auto& d : shape) {
+    if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape {} is not a list of sizes", path, name, json_summary(shape));
+    const uint64_t n = d.get<uint64_t>();
+    // A byte count that overflowed could wrap around to match the data_offsets.
+    if (n > uint64_t(INT64_MAX) || __builtin_mul_overflow(want, n, &want) || want > uint64_t(INT64_MAX))
+      fail("{}: tensor '{}': shape {} is too large", path, name, json_summary(shape));
+    t.shape.push_back(int64_t(n));
+  }
+  const json& off = v["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+    fail("{}: tensor '{}': data_offsets {} must be two byte offsets", path, name, json_summary(off));
+  const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+  if (begin > end || end > data_size)
+    fail("{}: tensor '{}': data_offsets [{}, {}] out of bounds (data section is {} bytes)", path, name, begin, end,
+         data_size);
+  t.nbytes = size_t(end - begin);
+  if (t.nbytes != want)
+    fail("{}: tensor '{}': {} {} needs {} bytes, data_offsets give {}", path, name, dtype_name(t.dtype),
+         shape_str(t.shape), want, t.nbytes);
+  return t;
+}
+
+// The tensors tile the data section exactly, as the format requires: no overlap (two tensors
+// sharing bytes) and no hole or tail (bytes no tensor owns, where anything could hide).
+void check_tiling(const std::string& path, std::vector<std::pair<size_t, const TensorView*>> extents, size_t data_size) {
+  std::sort(extents.begin(), extents.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  size_t at = 0;
+  for (size_t i = 0; i < extents.size(); ++i) {
+    const auto [begin, t] = extents[i];
+    if (begin < at) fail("{}: tensors '{}' and '{}' overlap in the data section", path, extents[i - 1].second->name, t->name);
+    if (begin > at)
+      fail("{}: tensor '{}': data_offsets begin at {}, but the previous tensor ends at {} (a hole in the data section)",
+           path, t->name, begin, at);
+    at = begin + t->nbytes;
+  }
+  if (at != data_size)
+    fail("{}: the tensors end at byte {} of the data section, but it has {} bytes (trailing bytes)", path, at, data_size);
+}
+
+}  // namespace
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
   const size_t size = map_.size();
   if (size < 8) fail("{}: truncated safetensors file ({} bytes, the header length alone needs 8)", path, size);
@@ -123,64 +180,28 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
   std::memcpy(&header_len, map_.data(), 8);
   if (header_len > size - 8)
     fail("{}: header length {} runs past the end of the file ({} bytes)", path, header_len, size);
-  json header;
-  try {
-    header = json::parse(map_.data() + 8, map_.data() + 8 + header_len);
-  } catch (const json::exception& e) {
-    fail("{}: malformed JSON header: {}", path, e.what());
-  }
+  const std::string_view text(reinterpret_cast<const char*>(map_.data()) + 8, header_len);
+  const json header = parse_json(text, path + " (header)", {.reject_duplicate_keys = true});
   if (!header.is_object()) fail("{}: JSON header is not an object", path);
-  const size_t data_begin = 8 + header_len;
-  const size_t data_size = size - data_begin;
+  data_begin_ = 8 + header_len;
+  const size_t data_size = size - data_begin_;
 
   std::vector<std::pair<size_t, const TensorView*>> extents;
   for (auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
-      if (v.is_object())
-        for (auto& [k, m] : v.items())
-          if (m.is_string()) metadata_[k] = m.get<std::string>();
+      if (!v.is_object()) fail("{}: __metadata__ is {}, expected an object of strings", path, json_summary(v));
+      for (auto& [k, m] : v.items())
+        if (m.is_string()) metadata_[k] = m.get<std::string>();  // only string values are metadata
       continue;
     }
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
-      fail("{}: tensor '{}': header entry needs dtype, shape and data_offsets", path, name);
-    TensorView t;
-    t.name = name;
-    t.file = path;
-    if (!v["dtype"].is_string() || !parse_dtype(v["dtype"].get<std::string>(), &t.dtype))
-      fail("{}: tensor '{}': unknown dtype {}", path, name, v["dtype"].dump());
-    const json& shape = v["shape"];
-    if (!shape.is_array()) fail("{}: tensor '{}': shape is not an array", path, name);
-    size_t want = dtype_size(t.dtype);
-    for (auto& d : shape) {
-      if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape {} is not a list of sizes", path, name, shape.dump());
-      const uint64_t n = d.get<uint64_t>();
-      // A byte count that overflowed could wrap around to match the data_offsets.
-      if (n > uint64_t(INT64_MAX) || __builtin_mul_overflow(want, n, &want) || want > uint64_t(INT64_MAX))
-        fail("{}: tensor '{}': shape {} is too large", path, name, shape.dump());
-      t.shape.push_back(int64_t(n));
-    }
-    const json& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      fail("{}: tensor '{}': data_offsets {} must be two byte offsets", path, name, off.dump());
-    size_t begin = off[0].get<size_t>(), end = off[1].get<size_t>();
-    if (begin > end || end > data_size)
-      fail("{}: tensor '{}': data_offsets [{}, {}] out of bounds (data section is {} bytes)", path, name, begin, end,
-           data_size);
-    t.nbytes = end - begin;
-    if (t.nbytes != want)
-      fail("{}: tensor '{}': {} {} needs {} bytes, data_offsets give {}", path, name, dtype_name(t.dtype),
-           shape_str(t.shape), want, t.nbytes);
-    t.data = map_.data() + data_begin + begin;
+    TensorView t = read_entry(path, name, v, data_size);
+    const size_t begin = v["data_offsets"][0].get<size_t>();
+    t.data = map_.data() + data_begin_ + begin;
     auto [it, inserted] = tensors_.emplace(name, std::move(t));
     // A 0-byte tensor owns no bytes; writers give it the offset where the next tensor begins.
     if (it->second.nbytes > 0) extents.push_back({begin, &it->second});
   }
-  std::sort(extents.begin(), extents.end(), [](auto& a, auto& b) { return a.first < b.first; });
-  for (size_t i = 1; i < extents.size(); ++i) {
-    const TensorView* prev = extents[i - 1].second;
-    if (extents[i - 1].first + prev->nbytes > extents[i].first)
-      fail("{}: tensors '{}' and '{}' overlap in the data section", path, prev->name, extents[i].second->name);
-  }
+  check_tiling(path, std::move(extents), data_size);
 }
 
 TensorStore TensorStore::open(const std::string& path) {
@@ -191,17 +212,15 @@ TensorStore TensorStore::open(const std::string& path) {
     fs::path index = fs::path(path) / "model.safetensors.index.json";
     fs::path single = fs::path(path) / "model.safetensors";
     if (fs::exists(index)) {
-      std::ifstream in(index);
-      json j;
-      try {
-        j = json::parse(in);
-      } catch (const json::exception& e) {
-        fail("{}: malformed JSON: {}", index.string(), e.what());
-      }
+      const json j = parse_json_file(index.string(), {.reject_duplicate_keys = true});
       if (!j.contains("weight_map") || !j["weight_map"].is_object())
         fail("{}: field 'weight_map' missing or not an object", index.string());
       for (auto& [tensor, file] : j["weight_map"].items()) {
         if (!file.is_string()) fail("{}: weight_map['{}'] is not a file name", index.string(), tensor);
+        const fs::path rel = file.get<std::string>();
+        if (rel.empty() || rel.is_absolute() || std::find(rel.begin(), rel.end(), "..") != rel.end())
+          fail("{}: weight_map['{}'] is '{}', expected a file name inside the checkpoint directory", index.string(), tensor,
+               rel.string().substr(0, 200));
         std::string f = (fs::path(path) / file.get<std::string>()).string();
         if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
       }

@@ -57,9 +57,12 @@ class SafetensorsFile {
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return map_.path(); }
+  size_t data_begin() const { return data_begin_; }  // 8 + the header's length: where tensor bytes start
+  const uint8_t* file_data() const { return map_.data(); }
 
  private:
   MappedFile map_;
+  size_t data_begin_ = 0;
   std::map<std::string, TensorView> tensors_;
   std::map<std::string, std::string> metadata_;
 };

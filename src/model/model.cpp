@@ -210,6 +210,7 @@ std::unique_ptr<Model> Model::load_on_host(const std::string& dir, const ModelOp
     return m;
   }
   EngineIndex index = read_engine_index(dir, cfg);
+  if (opt.experts.verify) verify_dense(dir, index);  // the expert records are checked as they are read
   const std::string dense_path = dir + "/" + kEngineDenseFile;
   TensorStore dense = TensorStore::open(dense_path);
   StoreOptions store_opt = opt.experts;

@@ -178,7 +178,28 @@ MlpWeights expert_weights(const ExpertLayer& layer, const uint8_t* record) {
   return {proj(0), proj(1), proj(2)};
 }
 
+namespace {
+
+// A tensor of a decoder layer that config.json does not have (num_hidden_layers smaller than
+// the checkpoint's) would be ignored, and the model run truncated: refuse it, naming it. A
+// larger num_hidden_layers fails as a missing tensor of the first absent layer.
+void check_no_extra_layers(const ModelConfig& cfg, const TensorStore& store) {
+  const std::string prefix = "model.layers.";
+  for (const std::string& name : store.names()) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t end = name.find('.', prefix.size());
+    const std::string number = name.substr(prefix.size(), end == std::string::npos ? std::string::npos : end - prefix.size());
+    const bool numeric = !number.empty() && number.size() <= 9 && number.find_first_not_of("0123456789") == std::string::npos;
+    if (!numeric || std::stoi(number) >= cfg.n_layers)
+      fail("{}: tensor '{}' belongs to no layer of the model: config.json's num_hidden_layers is {}", store.get(name).file,
+           name, cfg.n_layers);
+  }
+}
+
+}  // namespace
+
 ModelWeights load_weights(const ModelConfig& cfg, const TensorStore& store, const ExpertStore* experts) {
+  check_no_extra_layers(cfg, store);
   ModelWeights w;
   Loader load(cfg, store, experts, w);
   w.embed = load.mat("model.embed_tokens.weight", cfg.vocab, cfg.hidden);

@@ -90,7 +90,7 @@ ExpertPlan plan_expert_block(const ModelConfig& cfg, const TensorStore& store, c
   std::array<ProjSpec, 3> spec;
   for (size_t p = 0; p < 3; ++p)
     spec[p] = {bits_for(opt, layer_key, p), opt.expert_group, p == 2 ? H : I, p == 2 ? I : H};
-  ExpertPlan plan{plan_expert_layer(block, expert_file_name(block), cfg.n_experts, spec), {}};
+  ExpertPlan plan{plan_expert_layer(block, expert_file_name(block), cfg.n_experts, spec, opt.format_version), {}};
   for (int e = 0; e < cfg.n_experts; ++e) {
     std::array<const TensorView*, 3> src;
     for (size_t p = 0; p < 3; ++p) {
@@ -263,6 +263,8 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
   }
   fs::create_directory(tmp.path() / "experts");
   EngineIndex index{cfg.architecture, opt.dense_bits, opt.dense_bits == kRawBits ? 0 : opt.dense_group, {}};
+  index.version = opt.format_version;
+  if (index.version >= 2) index.dense_checksums = dense_checksums((tmp.path() / kEngineDenseFile).string());
   for (auto& plan : experts) {
     write_experts(tmp.path(), plan, progress);
     index.layers.push_back(plan.layout);

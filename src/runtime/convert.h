@@ -16,6 +16,9 @@ struct ConvertOptions {
   int dense_group = 64;
   bool force = false;     // replace an existing output directory
   bool progress = false;  // progress bar on stderr
+  // The engine format written (docs/FORMAT.md): 2, or 1 only to reproduce a version-1
+  // directory (the embedded model) byte for byte.
+  int format_version = 2;
 };
 
 struct ConvertStats {

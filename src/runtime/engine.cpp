@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/json.h"
 
 namespace ms {
 
@@ -16,23 +17,23 @@ namespace {
 
 json read_json_if_present(const fs::path& p) {
   if (!fs::exists(p)) return json();
-  std::ifstream in(p);
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: malformed JSON: {}", p.string(), e.what());
-  }
+  return parse_json_file(p.string());
 }
 
 void add_unique(std::vector<int>& ids, int id) {
   if (id >= 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
 }
 
-void add_ids(std::vector<int>& ids, const json& v, const std::string& where) {
+// generation_config.json's eos_token_id: an id or a flat list of ids, each inside the vocabulary.
+void add_ids(std::vector<int>& ids, const json& v, const std::string& where, int vocab) {
   if (v.is_null()) return;
-  if (v.is_number_integer()) return add_unique(ids, v.get<int>());
-  if (!v.is_array()) fail("{}: eos_token_id must be an integer or a list of integers, is {}", where, v.dump());
-  for (auto& e : v) add_ids(ids, e, where);
+  const auto add = [&](const json& e) {
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab)
+      fail("{}: eos_token_id {} is not a token id in the vocabulary [0, {})", where, json_summary(e), vocab);
+    add_unique(ids, e.get<int>());
+  };
+  if (!v.is_array()) return add(v);
+  for (auto& e : v) add(e);
 }
 
 }  // namespace
@@ -54,7 +55,7 @@ std::unique_ptr<Engine> Engine::load(const std::string& dir, const ModelOptions&
   for (int id : e->model_->config().eos_ids) add_unique(e->eos_ids_, id);
   const fs::path gen_cfg = fs::path(dir) / "generation_config.json";
   json gc = read_json_if_present(gen_cfg);
-  if (gc.is_object() && gc.contains("eos_token_id")) add_ids(e->eos_ids_, gc["eos_token_id"], gen_cfg.string());
+  if (gc.is_object() && gc.contains("eos_token_id")) add_ids(e->eos_ids_, gc["eos_token_id"], gen_cfg.string(), e->model_->config().vocab);
   if (tc.is_object() && tc.contains("eos_token")) {
     const json& t = tc["eos_token"];
     const std::string text = t.is_string() ? t.get<std::string>() : t.is_object() ? t.value("content", "") : "";

@@ -216,6 +216,7 @@ void write_expert_blob(const fs::path& dir, ExpertLayer& layout,
       for (size_t e = e0; e < e1; ++e) {
         rec.assign(layout.stride, 0);
         fill(e, rec, scratch);
+        write_record_header(layout, int(e), rec.data());
         layout.checksums[e] = record_checksum(rec.data(), layout.record_bytes);
         pwrite_all(fd, rec.data(), rec.size(), e * layout.stride, path);
         done(e);

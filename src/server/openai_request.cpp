@@ -10,6 +10,7 @@
 
 #include "server/api_error.h"
 #include "tokenizer/chat_template.h"
+#include "util/json.h"
 #include "tokenizer/utf8.h"
 
 namespace ms {
@@ -251,10 +252,9 @@ ojson parse_body(const std::string& body, int max_depth) {
   }
   ojson j;
   try {
-    j = ojson::parse(body);
-  } catch (const ojson::exception& e) {  // parse_error, or out_of_range for a number like 1e999
-    throw ApiError(400, fmt::format("malformed JSON in the request body: {}", e.what()), "invalid_request_error", "",
-                   "invalid_json");
+    j = parse_json<ojson>(body, "the request body", {.max_depth = max_depth});
+  } catch (const Error& e) {  // malformed, a number like 1e999, or nested too deep
+    throw ApiError(400, e.what(), "invalid_request_error", "", "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object, is {}", j.type_name()),
                                      "invalid_request_error");

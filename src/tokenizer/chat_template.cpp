@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "util/error.h"
+#include "util/json.h"
 
 namespace ms {
 namespace {
@@ -66,12 +67,7 @@ ChatTemplate::ChatTemplate(std::vector<std::pair<std::string, jinja::Template>> 
     : templates_(std::move(templates)), special_tokens_(std::move(special_tokens)) {}
 
 ChatTemplate ChatTemplate::from_tokenizer_config(const std::string& path) {
-  nlohmann::ordered_json config;
-  try {
-    config = nlohmann::ordered_json::parse(read_file(path));
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("{}: invalid JSON: {}", path, e.what());
-  }
+  const nlohmann::ordered_json config = parse_json<nlohmann::ordered_json>(read_file(path), path);
   if (!config.is_object()) fail("{}: expected a JSON object", path);
   std::vector<std::pair<std::string, jinja::Template>> templates;
   const auto& field = config.contains("chat_template") ? config["chat_template"] : nlohmann::ordered_json();

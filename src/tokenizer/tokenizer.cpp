@@ -15,6 +15,7 @@
 #include "tokenizer/regex.h"
 #include "tokenizer/utf8.h"
 #include "util/error.h"
+#include "util/json.h"
 
 namespace ms {
 
@@ -38,13 +39,8 @@ int token_id_of(const json& v, const std::string& where) {
 }
 
 json read_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open tokenizer file", path);
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", path, e.what());
-  }
+  if (!std::ifstream(path, std::ios::binary)) fail("{}: cannot open tokenizer file", path);
+  return parse_json_file(path);
 }
 
 // A JSON value and where it is, for error messages ("file: model.merges[3]").

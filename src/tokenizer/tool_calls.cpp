@@ -2,6 +2,8 @@
 
 #include <optional>
 
+#include "util/json.h"
+
 namespace ms {
 namespace {
 
@@ -25,7 +27,12 @@ size_t partial_tag_start(std::string_view s) {
 }
 
 std::optional<ToolCall> parse_call(std::string_view body) {
-  auto j = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  nlohmann::ordered_json j;
+  try {
+    j = parse_json<nlohmann::ordered_json>(body, "tool call");
+  } catch (const Error&) {  // not JSON (or nested past the bound): the text stays text
+    return std::nullopt;
+  }
   if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
   ToolCall call{j["name"].get<std::string>(), nlohmann::ordered_json::object()};
   if (j.contains("arguments")) call.arguments = j["arguments"];

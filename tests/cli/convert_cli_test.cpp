@@ -40,6 +40,18 @@ TEST(ConvertCli, ConvertedFixtureGivesTheCheckpointsLogits) {
       << err;
   EXPECT_EQ(run_cli("inspect --model " + work + "/m", &out, &err), 0) << err;
   EXPECT_NE(out.find("mtp head       yes"), std::string::npos) << out;
+  EXPECT_NE(out.find("format         engine directory, version 2\n"), std::string::npos) << out;
+  // The embedded model is version 1, read as it is; inspect says what --verify cannot cover there.
+  EXPECT_EQ(run_cli("inspect --model " + std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4", &out, &err), 0) << err;
+  EXPECT_NE(out.find("version 1 (records without headers, no dense checksums"), std::string::npos) << out;
+  // --verify on a converted directory checks dense.safetensors too: a flipped byte is named.
+  const std::string dense = work + "/m/dense.safetensors";
+  std::string bytes = slurp(dense);
+  bytes[bytes.size() - 3] ^= 0x20;
+  std::ofstream(dense, std::ios::binary | std::ios::trunc) << bytes;
+  EXPECT_EQ(run_cli("logits --model " + work + "/m " + ids + " --verify --out " + work + "/c.safetensors", nullptr, &err), 1);
+  EXPECT_NE(err.find("dense.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("checksum"), std::string::npos) << err;
 }
 
 TEST(ConvertCli, FlagErrors) {

@@ -30,6 +30,7 @@ EngineIndex write_store(const std::string& dir) {
     std::vector<uint8_t> rec(layer.stride);
     for (int e = 0; e < kExperts; ++e) {
       for (size_t i = 0; i < layer.record_bytes; ++i) rec[i] = byte_of(l, e, i);
+      write_record_header(layer, e, rec.data());
       layer.checksums.push_back(record_checksum(rec.data(), layer.record_bytes));
       out.write(reinterpret_cast<const char*>(rec.data()), std::streamsize(rec.size()));
     }
@@ -61,7 +62,7 @@ TEST(ExpertStoreStress, ThreadsOnTinyPoolsAlwaysGetTheRightRecords) {
             }
             std::vector<const uint8_t*> recs = store.acquire(li, want);
             for (size_t j = 0; j < want.size(); ++j)
-              for (size_t i = 0; i < index.layers[size_t(l)].record_bytes; i += 97)
+              for (size_t i = kRecordHeaderBytes; i < index.layers[size_t(l)].record_bytes; i += 97)
                 if (recs[j][i] != byte_of(l, want[j], i)) ++bad;
             store.release(li);
           }

@@ -293,5 +293,99 @@ TEST(Config, MissingFile) {
   expect_error([&] { load_config(dir); }, {dir + "/config.json", "cannot open"});
 }
 
+// ---- forged values: each runs, but computes garbage or writes out of bounds ----
+
+struct Forged {
+  const char* field;  // what the message must name
+  const char* key;    // the config.json key set (a '/'-path for nested ones)
+  json value;
+};
+
+// Sets `key` ("a" or "a/b") of the qwen3-next-tiny fixture's config to `value`.
+json forged(const Forged& k) {
+  json j = fixture_json("qwen3-next-tiny");
+  const std::string key = k.key;
+  if (const size_t slash = key.find('/'); slash != std::string::npos)
+    j[key.substr(0, slash)][key.substr(slash + 1)] = k.value;
+  else
+    j[key] = k.value;
+  return j;
+}
+
+TEST(Config, ForgedRopeAndNormValuesAreRefused) {
+  MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny/config.json", unused);
+  const Forged cases[] = {
+      {"partial_rotary_factor", "rope_parameters/partial_rotary_factor", 2.0},  // corrupted the heap
+      {"partial_rotary_factor", "rope_parameters/partial_rotary_factor", 0.0},
+      {"partial_rotary_factor", "rope_parameters/partial_rotary_factor", -0.5},
+      {"partial_rotary_factor", "rope_parameters/partial_rotary_factor", 0.01},  // 32 * 0.01: no rotary pair
+      {"rope_theta", "rope_parameters/rope_theta", 0.0},
+      {"rope_theta", "rope_parameters/rope_theta", -10000.0},
+      {"rms_norm_eps", "rms_norm_eps", 0.0},
+      {"rms_norm_eps", "rms_norm_eps", -1e-6},
+      {"rms_norm_eps", "rms_norm_eps", 1e300},  // float infinity
+      {"rms_norm_eps", "rms_norm_eps", 2.0},
+      {"head_dim", "head_dim", 33},
+  };
+  for (const Forged& k : cases) {
+    SCOPED_TRACE(std::string(k.key) + " = " + k.value.dump());
+    const std::string path = write_config(forged(k));
+    expect_error([&] { load_config(path); }, {path, k.field});
+  }
+}
+
+TEST(Config, ForgedSizesAndIdsAreRefused) {
+  MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny/config.json", unused);
+  const Forged cases[] = {
+      {"bos_token_id", "bos_token_id", 1024},  // vocab_size 1024
+      {"bos_token_id", "bos_token_id", -2},
+      {"eos_token_id", "eos_token_id", json::array({2, 5000})},
+      {"eos_token_id", "eos_token_id", -1},
+      {"intermediate_size", "intermediate_size", -1},
+      {"shared_expert_intermediate_size", "shared_expert_intermediate_size", -64},
+      {"max_position_embeddings", "max_position_embeddings", 0},
+      {"decoder_sparse_step", "decoder_sparse_step", 0},
+      {"mlp_only_layers", "mlp_only_layers", json::array({8})},
+      {"mlp_only_layers", "mlp_only_layers", json::array({-1})},
+      // Products the loader computes as int: q_proj rows, in_proj_qkvz rows.
+      {"q_proj rows", "head_dim", 1 << 28},
+      {"in_proj_qkvz rows", "linear_key_head_dim", 1 << 29},
+      {"2 * hidden_size", "hidden_size", (1 << 30) + 1},
+  };
+  for (const Forged& k : cases) {
+    SCOPED_TRACE(std::string(k.key) + " = " + k.value.dump());
+    const std::string path = write_config(forged(k));
+    expect_error([&] { load_config(path); }, {path, k.field});
+  }
+}
+
+TEST(Config, DuplicateKeyAndDeepNestingAreRefused) {
+  MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny/config.json", unused);
+  std::string text = fixture_json("qwen3-next-tiny").dump();
+  text.insert(1, "\"num_hidden_layers\": 2, ");  // given twice: which one would count?
+  std::string path = write_config_text(text);
+  expect_error([&] { load_config(path); }, {path, "'num_hidden_layers'", "twice"});
+  for (size_t depth : {300, 300000}) {
+    SCOPED_TRACE(depth);
+    path = write_config_text("{\"a\": " + std::string(depth, '[') + std::string(depth, ']') + "}");
+    expect_error([&] { load_config(path); }, {path, "deeper than"});
+  }
+}
+
+TEST(Config, MessagesQuoteAShortSummaryOfAValue) {
+  MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny/config.json", unused);
+  json j = fixture_json("qwen3-next-tiny");
+  j["hidden_size"] = json::array();
+  for (int i = 0; i < 10000; ++i) j["hidden_size"].push_back(i);
+  const std::string path = write_config(j);
+  try {
+    load_config(path);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'hidden_size'"), std::string::npos) << e.what();
+    EXPECT_LT(std::string(e.what()).size(), path.size() + 200) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace ms

@@ -75,7 +75,7 @@ TEST(Safetensors, HeaderLengthPastTheEnd) {
 
 TEST(Safetensors, MalformedJsonHeader) {
   std::string path = write_raw("json", raw_file("{\"a\": {\"dtype\": ", 0));
-  expect_error([&] { SafetensorsFile f(path); }, {path, "malformed JSON header"});
+  expect_error([&] { SafetensorsFile f(path); }, {path, "header", "malformed JSON"});
   std::string arr = write_raw("json-array", raw_file("[1, 2]", 0));
   expect_error([&] { SafetensorsFile f(arr); }, {arr, "not an object"});
 }
@@ -131,6 +131,71 @@ TEST(Safetensors, ShapeWhoseElementCountOverflows) {
   std::string path = write_raw(
       "overflow", raw_file(R"({"w": {"dtype": "F32", "shape": [2305843009213693952, 8], "data_offsets": [0, 0]}})", 0));
   expect_error([&] { SafetensorsFile f(path); }, {path, "'w'", "too large"});
+}
+
+TEST(Safetensors, HolesAndTrailingBytesAreRefused) {
+  // Bytes no tensor owns: where anything could hide, and what the format forbids.
+  std::string hole = write_raw("hole", raw_file(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                                                    "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                                                12));
+  expect_error([&] { SafetensorsFile f(hole); }, {hole, "'b'", "hole"});
+  std::string first = write_raw("hole-first", raw_file(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8));
+  expect_error([&] { SafetensorsFile f(first); }, {first, "'a'", "hole"});
+  std::string tail = write_raw("tail", raw_file(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 5));
+  expect_error([&] { SafetensorsFile f(tail); }, {tail, "trailing bytes", "5 bytes"});
+  // Out of order in the header is fine as long as the extents tile the data.
+  std::string order = write_raw("order", raw_file(R"({"z": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
+                                                     "a": {"dtype": "U8", "shape": [3], "data_offsets": [2, 5]}})",
+                                                 5));
+  EXPECT_EQ(SafetensorsFile(order).tensors().at("a").nbytes, 3u);
+}
+
+TEST(Safetensors, DuplicateNamesAndNonObjectEntriesAreRefused) {
+  std::string dup = write_raw("dup", raw_file(R"({"w": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
+                                                  "w": {"dtype": "U8", "shape": [2], "data_offsets": [2, 4]}})",
+                                              4));
+  expect_error([&] { SafetensorsFile f(dup); }, {dup, "'w'", "twice"});
+  std::string scalar = write_raw("scalar-entry", raw_file(R"({"w": 3})", 0));
+  expect_error([&] { SafetensorsFile f(scalar); }, {scalar, "'w'", "header entry"});
+  std::string list = write_raw("list-entry", raw_file(R"({"w": ["U8", [2], [0, 2]]})", 2));
+  expect_error([&] { SafetensorsFile f(list); }, {list, "'w'", "header entry"});
+  std::string meta = write_raw("meta-list", raw_file(R"({"__metadata__": ["pt"]})", 0));
+  expect_error([&] { SafetensorsFile f(meta); }, {meta, "__metadata__"});
+  std::string offs = write_raw("offs-3", raw_file(R"({"w": {"dtype": "U8", "shape": [2], "data_offsets": [0, 1, 2]}})", 2));
+  expect_error([&] { SafetensorsFile f(offs); }, {offs, "'w'", "data_offsets"});
+}
+
+TEST(Safetensors, DeeplyNestedHeaderIsAnErrorNotACrash) {
+  for (size_t depth : {300, 300000}) {
+    SCOPED_TRACE(depth);
+    const std::string text = "{\"w\": " + std::string(depth, '[') + std::string(depth, ']') + "}";
+    std::string path = write_raw("deep", raw_file(text, 0));
+    expect_error([&] { SafetensorsFile f(path); }, {path, "deeper than"});
+  }
+  // A long value is quoted as a summary, not dumped whole into the message.
+  std::string shape = "[";
+  for (int i = 0; i < 20000; ++i) shape += (i ? ",-1" : "-1");
+  shape += "]";
+  std::string path = write_raw("long-shape", raw_file("{\"w\": {\"dtype\": \"U8\", \"shape\": " + shape + ", \"data_offsets\": [0, 0]}}", 0));
+  try {
+    SafetensorsFile f(path);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'w'"), std::string::npos) << e.what();
+    EXPECT_LT(std::string(e.what()).size(), path.size() + 200);
+  }
+}
+
+TEST(Safetensors, IndexNamingAShardOutsideTheCheckpointIsRefused) {
+  for (const char* shard : {"../model.safetensors", "/etc/passwd", "sub/../../x.safetensors"}) {
+    SCOPED_TRACE(shard);
+    std::string dir = scratch_dir("escape");
+    std::ofstream(dir + "/model.safetensors.index.json") << json{{"weight_map", {{"w", shard}}}}.dump();
+    expect_error([&] { TensorStore::open(dir); }, {dir + "/model.safetensors.index.json", "weight_map['w']", "inside"});
+  }
+  std::string dir = scratch_dir("index-deep");
+  std::ofstream(dir + "/model.safetensors.index.json") << "{\"weight_map\": " << std::string(300000, '[') << "}";
+  expect_error([&] { TensorStore::open(dir); }, {dir + "/model.safetensors.index.json", "deeper than"});
 }
 
 TEST(Safetensors, MissingTensorNamesWhere) {

@@ -108,6 +108,38 @@ TEST(CudaStreaming, Qwen3NextTinyBf16RecordsAreBitIdenticalToAllResident) {
   check_vram_streaming_is_exact(dir, prompt_of(41, 1024), 6);
 }
 
+// Two layers' blobs swapped (same shape, same size): the host tier's read checks the record
+// header (format version 2) and names the record it got, with or without --verify, staging or
+// caching, before anything reaches VRAM.
+TEST(CudaStreaming, SwappedLayerBlobsAreNamedBeforeReachingVram) {
+  MS_REQUIRE_GPU();
+  MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", src);
+  const std::string dir = test::scratch_dir("cuda-swap") + "/model";
+  convert_checkpoint({.from = src, .out = dir, .expert_bits = 4});
+  namespace fs = std::filesystem;
+  fs::rename(dir + "/experts/layer_000.bin", dir + "/experts/swap.bin");
+  fs::rename(dir + "/experts/layer_001.bin", dir + "/experts/layer_000.bin");
+  fs::rename(dir + "/experts/swap.bin", dir + "/experts/layer_001.bin");
+  for (uint64_t host_cache : {uint64_t(0), slot_row_bytes(dir) * 8})
+    for (bool verify : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "host_cache " << host_cache << " verify " << verify);
+      ModelOptions opt = on_gpu(6, host_cache);
+      opt.experts.verify = verify;
+      auto model = Model::load(dir, opt);
+      const std::vector<int> prompt = prompt_of(32, 1024);
+      State state = model->new_state();
+      std::string error;
+      try {
+        model->forward(prompt.data(), int(prompt.size()), state);  // layer 0 reads first
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      ASSERT_FALSE(error.empty()) << "a swapped blob was read unnoticed";
+      EXPECT_NE(error.find("layer model.layers.0.mlp, expert"), std::string::npos) << error;
+      EXPECT_NE(error.find("of layer model.layers.1.mlp"), std::string::npos) << error;
+    }
+}
+
 TEST(CudaStreaming, PycoderQ4IsBitIdenticalToAllResident) {
   MS_REQUIRE_GPU();
   const std::string dir = std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4";

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -232,6 +233,37 @@ TEST(Convert, DenseQuantizationRules) {
   for (float v : q->forward(ids.data(), 7, s, {.all_logits = true}).logits) ASSERT_TRUE(std::isfinite(v));
 }
 
+// Convert writes format version 2: every record starts with the header naming its layer and
+// expert, and the index holds dense.safetensors' checksums, which --verify checks at load.
+TEST(Convert, WritesVersion2WithRecordHeadersAndDenseChecksums) {
+  MS_REQUIRE_SHARED("fixtures/qwen3-moe-tiny", dir);
+  const std::string out = convert(dir, {.expert_bits = 4, .dense_bits = 8}, "v2");
+  const EngineIndex index = read_engine_index(out, load_config(out));
+  EXPECT_EQ(index.version, kEngineFormatVersion);
+  ExpertBlobs blobs(out, index);
+  for (const ExpertLayer& l : blobs.index().layers) {
+    EXPECT_EQ(l.header_bytes, kRecordHeaderBytes);
+    for (int e = 0; e < l.n_experts; ++e) {
+      blobs.verify(l, e);  // checks the header, then the checksum
+      EXPECT_EQ(std::memcmp(blobs.record(l, e), kRecordMagic, sizeof kRecordMagic), 0);
+    }
+  }
+  const SafetensorsFile dense(out + "/" + kEngineDenseFile);
+  EXPECT_EQ(index.dense_checksums.tensors.size(), dense.tensors().size());
+  ModelOptions verify;
+  verify.experts.verify = true;
+  EXPECT_NO_THROW(Model::load(out, verify));
+  // The same conversion as version 1 differs only by the headers: same dense file, and each
+  // record's bytes after its header are the version-1 record.
+  const std::string v1 = convert(dir, {.expert_bits = 4, .dense_bits = 8, .format_version = 1}, "v1");
+  const EngineIndex index1 = read_engine_index(v1, load_config(v1));
+  ExpertBlobs blobs1(v1, index1);
+  const ExpertLayer& a = blobs.index().layers[1];
+  const ExpertLayer& b = blobs1.index().layers[1];
+  ASSERT_EQ(a.record_bytes, b.record_bytes + kRecordHeaderBytes);
+  EXPECT_EQ(std::memcmp(blobs.record(a, 3) + kRecordHeaderBytes, blobs1.record(b, 3), b.record_bytes), 0);
+}
+
 // The loader checks what it maps: a truncated blob, an index whose offsets were edited, and
 // (on request) a record whose bytes changed are each named.
 TEST(Convert, LoaderRejectsDamagedDirectory) {
@@ -274,7 +306,7 @@ TEST(Convert, EmbeddedDefaultModelIsReproducedByteForByte) {
   const fs::path committed = fs::path(MOESTREAM_SOURCE_DIR) / "models/pycoder-moe-q4";
   ASSERT_TRUE(is_engine_dir(committed.string())) << committed << " is missing";
   const fs::path fresh =
-      convert(dir, {.expert_bits = 4, .expert_group = 64, .dense_bits = 8, .dense_group = 64}, "embedded");
+      convert(dir, {.expert_bits = 4, .expert_group = 64, .dense_bits = 8, .dense_group = 64, .format_version = 1}, "embedded");
   auto files = [](const fs::path& root) {
     std::map<std::string, std::string> m;
     for (auto& e : fs::recursive_directory_iterator(root))

@@ -117,6 +117,14 @@ TEST(ChatTemplate, NamedTemplatesPickToolUseWhenToolsAreGiven) {
   EXPECT_EQ(tmpl.render(messages, json::array({json::object()}), false, json::object()), "T1");
 }
 
+TEST(ChatTemplate, DeeplyNestedConfigIsAnErrorNotACrash) {
+  const std::string path = test::scratch_dir("chat_deep") + "/tokenizer_config.json";
+  for (size_t depth : {300, 300000}) {
+    std::ofstream(path) << "{\"chat_template\": \"x\", \"extra\": " << std::string(depth, '[') << std::string(depth, ']') << "}";
+    test::expect_error([&] { ChatTemplate::from_tokenizer_config(path); }, {path, "deeper than"});
+  }
+}
+
 TEST(ChatTemplate, ErrorsNameTheConfigFile) {
   std::string dir = test::scratch_dir("chat_errors");
   std::string path = dir + "/tokenizer_config.json";

@@ -250,7 +250,12 @@ void expect_load_error(const std::string& path, const std::string& fragment) {
 
 TEST(TokenizerErrors, MissingFileOrBadJson) {
   expect_load_error(ms::test::scratch_dir("tok") + "/absent.json", "cannot open");
-  expect_load_error(write_text("{\"model\": "), "not valid JSON");
+  expect_load_error(write_text("{\"model\": "), "malformed JSON");
+}
+
+TEST(TokenizerErrors, DeepNestingIsAnErrorNotACrash) {
+  for (size_t depth : {300, 300000}) expect_load_error(write_text("{\"model\": " + std::string(depth, '[')), "deeper than");
+  expect_load_error(write_text("{\"added_tokens\": [" + std::string(300000, '{') + "]}"), "malformed JSON");
 }
 
 TEST(TokenizerErrors, UnsupportedParts) {

@@ -71,6 +71,15 @@ TEST(ToolCalls, MalformedBlockIsContentVerbatim) {
   EXPECT_EQ(parse_tool_calls(not_object).content, not_object);
 }
 
+TEST(ToolCalls, DeeplyNestedBlockIsContentNotACrash) {
+  // A model can print anything: a 300k-deep argument is text, as a malformed one is.
+  const std::string deep = "<tool_call>{\"name\": \"f\", \"arguments\": " + std::string(300000, '[') +
+                           std::string(300000, ']') + "}</tool_call>";
+  ToolCallOutput out = parse_tool_calls(deep);
+  EXPECT_EQ(out.content, deep);
+  EXPECT_TRUE(out.calls.empty());
+}
+
 TEST(ToolCalls, MalformedBlockBetweenGoodOnes) {
   ToolCallOutput out = parse_tool_calls(
       "<tool_call>{\"name\": \"a\"}</tool_call>\n<tool_call>oops</tool_call>\n<tool_call>{\"name\": \"b\"}</tool_call>");
