@@ -1,5 +1,7 @@
 #include "test_support.h"
 
+#include <fcntl.h>
+
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+
 
 namespace ms::test {
 
@@ -90,12 +93,23 @@ std::string scratch_dir(const std::string& tag) {
   return d.string();
 }
 
-static std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
+
+void drop_cached(const std::string& dir) {
+  for (auto& f : fs::recursive_directory_iterator(dir)) {
+    if (!f.is_regular_file()) continue;
+    const int fd = ::open(f.path().c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
 
 int run_cli(const std::string& args, std::string* out, std::string* err, const std::string& stdin_path) {
   std::string dir = scratch_dir("cli");

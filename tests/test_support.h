@@ -64,6 +64,11 @@ std::string shared_dir();
 std::string shared_path(const std::string& rel);
 // A fresh empty directory under the build's temp area, removed at process exit.
 std::string scratch_dir(const std::string& tag);
+// A file's bytes ("" when it cannot be read).
+std::string slurp(const std::string& path);
+// Drops every file under dir from the page cache, so that a child's reads of them are charged
+// to its own cgroup rather than to this process, which wrote them.
+void drop_cached(const std::string& dir);
 // Runs the moestream binary with args; returns its exit status and fills stdout/stderr.
 // Standard input is the file stdin_path (empty: /dev/null).
 int run_cli(const std::string& args, std::string* out = nullptr, std::string* err = nullptr,

@@ -11,25 +11,18 @@
 #include "experts/expert_store.h"
 #include "format/config.h"
 #include "runtime/synth.h"
+#include "synth_support.h"
 #include "test_support.h"
 
 namespace ms {
 namespace {
 
 namespace fs = std::filesystem;
+using test::synth_tiny;
 using test::expect_error;
 
-std::string synth_tiny(const std::string& tag) {
-  SynthOptions opt;
-  opt.shape = synth_shape("tiny");
-  opt.out = test::scratch_dir(tag) + "/model";
-  opt.seed = 3;
-  synth_model(opt);
-  return opt.out;
-}
-
 TEST(ExpertFiles, BlobOfAnyOtherSizeIsRefusedAtOpen) {
-  const std::string dir = synth_tiny("blob-size");
+  const std::string dir = synth_tiny("blob-size", 3);
   const EngineIndex index = read_engine_index(dir, load_config(dir));
   const std::string blob = dir + "/experts/layer_002.bin";
   const uintmax_t size = fs::file_size(blob);
@@ -47,7 +40,7 @@ TEST(ExpertFiles, BlobOfAnyOtherSizeIsRefusedAtOpen) {
 // Two layers of the same shape whose blobs trade places: sizes, layouts and (without --verify)
 // nothing else tell them apart; the record header does, on the first read.
 TEST(ExpertFiles, SwappedLayerBlobsAreNamedOnTheFirstRead) {
-  const std::string dir = synth_tiny("blob-swap");
+  const std::string dir = synth_tiny("blob-swap", 3);
   const EngineIndex index = read_engine_index(dir, load_config(dir));
   fs::rename(dir + "/experts/layer_000.bin", dir + "/experts/tmp.bin");
   fs::rename(dir + "/experts/layer_001.bin", dir + "/experts/layer_000.bin");
@@ -69,7 +62,7 @@ TEST(ExpertFiles, SwappedLayerBlobsAreNamedOnTheFirstRead) {
 
 // Records moved inside one blob (expert 3's bytes where expert 4's belong): the header names it.
 TEST(ExpertFiles, RecordOfAnotherExpertIsNamed) {
-  const std::string dir = synth_tiny("record-move");
+  const std::string dir = synth_tiny("record-move", 3);
   const EngineIndex index = read_engine_index(dir, load_config(dir));
   const ExpertLayer& l = index.layers[3];
   const std::string blob = dir + "/" + l.file;

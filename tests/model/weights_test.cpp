@@ -12,12 +12,14 @@
 #include "format/engine_dir.h"
 #include "model/model.h"
 #include "runtime/synth.h"
+#include "synth_support.h"
 #include "test_support.h"
 
 namespace ms {
 namespace {
 
 namespace fs = std::filesystem;
+using test::synth_tiny;
 using json = nlohmann::json;
 using test::expect_error;
 
@@ -50,15 +52,6 @@ TEST(Weights, NumHiddenLayersMustMatchTheCheckpoint) {
   expect_error([&] { Model::load(dir); }, {"missing tensor", "'model.layers." + std::to_string(n) + "."});
 }
 
-std::string synth_tiny(const std::string& tag) {
-  SynthOptions opt;
-  opt.shape = synth_shape("tiny");
-  opt.out = test::scratch_dir(tag) + "/model";
-  opt.seed = 11;
-  synth_model(opt);
-  return opt.out;
-}
-
 // The engine directory's config.json and index edited together to 3 of its 4 layers.
 void claim_three_layers(const std::string& dir, bool drop_index_layer) {
   json cfg = read_json(dir + "/config.json");
@@ -72,7 +65,7 @@ void claim_three_layers(const std::string& dir, bool drop_index_layer) {
 }
 
 TEST(Weights, NumHiddenLayersMustMatchTheEngineDirectory) {
-  const std::string dir = synth_tiny("engine-layers");
+  const std::string dir = synth_tiny("engine-layers", 11);
   EXPECT_NO_THROW(Model::load(dir));
   claim_three_layers(dir, false);
   expect_error([&] { Model::load(dir); }, {"moestream.json", "model.layers.3.mlp", "num_hidden_layers 3"});
@@ -81,7 +74,7 @@ TEST(Weights, NumHiddenLayersMustMatchTheEngineDirectory) {
 }
 
 TEST(Weights, VerifyCatchesCorruptDenseWeightsNamingTheTensor) {
-  const std::string dir = synth_tiny("dense-verify");
+  const std::string dir = synth_tiny("dense-verify", 11);
   ModelOptions verify;
   verify.experts.verify = true;
   EXPECT_NO_THROW(Model::load(dir, verify));

@@ -19,26 +19,11 @@ namespace ms {
 namespace {
 
 namespace fs = std::filesystem;
+using test::drop_cached;
+using test::slurp;
 
 const char* kModel = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
 constexpr size_t kCgroupLimit = size_t(64) << 20;  // the machine the prompt was OOM-killed on
-
-// Out of the page cache, so that the model's reads are charged to the child's cgroup.
-void drop_cached(const std::string& dir) {
-  for (auto& f : fs::recursive_directory_iterator(dir)) {
-    if (!f.is_regular_file()) continue;
-    const int fd = ::open(f.path().c_str(), O_RDONLY);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string random_ids(int n, unsigned seed) {
   std::mt19937 gen(seed);

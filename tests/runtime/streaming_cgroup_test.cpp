@@ -18,6 +18,8 @@ namespace ms {
 namespace {
 
 namespace fs = std::filesystem;
+using test::drop_cached;
+using test::slurp;
 
 constexpr size_t kLimit = size_t(128) << 20;
 
@@ -30,24 +32,6 @@ SynthShape streaming_shape() {
   s.lin_k_heads = 4, s.lin_v_heads = 8, s.lin_k_dim = 64, s.lin_v_dim = 64;
   s.n_experts = 128, s.top_k = 8, s.moe_inter = 512, s.shared_inter = 512;
   return s;
-}
-
-// Out of the page cache, so that the model's reads are charged to the child's cgroup rather
-// than to this process, which wrote the files.
-void drop_cached(const std::string& dir) {
-  for (auto& f : fs::recursive_directory_iterator(dir)) {
-    if (!f.is_regular_file()) continue;
-    const int fd = ::open(f.path().c_str(), O_RDONLY);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 TEST(StreamingMemory, ExpertsSeveralTimesTheCgroupLimitGenerateUnderIt) {

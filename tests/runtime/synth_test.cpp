@@ -14,6 +14,7 @@
 #include "format/engine_dir.h"
 #include "model/model.h"
 #include "runtime/synth.h"
+#include "synth_support.h"
 #include "test_support.h"
 #include "util/error.h"
 
@@ -21,22 +22,8 @@ namespace ms {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string synth_tiny(const std::string& tag, uint64_t seed = 7) {
-  SynthOptions opt;
-  opt.shape = synth_shape("tiny");
-  opt.out = test::scratch_dir(tag) + "/model";
-  opt.seed = seed;
-  synth_model(opt);
-  return opt.out;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::synth_tiny;
+using test::slurp;
 
 // Logits of a prefill of `ids` then `decode` greedy single-token steps, concatenated.
 std::vector<float> run_logits(const Model& model, const std::vector<int>& ids, int decode) {

@@ -166,7 +166,7 @@ TEST(ChatTemplate, ConfigFieldsAreChecked) {
   EXPECT_EQ(error_for("{" + t + R"(, "additional_special_tokens": ["<a>", 3]})"),
             path + ": 'additional_special_tokens[1]' is neither a string nor an object with a string 'content'");
   EXPECT_EQ(error_for("[1]"), path + ": expected a JSON object");
-  EXPECT_NE(error_for("{\"chat_template\": ").find(path + ": invalid JSON"), std::string::npos);
+  EXPECT_NE(error_for("{\"chat_template\": ").find(path + ": malformed JSON"), std::string::npos);
   EXPECT_EQ(error_for(R"({"chat_template": "{% macro m() %}{{ m() }}{% endmacro %}{{ 1 + }}"})"),
             path + ": chat template line 1: unexpected '}}' in expression");
   EXPECT_EQ(error_for("{" + t + R"(, "eos_token": "</s>", "additional_special_tokens": null})"), "(no error)");
