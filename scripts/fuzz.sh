@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/) into ./build-fuzz with clang-14 and runs them.
+#   scripts/fuzz.sh [SECONDS [TARGET...]]  fuzzes each target SECONDS (default 30), then replays
+#                                          fuzz/regressions/ (every crash ever found; must pass)
+#   scripts/fuzz.sh --replay [DIR]         only replays DIR/<target>/* (default fuzz/regressions;
+#                                          fuzz/findings holds the crashes not fixed yet)
+# A target's new inputs go to build-fuzz/corpus/<target>, its crashes to build-fuzz/artifacts/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Each input may take 10 s and 2 GB; longer or larger is a finding (a hang, an unbounded allocation).
+limits=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048)
+targets_all=(format_config format_safetensors format_engine_dir tokenizer_tokenizer tokenizer_jinja
+             tokenizer_chat_template tokenizer_chat_template_config)
+
+# The dictionary of the tokens a target's input is made of.
+dict_of() {
+  case "$1" in
+    format_config) echo fuzz/dict/config.dict ;;
+    format_safetensors) echo fuzz/dict/safetensors.dict ;;
+    format_engine_dir) echo fuzz/dict/engine_dir.dict ;;
+    tokenizer_tokenizer) echo fuzz/dict/tokenizer.dict ;;
+    tokenizer_jinja) echo fuzz/dict/jinja.dict ;;
+    tokenizer_chat_template*) echo fuzz/dict/chat_template.dict ;;
+  esac
+}
+
+build() {
+  local launcher=()
+  command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  cmake -S . -B build-fuzz -G Ninja -DMOESTREAM_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug -DBUILD_TESTING=OFF \
+        -DCMAKE_CXX_COMPILER=clang++-14 "${launcher[@]}" >/dev/null
+  cmake --build build-fuzz -j"$(nproc)"
+}
+
+# Runs one target for $2 seconds from its committed seeds; prints where a crash was kept.
+fuzz_one() {
+  local t=$1 seconds=$2 log=build-fuzz/logs/$1.log
+  mkdir -p "build-fuzz/corpus/$t" "build-fuzz/artifacts/$t" build-fuzz/logs
+  echo "fuzz: $t for ${seconds}s"
+  if ! "build-fuzz/fuzz/fuzz_$t" -max_total_time="$seconds" -max_len=65536 "${limits[@]}" -dict="$(dict_of "$t")" \
+       -artifact_prefix="build-fuzz/artifacts/$t/" -print_final_stats=1 \
+       "build-fuzz/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
+    tail -n 60 "$log"
+    echo "fuzz: $t FAILED; the input is in build-fuzz/artifacts/$t/, the log in $log" >&2
+    return 1
+  fi
+  grep -E '^stat::number_of_executed_units|^#[0-9]+ +DONE' "$log" | tr '\n' ' '
+  echo
+}
+
+# Runs every input kept under $1/<target>/ once; each must pass.
+replay() {
+  local dir=$1 failed=0 t inputs
+  for t in "${targets_all[@]}"; do
+    [ -d "$dir/$t" ] || continue
+    mapfile -t inputs < <(find "$dir/$t" -type f ! -name '*.md' | sort)
+    ((${#inputs[@]})) || continue
+    if "build-fuzz/fuzz/fuzz_$t" "${limits[@]}" "${inputs[@]}" >"build-fuzz/logs/replay-$t.log" 2>&1; then
+      echo "fuzz: replay $dir/$t: ${#inputs[@]} inputs pass"
+    else
+      tail -n 60 "build-fuzz/logs/replay-$t.log"
+      echo "fuzz: replay $dir/$t FAILED (log: build-fuzz/logs/replay-$t.log)" >&2
+      failed=1
+    fi
+  done
+  return "$failed"
+}
+
+main() {
+  build
+  mkdir -p build-fuzz/logs
+  if [ "${1:-}" = "--replay" ]; then
+    replay "${2:-fuzz/regressions}"
+    return
+  fi
+  local seconds=${1:-30} failed=0 t
+  shift || true
+  local targets=("$@")
+  ((${#targets[@]})) || targets=("${targets_all[@]}")
+  for t in "${targets[@]}"; do fuzz_one "$t" "$seconds" || failed=1; done
+  replay fuzz/regressions || failed=1
+  return "$failed"
+}
+
+main "$@"
