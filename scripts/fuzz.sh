@@ -26,6 +26,10 @@ dict_of() {
 }
 
 build() {
+  if ! command -v clang++-14 >/dev/null 2>&1; then
+    echo "fuzz: clang++-14 is missing; scripts/setup.sh installs it (clang-14, libclang-rt-14-dev)" >&2
+    return 1
+  fi
   local launcher=()
   command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   cmake -S . -B build-fuzz -G Ninja -DMOESTREAM_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug -DBUILD_TESTING=OFF \
@@ -70,6 +74,13 @@ replay() {
 main() {
   build
   mkdir -p build-fuzz/logs
+  # The targets' scratch files (fuzz/fuzz_support.h), in tmpfs where there is one; a target that
+  # crashed leaves its own behind, so all go at the end.
+  local shm=/dev/shm
+  [ -d "$shm" ] && [ -w "$shm" ] || shm=${TMPDIR:-/tmp}
+  TMPDIR=$(mktemp -d "$shm/moestream-fuzz.XXXXXX")
+  export TMPDIR
+  trap 'rm -rf "$TMPDIR"' EXIT
   if [ "${1:-}" = "--replay" ]; then
     replay "${2:-fuzz/regressions}"
     return
