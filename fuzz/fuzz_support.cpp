@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -50,6 +51,25 @@ std::string write_scratch(const std::string& name, const uint8_t* data, size_t s
 }
 
 std::string source_path(const std::string& relative) { return (fs::path(MOESTREAM_SOURCE_DIR) / relative).string(); }
+
+size_t json_depth(std::string_view text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
 
 void refused(const std::exception& e) {
   static const bool print = std::getenv("MOESTREAM_FUZZ_PRINT") != nullptr;

@@ -18,6 +18,9 @@ std::string write_scratch(const std::string& name, const uint8_t* data, size_t s
 // The file of the source tree at `relative` (e.g. "models/pycoder-moe-q4/config.json").
 std::string source_path(const std::string& relative);
 
+// The deepest nesting of arrays and objects in JSON text (strings skipped), without parsing.
+size_t json_depth(std::string_view text);
+
 // An input refused with ms::Error, the expected outcome: printed when MOESTREAM_FUZZ_PRINT is
 // set (to see why the inputs of a replay are refused), ignored otherwise.
 void refused(const std::exception& e);

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 # Each input may take 10 s and 2 GB; longer or larger is a finding (a hang, an unbounded allocation).
 limits=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048)
-targets_all=(format_config format_safetensors format_engine_dir tokenizer_tokenizer tokenizer_jinja
+targets_all=(format_config format_safetensors format_engine_dir tokenizer_tokenizer tokenizer_jinja tokenizer_tool_calls
              tokenizer_chat_template tokenizer_chat_template_config)
 
 # The dictionary of the tokens a target's input is made of.
@@ -21,6 +21,7 @@ dict_of() {
     format_engine_dir) echo fuzz/dict/engine_dir.dict ;;
     tokenizer_tokenizer) echo fuzz/dict/tokenizer.dict ;;
     tokenizer_jinja) echo fuzz/dict/jinja.dict ;;
+    tokenizer_tool_calls) echo fuzz/dict/tool_calls.dict ;;
     tokenizer_chat_template*) echo fuzz/dict/chat_template.dict ;;
   esac
 }
