@@ -33,8 +33,8 @@ void render(const ms::ChatTemplate& tmpl, const json& input) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const ms::ChatTemplate tmpl =
       ms::ChatTemplate::from_tokenizer_config(ms::fuzz::source_path("models/pycoder-moe-q4/tokenizer_config.json"));
-  // Requests reach a template through the server's parse, whose depth issue 35 bounds: deeper
-  // JSON is the server's to refuse (ordered_json::parse itself recurses on it).
+  // Requests reach a template through the server's parse_body, which refuses more than 64
+  // levels before parsing (ordered_json::parse itself recurses on deeper JSON).
   if (ms::fuzz::json_depth(std::string_view(reinterpret_cast<const char*>(data), size)) > kMaxDepth) return 0;
   const json input = json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
   if (input.is_discarded()) return 0;
