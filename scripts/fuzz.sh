@@ -44,7 +44,7 @@ fuzz_one() {
   mkdir -p "build-fuzz/corpus/$t" "build-fuzz/artifacts/$t" build-fuzz/logs
   echo "fuzz: $t for ${seconds}s"
   if ! "build-fuzz/fuzz/fuzz_$t" -max_total_time="$seconds" -max_len=65536 "${limits[@]}" -dict="$(dict_of "$t")" \
-       -artifact_prefix="build-fuzz/artifacts/$t/" -print_final_stats=1 \
+       -artifact_prefix="build-fuzz/artifacts/$t/" -print_final_stats=1 -print_funcs=0 \
        "build-fuzz/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
     tail -n 60 "$log"
     echo "fuzz: $t FAILED; the input is in build-fuzz/artifacts/$t/, the log in $log" >&2
@@ -54,20 +54,23 @@ fuzz_one() {
   echo
 }
 
-# Runs every input kept under $1/<target>/ once; each must pass.
+# Runs every input kept under $1/<target>/, one process each so that every failing one is named;
+# each must pass.
 replay() {
-  local dir=$1 failed=0 t inputs
+  local dir=$1 failed=0 t f n bad
   for t in "${targets_all[@]}"; do
     [ -d "$dir/$t" ] || continue
-    mapfile -t inputs < <(find "$dir/$t" -type f ! -name '*.md' | sort)
-    ((${#inputs[@]})) || continue
-    if "build-fuzz/fuzz/fuzz_$t" "${limits[@]}" "${inputs[@]}" >"build-fuzz/logs/replay-$t.log" 2>&1; then
-      echo "fuzz: replay $dir/$t: ${#inputs[@]} inputs pass"
-    else
-      tail -n 60 "build-fuzz/logs/replay-$t.log"
-      echo "fuzz: replay $dir/$t FAILED (log: build-fuzz/logs/replay-$t.log)" >&2
-      failed=1
-    fi
+    n=0 bad=0
+    while IFS= read -r f; do
+      n=$((n + 1))
+      if ! "build-fuzz/fuzz/fuzz_$t" "${limits[@]}" "$f" >"build-fuzz/logs/replay.log" 2>&1; then
+        grep -E 'accepted invalid|SUMMARY|what\(\)|runtime error' build-fuzz/logs/replay.log | head -n 3
+        echo "fuzz: replay FAILED: $f (build-fuzz/fuzz/fuzz_$t $f)" >&2
+        bad=$((bad + 1))
+      fi
+    done < <(find "$dir/$t" -type f ! -name '*.md' | sort)
+    ((n == 0)) || echo "fuzz: replay $dir/$t: $((n - bad)) of $n inputs pass"
+    ((bad == 0)) || failed=1
   done
   return "$failed"
 }
