@@ -4,6 +4,7 @@
 #                                          fuzz/regressions/ (every crash ever found; must pass)
 #   scripts/fuzz.sh --replay [DIR]         only replays DIR/<target>/* (default fuzz/regressions;
 #                                          fuzz/findings holds the crashes not fixed yet)
+#   scripts/fuzz.sh --promote              git-moves each finding that now passes to fuzz/regressions
 # A target's new inputs go to build-fuzz/corpus/<target>, its crashes to build-fuzz/artifacts/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,6 +76,21 @@ replay() {
   return "$failed"
 }
 
+# Moves every input of fuzz/findings/<target>/ that passes now to fuzz/regressions/<target>/.
+promote() {
+  local t f
+  for t in "${targets_all[@]}"; do
+    [ -d "fuzz/findings/$t" ] || continue
+    while IFS= read -r f; do
+      if "build-fuzz/fuzz/fuzz_$t" "${limits[@]}" "$f" >build-fuzz/logs/replay.log 2>&1; then
+        mkdir -p "fuzz/regressions/$t"
+        git mv "$f" "fuzz/regressions/$t/"
+        echo "fuzz: fixed, now a regression case: fuzz/regressions/$t/$(basename "$f")"
+      fi
+    done < <(find "fuzz/findings/$t" -type f | sort)
+  done
+}
+
 main() {
   build
   mkdir -p build-fuzz/logs
@@ -85,6 +101,10 @@ main() {
   TMPDIR=$(mktemp -d "$shm/moestream-fuzz.XXXXXX")
   export TMPDIR
   trap 'rm -rf "$TMPDIR"' EXIT
+  if [ "${1:-}" = "--promote" ]; then
+    promote
+    return
+  fi
   if [ "${1:-}" = "--replay" ]; then
     replay "${2:-fuzz/regressions}"
     return
