@@ -51,7 +51,7 @@ fuzz_one() {
     echo "fuzz: $t FAILED; the input is in build-fuzz/artifacts/$t/, the log in $log" >&2
     return 1
   fi
-  grep -E '^stat::number_of_executed_units|^#[0-9]+ +DONE' "$log" | tr '\n' ' '
+  grep -E '^stat::number_of_executed_units|^#[0-9]+[[:space:]]+DONE' "$log" | tr '\n' ' '
   echo
 }
 
