@@ -1,6 +1,7 @@
 // The engine index (format/engine_dir.cpp): moestream.json text, read against the config of
-// models/pycoder-moe-q4 and opened over that directory's real expert blobs (a symlink), so an
-// accepted index also has its records located and checksummed.
+// models/pycoder-moe-q4 and opened over a copy of that directory's real expert blobs (29 MB, in
+// the scratch directory: a blob must lie inside the engine directory), so an accepted index
+// also has its records located and checksummed.
 #include <filesystem>
 #include <set>
 #include <string>
@@ -16,9 +17,9 @@ namespace fs = std::filesystem;
 const char* const kModel = "models/pycoder-moe-q4";
 
 // The scratch directory as an engine directory: the input becomes its index.
-void link_real_blobs() {
+void copy_real_blobs() {
   const fs::path experts = fs::path(ms::fuzz::scratch_dir()) / "experts";
-  if (!fs::exists(experts)) fs::create_directory_symlink(ms::fuzz::source_path(kModel) + "/experts", experts);
+  if (!fs::exists(experts)) fs::copy(ms::fuzz::source_path(kModel) + "/experts", experts, fs::copy_options::recursive);
 }
 
 // What the index may not name: a blob outside the directory, or one layer twice.
@@ -44,7 +45,7 @@ void read_records(const ms::ExpertBlobs& blobs) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const ms::ModelConfig cfg = ms::load_config(ms::fuzz::source_path(kModel) + "/config.json");
-  link_real_blobs();
+  copy_real_blobs();
   ms::fuzz::write_scratch(ms::kEngineIndexFile, data, size);
   try {
     const ms::EngineIndex index = ms::read_engine_index(ms::fuzz::scratch_dir(), cfg);
