@@ -413,7 +413,7 @@ class Renderer {
       bound[i] = true;
     }
     for (auto& [key, value] : args.keyword) {
-      auto it = std::find_if(macro.params.begin(), macro.params.end(), [&](const MacroParam& p) { return p.name == key; });
+      auto it = std::find_if(macro.params.begin(), macro.params.end(), [&name = key](const MacroParam& p) { return p.name == name; });
       if (it == macro.params.end()) fail("macro '{}' got an unexpected argument '{}'", macro.name, key);
       frame.set(key, value);
       bound[size_t(it - macro.params.begin())] = true;
