@@ -73,17 +73,28 @@ void TensorView::expect(DType t, const std::vector<int64_t>& want) const {
   if (!ok) fail("{}: tensor '{}' has shape {}, expected {}", file, name, shape_str(shape), shape_str(want));
 }
 
+namespace {
+template <class T>
+T load_unaligned(const void* base, size_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const uint8_t*>(base) + i * sizeof(T), sizeof(T));
+  return v;
+}
+}  // namespace
+
 std::vector<float> TensorView::to_f32() const {
   std::vector<float> out(static_cast<size_t>(numel()));
   switch (dtype) {
     case DType::F32:
       std::memcpy(out.data(), data, out.size() * 4);
       break;
+    // Element by element through memcpy: a file whose header is not padded puts the data at
+    // any address, where a typed read would be misaligned.
     case DType::BF16:
-      for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32(as<bf16>()[i]);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32(load_unaligned<bf16>(data, i));
       break;
     case DType::F16:
-      for (size_t i = 0; i < out.size(); ++i) out[i] = f16_to_f32(as<f16>()[i]);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = f16_to_f32(load_unaligned<f16>(data, i));
       break;
     default:
       fail("{}: tensor '{}' has dtype {}, expected a floating-point type", file, name, dtype_name(dtype));

@@ -1,5 +1,6 @@
 // Lexer and recursive-descent parser following Jinja2 3.1's grammar and whitespace rules.
 #include <charconv>
+#include <cstdlib>
 #include <set>
 
 #include "tokenizer/jinja_ast.h"
@@ -229,7 +230,8 @@ class Lexer {
     std::erase(text, '_');
     pos_ = end;
     if (is_float) {
-      emit(Token::Type::Float, text, Value(std::stod(text)));
+      // As Python reads it: too large is inf, too small is 0 (strtod's ERANGE results).
+      emit(Token::Type::Float, text, Value(std::strtod(text.c_str(), nullptr)));
     } else {
       int64_t v = 0;
       auto res = std::from_chars(text.data(), text.data() + text.size(), v);
