@@ -235,21 +235,8 @@ ojson parse_body(const std::string& body, int max_depth) {
   if (size_t bad = utf8::first_invalid(body); bad != std::string::npos)
     throw ApiError(400, fmt::format("the request body is not valid UTF-8 (byte {})", bad), "invalid_request_error", "",
                    "invalid_utf8");
-  // Depth is checked on the text before parsing: the parsed value is walked recursively later
+  // Depth is bounded while parsing (max_depth): the parsed value is walked recursively later
   // (template rendering, dump), so a hostile nesting must never get that far.
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : body) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') in_string = true;
-    else if (c == '{' || c == '[') {
-      if (++depth > max_depth)
-        throw ApiError(400, fmt::format("the request body nests deeper than {} levels", max_depth), "invalid_request_error");
-    } else if (c == '}' || c == ']') --depth;
-  }
   ojson j;
   try {
     j = parse_json<ojson>(body, "the request body", {.max_depth = max_depth});
