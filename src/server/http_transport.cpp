@@ -37,13 +37,6 @@ std::chrono::steady_clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::tolower(uint8_t(a[i])) != std::tolower(uint8_t(b[i]))) return false;
-  return true;
-}
-
 std::string trimmed(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
@@ -64,7 +57,7 @@ HttpResponse plain_error(int status, const std::string& message, const std::stri
 
 std::string HttpRequest::header(std::string_view name) const {
   for (auto& [k, v] : headers)
-    if (iequals(k, name)) return v;
+    if (beast::iequals(k, beast::string_view(name.data(), name.size()))) return v;
   return "";
 }
 
@@ -175,7 +168,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     keep_alive_ = h.keep_alive();
     body_pending_ = !parser_->is_done();
     if (auto refusal = check_head()) return answer(std::move(*refusal));
-    if (body_pending_ && iequals(trimmed(req_.header("Expect")), "100-continue")) {
+    if (body_pending_ && beast::iequals(trimmed(req_.header("Expect")), "100-continue")) {
       out_ = "HTTP/1.1 100 Continue\r\n\r\n";
       stream_.expires_after(seconds(srv_.limits_.write_timeout_s));
       net::async_write(stream_, net::buffer(out_), [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -198,7 +191,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   std::optional<HttpResponse> transport_refusal() {
     const std::string encoding = trimmed(req_.header("Content-Encoding"));
-    if (!encoding.empty() && !iequals(encoding, "identity"))
+    if (!encoding.empty() && !beast::iequals(encoding, "identity"))
       return srv_.error(415, fmt::format("Content-Encoding '{}' is not accepted: send the body uncompressed", encoding.substr(0, 64)),
                         "unsupported_media_type");
     const std::string transfer = trimmed(req_.header("Transfer-Encoding"));
