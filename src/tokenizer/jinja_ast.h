@@ -77,6 +77,7 @@ struct Node {
   Body else_body;
   std::vector<std::string> targets;
   std::vector<MacroParam> params;
+  bool reads_loop = true;  // For: its body names `loop` (else the renderer skips building it)
 };
 
 // Parses template source with transformers' settings (trim_blocks, lstrip_blocks, no trailing

@@ -310,6 +310,7 @@ class Parser {
   std::vector<Token> tokens_;
   size_t pos_ = 0;
   int loop_depth_ = 0;
+  int loop_reads_ = 0;  // names `loop` parsed so far: a for body without one needs no loop object
   int statement_depth_ = 0;
   int recursion_ = 0;
 
@@ -488,7 +489,9 @@ class Parser {
     expect_block_end();
     node->bodies.emplace_back();
     ++loop_depth_;
+    int reads_before = loop_reads_;
     std::string end = parse_until(node->bodies[0], {"else", "endfor"}, "for", line);
+    node->reads_loop = loop_reads_ != reads_before;
     --loop_depth_;
     if (end == "else") {
       expect_block_end();
@@ -701,6 +704,7 @@ class Parser {
         if (name == "true" || name == "True") return literal(true, line);
         if (name == "false" || name == "False") return literal(false, line);
         if (name == "none" || name == "None") return literal(nullptr, line);
+        if (name == "loop") ++loop_reads_;
         auto e = make_expr(Expr::Kind::Name, line);
         e->name = std::move(name);
         return e;

@@ -10,14 +10,10 @@
 
 namespace ms::jinja {
 
-namespace {
-
 uint32_t nesting_around(uint32_t inner, std::string_view what) {
   if (inner + 1 > kMaxNesting) fail("{} nest deeper than {} levels", what, kMaxNesting);
   return inner + 1;
 }
-
-}  // namespace
 
 Value::Value(Array a) {
   if (a.size() > kMaxItems) fail("a list of {} items is longer than the limit of {}", a.size(), kMaxItems);

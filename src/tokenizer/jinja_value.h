@@ -104,6 +104,9 @@ struct Value {
   uint32_t nesting() const { return is_array() ? array_nesting : is_object() ? object().nesting : 0; }
 };
 
+// The nesting of a list or dict around values nesting `inner` deep; fails beyond kMaxNesting,
+// naming `what` ("lists", "dicts").
+uint32_t nesting_around(uint32_t inner, std::string_view what);
 Value make_object(std::vector<std::pair<std::string, Value>> items = {});
 // `untrusted`: every string (and dict key) in j came from the request.
 Value from_json(const nlohmann::ordered_json& j, bool untrusted = false);
