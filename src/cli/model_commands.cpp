@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/flag_checks.h"
 #include "cli/model_options.h"
+#include "backends/load.h"
 #include "model/model.h"
 #include "runtime/generate.h"
 #include "util/error.h"
@@ -60,7 +61,7 @@ void add_logits(CLI::App& app) {
       ->check(CLI::IsMember({"pre", "post"}));
   cmd->callback([a] {
     std::vector<int> ids = parse_ids(a->ids);
-    auto model = Model::load(a->m.model, model_options(a->m));
+    auto model = load_model(a->m.model, model_options(a->m));
     const int T = int(ids.size()), V = model->config().vocab;
     State state = model->new_state();
     ForwardResult r = model->forward(ids.data(), T, state, {.all_logits = true, .hidden = a->mtp});
@@ -93,7 +94,7 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past an end-of-sequence token");
   cmd->callback([a] {
     std::vector<int> ids = parse_ids(a->ids);
-    auto model = Model::load(a->m.model, model_options(a->m));
+    auto model = load_model(a->m.model, model_options(a->m));
     State state = model->new_state();
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
@@ -128,7 +129,7 @@ void add_inspect(CLI::App& app) {
   auto model_dir = std::make_shared<std::string>();
   cmd->add_option("--model", *model_dir, "Model directory")->required()->check(non_empty());
   cmd->callback([model_dir] {
-    auto model = Model::load(*model_dir);
+    auto model = load_model(*model_dir);
     const ModelConfig& c = model->config();
     const ModelWeights& w = model->weights();
     std::string types;

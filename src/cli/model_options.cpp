@@ -6,12 +6,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backends/load.h"
 #include "cli/flag_checks.h"
 #include "util/error.h"
 #include "util/json.h"
-#if MOESTREAM_CUDA
-#include "experts/device_store.h"
-#endif
 
 namespace ms::cli {
 
@@ -153,34 +151,29 @@ double gb_per_s(uint64_t bytes, double s) { return s > 0 ? double(bytes) / s / 1
 }  // namespace
 
 void print_expert_stats(const Model& model, std::FILE* out) {
-  const ExpertStore* store = model.experts();
-  if (!store) return;
+  const std::vector<PoolTier> tiers = model.executor().pool_tiers();
+  if (tiers.empty()) return;
   if (const MemoryPlan& p = model.memory_plan(); p.slots > 0)
     fmt::print(out, "{} budget: dense {:.1f} MiB, KV/state {:.1f} MiB, activations {:.1f} MiB, pools {:.1f} MiB ({} slots a layer)\n",
                model.device() == Device::Cuda ? "VRAM" : "memory", double(p.dense) / (1 << 20), double(p.kv) / (1 << 20),
                double(p.activations) / (1 << 20), double(p.pool) / (1 << 20), p.slots);
-#if MOESTREAM_CUDA
-  if (const DeviceExpertStore* vram = model.device_experts()) {
-    fmt::print(out, "VRAM expert pool ({} MiB; misses come from the host tier by the copy stream):\n",
-               vram->resident_bytes() >> 20);
-    const PoolStats v = print_pool(vram->stats(), "copy", out);
-    fmt::print(out, "host tier ({}, {} MiB of pinned slots, {}):\n", store->io_name(), store->resident_bytes() >> 20,
-               store->caches() ? "a cache" : "staging only");
-    const PoolStats h = print_pool(store->stats(), "read", out);
+  std::vector<PoolStats> totals;
+  for (const PoolTier& t : tiers) {
+    fmt::print(out, "{}:\n", t.title);
+    totals.push_back(print_pool(t.layers, t.moves, out));
+  }
+  if (tiers.size() == 2) {  // a VRAM pool over a host tier: both stages of a miss
+    const PoolStats &v = totals[0], &h = totals[1];
     fmt::print(out, "stages: ssd->host {:.2f} GB/s ({:.1f} MiB in {:.3f} s), host->vram {:.2f} GB/s ({:.1f} MiB in {:.3f} s); "
                "stall {:.3f} s\n",
                gb_per_s(h.bytes_read, h.read_s), double(h.bytes_read) / (1 << 20), h.read_s, gb_per_s(v.bytes_read, v.read_s),
                double(v.bytes_read) / (1 << 20), v.read_s, v.stall_s);
     return;
   }
-#endif
-  fmt::print(out, "expert pool ({}, {} MiB resident):\n", store->io_name(), store->resident_bytes() >> 20);
-  const std::vector<LayerStats> layers = store->stats();
-  const PoolStats total = print_pool(layers, "read", out);
   uint64_t all_miss_bytes = 0;
-  for (const LayerStats& l : layers) all_miss_bytes += (l.pool.hits + l.pool.misses) * l.slot_bytes;
-  const double ratio = all_miss_bytes ? double(total.bytes_read) / double(all_miss_bytes) : 0.0;
-  fmt::print(out, "disk_load_ratio {:.3f}  read {:.2f} GB/s\n", ratio, gb_per_s(total.bytes_read, total.read_s));
+  for (const LayerStats& l : tiers[0].layers) all_miss_bytes += (l.pool.hits + l.pool.misses) * l.slot_bytes;
+  const double ratio = all_miss_bytes ? double(totals[0].bytes_read) / double(all_miss_bytes) : 0.0;
+  fmt::print(out, "disk_load_ratio {:.3f}  read {:.2f} GB/s\n", ratio, gb_per_s(totals[0].bytes_read, totals[0].read_s));
 }
 
 }  // namespace ms::cli

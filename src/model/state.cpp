@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "model/backend_cuda.h"
 #include "util/error.h"
 
 namespace ms {
@@ -51,9 +50,7 @@ size_t State::bytes() const {
 
 State::Checkpoint State::checkpoint() const {
   Checkpoint c{pos_, linear_};
-#if MOESTREAM_CUDA
-  if (device) download_linear(*device, c.linear);
-#endif
+  if (device) device->download_linear(c.linear);
   return c;
 }
 
@@ -61,9 +58,7 @@ void State::restore(const Checkpoint& c) {
   if (c.pos > pos_) fail("cannot restore a checkpoint at position {} ahead of the current position {}", c.pos, pos_);
   pos_ = c.pos;
   linear_ = c.linear;
-#if MOESTREAM_CUDA
-  if (device) upload_linear(*device, linear_);
-#endif
+  if (device) device->upload_linear(linear_);
 }
 
 void State::reset() {
@@ -72,9 +67,7 @@ void State::reset() {
     std::fill(s.conv.begin(), s.conv.end(), 0.f);
     std::fill(s.recurrent.begin(), s.recurrent.end(), 0.f);
   }
-#if MOESTREAM_CUDA
-  if (device) upload_linear(*device, linear_);
-#endif
+  if (device) device->upload_linear(linear_);
 }
 
 }  // namespace ms

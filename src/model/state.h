@@ -9,8 +9,6 @@
 
 namespace ms {
 
-struct DeviceState;  // model/backend_cuda.h
-
 // Positions a KV cache holding `have` grows to when it must hold n: twice `have` (fewer moves),
 // but no more than `planned` (the positions the memory plan counted, ModelOptions::context; 0:
 // none) while n fits in them, so that a sequence within the planned context stays in its budget.
@@ -31,6 +29,14 @@ struct KVCache {
 struct LinearState {
   std::vector<float> conv;       // [conv_dim, kernel - 1]: the last inputs, oldest first
   std::vector<float> recurrent;  // [linear_num_value_heads, key_head_dim, value_head_dim]
+};
+
+// A sequence's caches where a backend keeps them off the host (backends/cuda/device_state.h).
+struct DeviceCaches {
+  virtual ~DeviceCaches() = default;
+  // The linear-attention states to and from host memory (checkpoints); layers without one skip.
+  virtual void download_linear(std::vector<LinearState>& host) const = 0;
+  virtual void upload_linear(const std::vector<LinearState>& host) = 0;
 };
 
 class State {
@@ -60,7 +66,7 @@ class State {
   // The caches on the GPU once the sequence has run there (Device::Cuda); null on the CPU.
   // Checkpoints then hold the device's linear-attention states. A copied State shares these
   // caches: copy a position with checkpoint(), not by copying the State.
-  std::shared_ptr<DeviceState> device;
+  std::shared_ptr<DeviceCaches> device;
 
  private:
   int pos_ = 0;

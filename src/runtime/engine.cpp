@@ -1,5 +1,7 @@
 #include "runtime/engine.h"
 
+#include "backends/load.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -43,7 +45,7 @@ bool Engine::is_eos(int id) const { return std::find(eos_ids_.begin(), eos_ids_.
 std::unique_ptr<Engine> Engine::load(const std::string& dir, const ModelOptions& opt) {
   auto e = std::make_unique<Engine>();
   e->dir_ = dir;
-  e->model_ = Model::load(dir, opt);
+  e->model_ = load_model(dir, opt);
   const fs::path tok = fs::path(dir) / "tokenizer.json";
   if (!fs::exists(tok)) fail("{}: no tokenizer.json (text commands need the model's tokenizer)", dir);
   e->tokenizer_.emplace(Tokenizer::load(tok.string()));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "runtime/decoder.h"
 #include "runtime/sampler.h"
 #include "util/error.h"
 
@@ -15,8 +16,8 @@ std::vector<int> generate_greedy(const Model& model, State& state, const std::ve
   Sampler greedy({});
   const std::vector<int> no_penalties;
   ForwardOptions fo;
-  fo.sample = [&](const float* logits, bool on_device) { return greedy.sample_at(logits, cfg.vocab, no_penalties, on_device); };
-  ForwardResult r = model.forward(prompt.data(), int(prompt.size()), state, fo);
+  fo.pick = [&] { return greedy.next(no_penalties, cfg.vocab); };
+  const ForwardResult r = model.forward(prompt.data(), int(prompt.size()), state, fo);
   // Takes a token; whether to make another.
   auto accept = [&](int next) {
     out.push_back(next);
@@ -25,15 +26,8 @@ std::vector<int> generate_greedy(const Model& model, State& state, const std::ve
     return !(opt.stop_at_eos && eos) && int(out.size()) < opt.max_tokens;
   };
   if (opt.max_tokens <= 0 || !accept(r.token)) return out;
-  if (model.decodes_ahead()) {
-    model.decode_ahead(state, out.back(), opt.max_tokens - int(out.size()), false,
-                       [&](const ForwardResult& step) { return accept(step.token); });
-    return out;
-  }
-  do {
-    const int next = out.back();
-    r = model.forward(&next, 1, state, fo);
-  } while (accept(r.token));
+  Decoder(model).run(state, out.back(), opt.max_tokens - int(out.size()), greedy, no_penalties,
+                     [&](const ForwardResult& step) { return accept(step.token); });
   return out;
 }
 

@@ -14,8 +14,8 @@ struct GenerateOptions {
 
 // Greedy continuation of `prompt` from the state's position. on_token (optional) sees each
 // token as it is made. Returns the generated ids (an end-of-sequence id included). Where the
-// model decodes ahead on the GPU (Model::decode_ahead), the state has also processed an
-// end-of-sequence id that stopped it.
+// backend decodes ahead (Model::decode), the state has also processed an end-of-sequence id
+// that stopped it.
 std::vector<int> generate_greedy(const Model& model, State& state, const std::vector<int>& prompt,
                                  const GenerateOptions& opt, const std::function<void(int)>& on_token = {});
 

@@ -5,9 +5,8 @@
 #include <random>
 #include <vector>
 
-#if MOESTREAM_CUDA
-#include "kernels/cuda/ops.h"
-#endif
+#include "kernels/cpu/sample.h"
+#include "kernels/sampling.h"
 
 namespace ms {
 
@@ -27,30 +26,22 @@ struct SamplingParams {
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p);
-  // `seen` holds the tokens the penalties look at (prompt and generated so far).
+  // What the next pick needs, the tokens seen so far (prompt and generated) given for the
+  // penalties; takes the RNG's draw where the temperature is above 0. The backend that holds
+  // the logits carries the pick out (Backend::pick: cpu::sample or cuda::sample).
+  PickInputs next(const std::vector<int>& seen, int vocab);
+  // next() picked from host logits by cpu::sample.
   int sample(const float* logits, int vocab, const std::vector<int>& seen);
-#if MOESTREAM_CUDA
-  // sample() on logits in device memory (cuda::sample): the same RNG draws, so the same tokens
-  // but for cuda::sample's rounding caveat.
-  int sample_on_device(const float* device_logits, int vocab, const std::vector<int>& seen, cuda::SamplerWorkspace& ws);
-#endif
-  // sample() on logits where the forward left them (ForwardOptions::sample): in device memory
-  // when on_device, through a workspace this sampler keeps.
-  int sample_at(const float* logits, int vocab, const std::vector<int>& seen, bool on_device);
-  // Whether every pick is the first maximum of the logits (temperature 0, no penalties): what
-  // Model::decode_ahead picks on the GPU.
+  // Whether every pick is the first maximum of the logits (temperature 0, no penalties).
   bool greedy() const { return p_.temperature == 0.f && !penalizes(); }
 
  private:
   bool penalizes() const;
-#if MOESTREAM_CUDA
-  std::shared_ptr<cuda::SamplerWorkspace> ws_;
-#endif
 
   SamplingParams p_;
+  SampleArgs args_;
   std::mt19937_64 rng_;
-  std::vector<float> work_;
-  std::vector<int> order_;
+  cpu::SampleScratch scratch_;
 };
 
 }  // namespace ms

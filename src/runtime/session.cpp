@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "runtime/decoder.h"
 #include "util/error.h"
 
 namespace ms {
@@ -60,8 +61,7 @@ ForwardResult Session::forward(const int* ids, int T, Sampler& sampler, const st
   opt.routes = stats_ != nullptr;
   opt.logits = logits;
   const int vocab = engine_.model().config().vocab;
-  if (logits)
-    opt.sample = [&](const float* l, bool on_device) { return sampler.sample_at(l, vocab, seen, on_device); };
+  if (logits) opt.pick = [&] { return sampler.next(seen, vocab); };
   ForwardResult fr = engine_.model().forward(ids, T, state_, opt);
   record_stats(fr);
   return fr;
@@ -158,23 +158,16 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
     if (!interrupted) interrupted = interruption(req);
     return !interrupted && int(res.tokens.size()) < req.max_tokens;
   };
-  const Model& model = engine_.model();
   if (req.max_tokens > 0 && accept(fr.token)) {
-    if (sampler.greedy() && model.decodes_ahead()) {
-      const size_t first = res.tokens.size() - 1;
-      const int steps = model.decode_ahead(state_, res.tokens.back(), req.max_tokens - int(res.tokens.size()),
-                                           stats_ != nullptr, [&](const ForwardResult& step) {
-                                             record_stats(step);
-                                             return accept(step.token);
-                                           });
-      processed_.insert(processed_.end(), res.tokens.begin() + first, res.tokens.begin() + first + steps);
-    } else {
-      do {
-        const int next = res.tokens.back();
-        fr = forward(&next, 1, sampler, seen, true);
-        processed_.push_back(next);
-      } while (accept(fr.token));
-    }
+    const size_t first = res.tokens.size() - 1;
+    const int steps = Decoder(engine_.model(), stats_ != nullptr)
+                          .run(state_, res.tokens.back(), req.max_tokens - int(res.tokens.size()), sampler, seen,
+                               [&](const ForwardResult& step) {
+                                 record_stats(step);
+                                 return accept(step.token);
+                               });
+    processed_.insert(processed_.end(), res.tokens.begin() + std::ptrdiff_t(first),
+                      res.tokens.begin() + std::ptrdiff_t(first) + steps);
   }
   if (interrupted) res.finish_reason = interrupted;
   // A cut-off answer keeps what it has, held-back text included; a cancelled one has no reader.

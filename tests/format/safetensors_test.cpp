@@ -12,6 +12,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "backends/load.h"
 #include "model/model.h"
 #include "test_support.h"
 #include "util/error.h"
@@ -346,7 +347,7 @@ TEST(Safetensors, ShardedCheckpointGivesBitIdenticalLogits) {
   EXPECT_EQ(sharded.names(), whole.names());
   EXPECT_EQ(fs::path(sharded.get(whole.names()[0]).file).parent_path(), fs::path(dir));
 
-  auto a = Model::load(src), b = Model::load(dir);
+  auto a = load_model(src), b = load_model(dir);
   const std::vector<int> ids = {1, 17, 300, 5, 999, 42, 7};
   State sa = a->new_state(), sb = b->new_state();
   ForwardResult ra = a->forward(ids.data(), int(ids.size()), sa, {.all_logits = true});

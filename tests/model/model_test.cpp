@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "backends/load.h"
 #include "model/model.h"
 #include "test_support.h"
 
@@ -26,7 +27,7 @@ std::vector<int> random_ids(int n, int vocab, unsigned seed) {
 ForwardResult run_prompt(const std::string& dir, int chunk, const std::vector<int>& ids) {
   ModelOptions opt;
   opt.prefill_chunk = chunk;
-  auto model = Model::load(dir, opt);
+  auto model = load_model(dir, opt);
   State state = model->new_state();
   ForwardResult r = model->forward(ids.data(), int(ids.size()), state,
                                    {.all_logits = true, .hidden = true, .routes = true});
@@ -73,7 +74,7 @@ TEST(PrefillChunks, MtpHeadChunksBitIdentically) {
   for (int i = 0; i < 2; ++i) {
     ModelOptions opt;
     opt.prefill_chunk = i ? 128 : kWhole;
-    auto model = Model::load(dir, opt);
+    auto model = load_model(dir, opt);
     ASSERT_TRUE(model->has_mtp());
     State state = model->new_state();
     const ForwardResult r = model->forward(ids.data(), int(ids.size()), state, {.hidden = true});
@@ -86,7 +87,7 @@ TEST(PrefillChunks, MtpHeadChunksBitIdentically) {
 TEST(PrefillChunks, NextChunkNeverLeavesALoneToken) {
   ModelOptions opt;
   opt.prefill_chunk = 128;
-  auto model = Model::load(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", opt);
+  auto model = load_model(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", opt);
   EXPECT_EQ(model->next_chunk(100), 100);
   EXPECT_EQ(model->next_chunk(128), 128);
   EXPECT_EQ(model->next_chunk(129), 64);  // then 65: as a whole prefill splits the last 129
@@ -102,7 +103,7 @@ TEST(PrefillChunks, ChunkThatSplitsDeltaNetsChunksIsRefused) {
   for (int chunk : {0, 64, 100, -128}) {
     ModelOptions opt;
     opt.prefill_chunk = chunk;
-    test::expect_error([&] { Model::load(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", opt); },
+    test::expect_error([&] { load_model(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", opt); },
                        {"prefill chunk", std::to_string(chunk)});
   }
 }
@@ -112,15 +113,15 @@ TEST(PrefillChunks, PlanCountsTheChunksActivations) {
   small.memory_budget = large.memory_budget = uint64_t(200) << 20;
   small.prefill_chunk = 128;
   large.prefill_chunk = 1024;
-  const auto a = Model::load(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", small);
-  const auto b = Model::load(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", large);
+  const auto a = load_model(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", small);
+  const auto b = load_model(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", large);
   EXPECT_GT(b->memory_plan().activations, 6 * a->memory_plan().activations);
   EXPECT_EQ(a->memory_plan().total() <= small.memory_budget, true);
   EXPECT_GE(a->memory_plan().slots, b->memory_plan().slots);
   // A context shorter than a chunk holds no longer prompt: its activations are the context's.
   ModelOptions short_context = large;
   short_context.context = 256;
-  const auto c = Model::load(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", short_context);
+  const auto c = load_model(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", short_context);
   EXPECT_LT(c->memory_plan().activations, b->memory_plan().activations / 3);
 }
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <set>
 
+#include "backends/load.h"
 #include "model/model.h"
 #include "runtime/generate.h"
 #include "test_support.h"
@@ -24,7 +25,7 @@ class Pycoder : public ::testing::Test {
   static void SetUpTestSuite() {
     std::string dir = test::shared_path("models/pycoder-moe");
     if (dir.empty()) return;
-    model_ = Model::load(dir).release();
+    model_ = load_model(dir).release();
     ref_ = new TensorStore(TensorStore::open(dir + "/reference.safetensors"));
     routes_ = new TensorStore(TensorStore::open(dir + "/routes.safetensors"));
   }

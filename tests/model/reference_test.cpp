@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cmath>
 
+#include "backends/load.h"
 #include "model/model.h"
 #include "runtime/generate.h"
 #include "test_support.h"
@@ -23,7 +24,7 @@ class FixtureReference : public ::testing::TestWithParam<Case> {};
 TEST_P(FixtureReference, LogitsRoutesAndGreedyMatchTransformers) {
   const Case c = GetParam();
   MS_REQUIRE_SHARED(std::string("fixtures/") + c.fixture, dir);
-  auto model = Model::load(dir);
+  auto model = load_model(dir);
   TensorStore ref = TensorStore::open(dir + "/reference.safetensors");
   const std::string p = c.prompt;
   std::vector<int> ids = ints(ref.get(p + ".input_ids"));

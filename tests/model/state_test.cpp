@@ -3,6 +3,7 @@
 
 #include <set>
 
+#include "backends/load.h"
 #include "model/model.h"
 #include "runtime/generate.h"
 #include "util/error.h"
@@ -12,7 +13,7 @@ namespace ms {
 namespace {
 
 void check_restore_equals_never_advanced(const std::string& dir) {
-  auto model = Model::load(dir);
+  auto model = load_model(dir);
   const std::vector<int> prompt{5, 17, 3, 99, 42, 7, 8};
   const std::vector<int> draft{11, 12, 13};   // tokens that will be "rejected"
   const std::vector<int> actual{21, 22, 23, 24};
@@ -51,7 +52,7 @@ TEST(State, RestoreThenContinueEqualsNeverAdvancedQwen3Moe) {
 
 TEST(State, RestoreAheadOfPositionIsRefused) {
   MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", dir);
-  auto model = Model::load(dir);
+  auto model = load_model(dir);
   State s = model->new_state();
   const int ids[] = {1, 2, 3};
   model->forward(ids, 3, s);
@@ -76,7 +77,7 @@ TEST(State, KvCachesStayWithinThePlannedContext) {
   ModelOptions opt;
   opt.device = Device::Cpu;
   opt.context = 40;
-  auto model = Model::load(dir, opt);
+  auto model = load_model(dir, opt);
   const ModelConfig& cfg = model->config();
   State s = model->new_state();
   ASSERT_EQ(s.planned_positions(), 40);

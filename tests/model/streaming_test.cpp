@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "streaming_support.h"
+#include "backends/load.h"
 #include "model/model.h"
 #include "runtime/convert.h"
 #include "runtime/generate.h"
@@ -24,7 +25,7 @@ namespace fs = std::filesystem;
 using test::RunResult;
 
 RunResult run_model(const std::string& dir, const ModelOptions& opt, const std::vector<int>& prompt, int n_new) {
-  return test::run_prompt(*Model::load(dir, opt), prompt, n_new);
+  return test::run_prompt(*load_model(dir, opt), prompt, n_new);
 }
 
 std::vector<int> sizes_to_check(int top_k, int n_experts) {
@@ -82,7 +83,7 @@ TEST(Streaming, PinnedExpertsKeepTheAnswerAndLeaveRoomForOneToken) {
   EXPECT_EQ(std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * sizeof(float)), 0);
   EXPECT_EQ(got.tokens, want.tokens);
   opt.experts.pins[0] = {1, 2, 3, 4};  // 11 - 4 < top-8
-  test::expect_error([&] { Model::load(dir, opt); }, {"pinning 4 experts", "model.layers.0.mlp"});
+  test::expect_error([&] { load_model(dir, opt); }, {"pinning 4 experts", "model.layers.0.mlp"});
 }
 
 TEST(Streaming, PoolBelowOneTokensExpertsIsRefused) {
@@ -90,7 +91,7 @@ TEST(Streaming, PoolBelowOneTokensExpertsIsRefused) {
   ModelOptions opt;
   opt.experts.slots = 7;
   try {
-    Model::load(dir, opt);
+    load_model(dir, opt);
     FAIL() << "7 slots < top-8 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cannot hold one token's 8 routed experts"), std::string::npos) << e.what();
@@ -103,15 +104,15 @@ TEST(Streaming, MemoryBudgetOfACheckpointCountsItsWeights) {
   MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", src);
   ModelOptions opt;
   opt.memory_budget = 1ull << 30;
-  const MemoryPlan p = Model::load(src, opt)->memory_plan();
+  const MemoryPlan p = load_model(src, opt)->memory_plan();
   EXPECT_GT(p.dense, 4ull << 20);  // the checkpoint's tensors
   EXPECT_GT(p.kv, 0u);
   EXPECT_EQ(p.slots, 0);
   opt.memory_budget = p.fixed() - 1;
-  test::expect_error([&] { Model::load(src, opt); },
+  test::expect_error([&] { load_model(src, opt); },
                      {"qwen3-next-tiny", "memory budget", "below the floor", "dense weights", "moestream convert"});
   opt.memory_budget = p.fixed();
-  EXPECT_EQ(Model::load(src, opt)->memory_plan().total(), p.fixed());
+  EXPECT_EQ(load_model(src, opt)->memory_plan().total(), p.fixed());
 }
 
 // A copy of the embedded model whose blob of layer 2 can be damaged.
@@ -144,7 +145,7 @@ TEST(Streaming, CorruptRecordIsNamedWithVerify) {
   std::vector<int> prompt;
   const std::string err = test::first_forward_error(
       [&]() -> Model& {
-        model = Model::load(dir, opt);
+        model = load_model(dir, opt);
         return *model;
       },
       &prompt);

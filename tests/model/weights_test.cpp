@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/engine_dir.h"
+#include "backends/load.h"
 #include "model/model.h"
 #include "runtime/synth.h"
 #include "synth_support.h"
@@ -39,17 +40,17 @@ TEST(Weights, NumHiddenLayersMustMatchTheCheckpoint) {
   MS_REQUIRE_SHARED("fixtures/qwen3-moe-tiny", src);
   const int n = read_json(src + "/config.json")["num_hidden_layers"];
   ASSERT_GE(n, 2);
-  EXPECT_NO_THROW(Model::load(checkpoint_with_layers(src, n)));
+  EXPECT_NO_THROW(load_model(checkpoint_with_layers(src, n)));
   // Smaller: the model would run truncated, silently. Every smaller count is refused.
   for (int layers : {n - 1, 1}) {
     SCOPED_TRACE(layers);
     const std::string dir = checkpoint_with_layers(src, layers);
-    expect_error([&] { Model::load(dir); },
+    expect_error([&] { load_model(dir); },
                  {"model.safetensors", "'model.layers." + std::to_string(layers) + ".", "num_hidden_layers is " + std::to_string(layers)});
   }
   // Larger: the first layer the checkpoint lacks is named.
   const std::string dir = checkpoint_with_layers(src, n + 1);
-  expect_error([&] { Model::load(dir); }, {"missing tensor", "'model.layers." + std::to_string(n) + "."});
+  expect_error([&] { load_model(dir); }, {"missing tensor", "'model.layers." + std::to_string(n) + "."});
 }
 
 // The engine directory's config.json and index edited together to 3 of its 4 layers.
@@ -66,18 +67,18 @@ void claim_three_layers(const std::string& dir, bool drop_index_layer) {
 
 TEST(Weights, NumHiddenLayersMustMatchTheEngineDirectory) {
   const std::string dir = synth_tiny("engine-layers", 11);
-  EXPECT_NO_THROW(Model::load(dir));
+  EXPECT_NO_THROW(load_model(dir));
   claim_three_layers(dir, false);
-  expect_error([&] { Model::load(dir); }, {"moestream.json", "model.layers.3.mlp", "num_hidden_layers 3"});
+  expect_error([&] { load_model(dir); }, {"moestream.json", "model.layers.3.mlp", "num_hidden_layers 3"});
   claim_three_layers(dir, true);  // the index forged too: dense.safetensors still has layer 3
-  expect_error([&] { Model::load(dir); }, {"dense.safetensors", "'model.layers.3.", "num_hidden_layers is 3"});
+  expect_error([&] { load_model(dir); }, {"dense.safetensors", "'model.layers.3.", "num_hidden_layers is 3"});
 }
 
 TEST(Weights, VerifyCatchesCorruptDenseWeightsNamingTheTensor) {
   const std::string dir = synth_tiny("dense-verify", 11);
   ModelOptions verify;
   verify.experts.verify = true;
-  EXPECT_NO_THROW(Model::load(dir, verify));
+  EXPECT_NO_THROW(load_model(dir, verify));
   const std::string dense = dir + "/" + kEngineDenseFile;
   std::string name;
   size_t at = 0;
@@ -95,8 +96,8 @@ TEST(Weights, VerifyCatchesCorruptDenseWeightsNamingTheTensor) {
     f.put(char(c ^ 0x40));
   }
   // Without --verify the flipped weight loads (and would compute with it); with it, it is named.
-  EXPECT_NO_THROW(Model::load(dir));
-  expect_error([&] { Model::load(dir, verify); }, {"dense.safetensors", "'" + name + "'", "checksum"});
+  EXPECT_NO_THROW(load_model(dir));
+  expect_error([&] { load_model(dir, verify); }, {"dense.safetensors", "'" + name + "'", "checksum"});
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "format/engine_dir.h"
 #include "format/safetensors.h"
+#include "backends/load.h"
 #include "model/model.h"
 #include "test_support.h"
 #include "util/half.h"
@@ -112,7 +113,7 @@ TEST(ConvertMemory, CheckpointLargerThanCgroupLimitConverts) {
   ASSERT_EQ(run.rc, 0) << run.err;
   EXPECT_LE(peak, kLimit);
 
-  auto model = Model::load(out);
+  auto model = load_model(out);
   ExpertBlobs blobs(out, read_engine_index(out, model->config()));
   for (auto& l : blobs.index().layers)
     for (int e = 0; e < l.n_experts; ++e) blobs.verify(l, e);

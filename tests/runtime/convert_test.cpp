@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/engine_dir.h"
+#include "backends/load.h"
 #include "model/model.h"
 #include "test_support.h"
 #include "util/error.h"
@@ -65,8 +66,8 @@ class FixtureAt16Bits : public ::testing::TestWithParam<const char*> {};
 TEST_P(FixtureAt16Bits, LogitsBitIdenticalToCheckpoint) {
   MS_REQUIRE_SHARED(std::string("fixtures/") + GetParam(), dir);
   const std::string out = convert(dir, {.expert_bits = 16}, "fixture16");
-  auto hf = Model::load(dir);
-  auto eng = Model::load(out);
+  auto hf = load_model(dir);
+  auto eng = load_model(out);
   ASSERT_TRUE(is_engine_dir(out));
   EXPECT_EQ(eng->has_mtp(), hf->has_mtp());
   TensorStore ref = TensorStore::open(dir + "/reference.safetensors");
@@ -184,7 +185,7 @@ TEST(Convert, MixedBitsRecordedPerLayerAndProjection) {
   const std::string out = convert(
       dir, {.expert_bits = 4, .expert_group = 32, .proj_bits = {{"gate", 2}, {"down", 3}}, .layer_bits = {{"1", 8}, {"mtp", 16}}},
       "mixed");
-  auto model = Model::load(out);
+  auto model = load_model(out);
   const EngineIndex index = read_engine_index(out, model->config());
   ASSERT_EQ(index.layers.size(), 9u);
   EXPECT_EQ(index.layers[0].proj[0].bits, 2);
@@ -226,7 +227,7 @@ TEST(Convert, DenseQuantizationRules) {
   // The model runs on it. (No closeness check here: this random-weight fixture is chaotic,
   // 0.1 % noise on its embedding alone moves the logits' cosine to 0.995; pycoder-moe's
   // quality test below measures quantized dense weights.)
-  auto q = Model::load(out);
+  auto q = load_model(out);
   EXPECT_TRUE(q->has_mtp());
   std::vector<int> ids{1, 17, 300, 42, 5, 900, 64};
   State s = q->new_state();
@@ -252,7 +253,7 @@ TEST(Convert, WritesVersion2WithRecordHeadersAndDenseChecksums) {
   EXPECT_EQ(index.dense_checksums.tensors.size(), dense.tensors().size());
   ModelOptions verify;
   verify.experts.verify = true;
-  EXPECT_NO_THROW(Model::load(out, verify));
+  EXPECT_NO_THROW(load_model(out, verify));
   // The same conversion as version 1 differs only by the headers: same dense file, and each
   // record's bytes after its header are the version-1 record.
   const std::string v1 = convert(dir, {.expert_bits = 4, .dense_bits = 8, .format_version = 1}, "v1");
@@ -284,7 +285,7 @@ TEST(Convert, LoaderRejectsDamagedDirectory) {
     EXPECT_NE(err.find("checksum"), std::string::npos) << err;
   }
   fs::resize_file(blob, fs::file_size(blob) - 4096);
-  std::string err = error_of([&] { Model::load(out); });
+  std::string err = error_of([&] { load_model(out); });
   EXPECT_NE(err.find("layer_002.bin"), std::string::npos) << err;
   EXPECT_NE(err.find("model.layers.2.mlp"), std::string::npos) << err;
 
@@ -292,7 +293,7 @@ TEST(Convert, LoaderRejectsDamagedDirectory) {
   nlohmann::json j = nlohmann::json::parse(std::ifstream(out2 + "/moestream.json"));
   j["expert_layers"][1]["projections"]["up"]["scales_offset"] = 0;
   std::ofstream(out2 + "/moestream.json") << j.dump();
-  err = error_of([&] { Model::load(out2); });
+  err = error_of([&] { load_model(out2); });
   EXPECT_NE(err.find("model.layers.1.mlp"), std::string::npos) << err;
   EXPECT_NE(err.find("scales_offset"), std::string::npos) << err;
 }
@@ -382,7 +383,7 @@ Quality compare(const std::vector<std::vector<float>>& ref, const std::vector<st
 TEST(PycoderQuality, QuantizedExpertsAgainstBf16) {
   MS_REQUIRE_SHARED("models/pycoder-moe", dir);
   TensorStore routes = TensorStore::open(dir + "/routes.safetensors");
-  auto bf16 = Model::load(dir);
+  auto bf16 = load_model(dir);
   const int V = bf16->config().vocab;
   const auto ref = doc_logits(*bf16, routes);
   bf16.reset();
@@ -394,7 +395,7 @@ TEST(PycoderQuality, QuantizedExpertsAgainstBf16) {
                 Row{4, 64, 4}}) {
     const std::string out =
         convert(dir, {.expert_bits = r.bits, .expert_group = r.group, .dense_bits = r.dense}, "pycoder-q");
-    auto m = Model::load(out);
+    auto m = load_model(out);
     const auto got = doc_logits(*m, routes);
     if (r.bits == 16) {
       EXPECT_EQ(got, ref) << "16-bit experts must reproduce the checkpoint's logits";

@@ -12,6 +12,7 @@
 
 #include "format/config.h"
 #include "format/engine_dir.h"
+#include "backends/load.h"
 #include "model/model.h"
 #include "runtime/synth.h"
 #include "synth_support.h"
@@ -44,7 +45,7 @@ TEST(Synth, TinyModelLoadsWithItsShapeAndFiniteLogits) {
   const std::string dir = synth_tiny("synth-tiny");
   ASSERT_TRUE(is_engine_dir(dir));
   const SynthShape s = synth_shape("tiny");
-  auto model = Model::load(dir);
+  auto model = load_model(dir);
   const ModelConfig& c = model->config();
   EXPECT_EQ(c.arch, Arch::Qwen3Next);
   EXPECT_EQ(c.hidden, s.hidden);
@@ -73,10 +74,10 @@ TEST(Synth, TinyModelLoadsWithItsShapeAndFiniteLogits) {
 TEST(Synth, StreamingThroughFewSlotsIsBitIdenticalToAllExperts) {
   const std::string dir = synth_tiny("synth-stream");
   const std::vector<int> ids{3, 17, 5, 200, 9, 42, 1, 300, 77, 8};
-  auto all = Model::load(dir);
+  auto all = load_model(dir);
   ModelOptions few;
   few.experts.slots = synth_shape("tiny").top_k;  // a batch routes more than this: waves
-  auto streamed = Model::load(dir, few);
+  auto streamed = load_model(dir, few);
   const std::vector<float> a = run_logits(*all, ids, 6), b = run_logits(*streamed, ids, 6);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device.h"
+#include "kernels/sampling.h"
 #include "kernels/weights.h"
 
 namespace ms::cuda {
@@ -158,14 +159,8 @@ void embed_row(const Mat& table, const int* id, float* out);
 void finish_decode_step(const int* token, int* position, int* ring, int ring_size, const int* routes = nullptr,
                         int n_routes = 0, int* route_ring = nullptr);
 
-// Sampling (runtime/sampler.cpp's Sampler::sample) on logits in device memory, so that a decode
-// step brings back only the token. SampleArgs are SamplingParams less the seed: the caller owns
-// the RNG and passes its draw r, uniform in [0, 1) (unused when temperature is 0).
-struct SampleArgs {
-  float temperature;
-  int top_k;
-  float top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
-};
+// Sampling (cpu::sample, kernels/cpu/sample.h) on logits in device memory, so that a decode
+// step brings back only the token; args and the draw r as PickInputs (kernels/sampling.h) holds them.
 
 // sample()'s device scratch: sized on the first call, re-sized when the vocabulary changes.
 struct SamplerWorkspace {
@@ -174,7 +169,7 @@ struct SamplerWorkspace {
   DeviceBuffer staging;  // free for the caller to stage sample()'s penalty arrays in
 };
 
-// The token Sampler::sample picks from logits [vocab] (not modified) with penalties on the
+// The token cpu::sample picks from logits [vocab] (not modified) with penalties on the
 // distinct seen tokens penalty_tokens[n_penalty] (in 0..vocab-1), seen penalty_counts[] times
 // each (device arrays). Penalties, the candidates' order, top-k and min-p are exact; the softmax
 // (CUDA's exp) and the sums of top-p and of the draw (sequential per thread, a tree across
@@ -182,6 +177,9 @@ struct SamplerWorkspace {
 // the draw lands within that of a boundary. Waits for the result.
 int sample(const float* logits, int vocab, const int* penalty_tokens, const int* penalty_counts, int n_penalty,
            const SampleArgs& args, double r, SamplerWorkspace& ws);
+// sample() of a pick's inputs (kernels/sampling.h): its seen tokens and counts staged through
+// ws.staging.
+int pick(const float* logits, int vocab, const PickInputs& in, SamplerWorkspace& ws);
 // Sizes ws for a vocabulary (sample() does so itself; greedy_token needs it done first, outside
 // any capture: it queues copies and a kernel of its own).
 void fit_workspace(SamplerWorkspace& ws, int vocab);

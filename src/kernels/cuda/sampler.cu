@@ -9,6 +9,7 @@
 #include <climits>
 #include <cub/cub.cuh>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/launch.cuh"
@@ -245,6 +246,17 @@ void greedy_token(const float* logits, int vocab, SamplerWorkspace& ws, int* tok
     arg_fail("cuda::greedy_token: vocab " + std::to_string(vocab) + " and a workspace fitted to " +
              std::to_string(ws.vocab) + " (fit_workspace)");
   launch_argmax(logits, vocab, ws, token);
+}
+
+int pick(const float* logits, int vocab, const PickInputs& in, SamplerWorkspace& ws) {
+  std::vector<int> staged = in.tokens;  // the distinct seen tokens, then their counts
+  staged.insert(staged.end(), in.counts.begin(), in.counts.end());
+  const size_t bytes = staged.size() * sizeof(int);
+  if (ws.staging.size() < bytes) ws.staging = DeviceBuffer(bytes);
+  if (bytes) ws.staging.upload(staged.data(), bytes);
+  const int* tokens = ws.staging.as<int>();
+  const int n = int(in.tokens.size());
+  return sample(logits, vocab, tokens, tokens + n, n, in.args, in.r, ws);
 }
 
 int sample(const float* logits, int vocab, const int* penalty_tokens, const int* penalty_counts, int n_penalty,

@@ -1,4 +1,4 @@
-// cuda::sample, through Sampler::sample_on_device, against Sampler::sample (runtime/sampler.cpp):
+// cuda::sample, through cuda::pick of Sampler::next, against Sampler::sample (cpu::sample):
 // the same tokens for the same logits, seen tokens and seed, draw after draw.
 #include <gtest/gtest.h>
 
@@ -92,7 +92,7 @@ void compare(const SamplingParams& p, const Kind& kind, int vocab, int steps, un
     const Vec logits = kind.gen(rng, vocab);
     DeviceBuffer d = dev(logits);
     const int want = cpu.sample(logits.data(), vocab, seen);
-    const int got = gpu.sample_on_device(d.as<float>(), vocab, seen, ws);
+    const int got = pick(d.as<float>(), vocab, gpu.next(seen, vocab), ws);
     ++tally.draws;
     if (got != want && ++tally.mismatches <= 10)
       ADD_FAILURE() << kind.name << " vocab " << vocab << " step " << s << " " << describe(p) << ": GPU token " << got
@@ -102,7 +102,7 @@ void compare(const SamplingParams& p, const Kind& kind, int vocab, int steps, un
 }
 
 TEST(CudaSampler, HostDrawIsTheCpuDrawOverTotal) {
-  // No GPU needed: the identity sample_on_device relies on for the same u as Sampler::sample.
+  // No GPU needed: the identity Sampler::next relies on for the same u as Sampler::sample.
   std::mt19937_64 a(11), b(11);
   Rng rng(5);
   for (int i = 0; i < 10000; ++i) {
@@ -153,7 +153,7 @@ TEST(CudaSampler, TiesGoToTheLowestIndex) {
   for (SamplingParams p : {SamplingParams{}, SamplingParams{.temperature = 1.0f, .top_k = 1},
                            SamplingParams{.temperature = 1.0f, .top_p = 1e-6f}}) {
     Sampler s(p);
-    EXPECT_EQ(s.sample_on_device(d.as<float>(), 5000, {}, ws), 0) << describe(p);
+    EXPECT_EQ(pick(d.as<float>(), 5000, s.next({}, 5000), ws), 0) << describe(p);
   }
 }
 
@@ -169,7 +169,7 @@ TEST(CudaSampler, GreedyFindsTheFirstMaximumAcrossBlocks) {
     Vec v = rng.normals(size_t(kVocab));
     v[size_t(first)] = v[size_t(second)] = 50.0f;
     DeviceBuffer d = dev(v);
-    EXPECT_EQ(s.sample_on_device(d.as<float>(), kVocab, {}, ws), std::min(first, second)) << first << ", " << second;
+    EXPECT_EQ(pick(d.as<float>(), kVocab, s.next({}, kVocab), ws), std::min(first, second)) << first << ", " << second;
   }
 }
 
@@ -191,9 +191,9 @@ TEST(CudaSampler, TimeAtQwenVocabulary) {
   for (SamplingParams p : {SamplingParams{}, SamplingParams{.temperature = 0.7f, .top_p = 0.9f},
                            SamplingParams{.temperature = 0.7f, .top_k = 40, .top_p = 0.9f, .repetition_penalty = 1.1f}}) {
     Sampler s(p);
-    s.sample_on_device(d.as<float>(), kVocab, seen, ws);  // sizes the workspace
+    pick(d.as<float>(), kVocab, s.next(seen, kVocab), ws);  // sizes the workspace
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kCalls; ++i) s.sample_on_device(d.as<float>(), kVocab, seen, ws);
+    for (int i = 0; i < kCalls; ++i) pick(d.as<float>(), kVocab, s.next(seen, kVocab), ws);
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kCalls;
     std::printf("[cuda-sampler] vocab %d %-70s %.1f us per call\n", kVocab, describe(p).c_str(), us);
   }

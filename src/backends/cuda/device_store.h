@@ -3,8 +3,7 @@
 // start, one buffer per layer), fed from the host tier below it. The host tier is an ExpertStore:
 // with --host-cache a cache in host RAM with its own policy, without it staging slots that keep
 // nothing. Either way its slots are registered with the driver, reads land there by io_uring +
-// O_DIRECT and go on to VRAM with cudaMemcpyAsync on a copy stream. Built with MOESTREAM_CUDA.
-#if MOESTREAM_CUDA
+// O_DIRECT and go on to VRAM with cudaMemcpyAsync on a copy stream.
 #include <memory>
 #include <vector>
 
@@ -55,4 +54,3 @@ class DeviceExpertStore {
 };
 
 }  // namespace ms
-#endif

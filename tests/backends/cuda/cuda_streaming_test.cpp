@@ -1,18 +1,19 @@
-// The VRAM expert pool (experts/device_store.h) under the GPU forward: DESIGN.md invariant 1 on
+// The VRAM expert pool (backends/cuda/device_store.h) under the GPU forward: DESIGN.md invariant 1 on
 // the GPU. A run whose pools hold a few experts per layer, fed from SSD through the host tier
 // (staging or a cache) and the copy stream, is bit-identical to the run with every expert in
 // VRAM; the tiers count what they did; budgets below the floor are refused by name. Built with
-// MOESTREAM_CUDA; skipped where no GPU is present.
-#if MOESTREAM_CUDA
+// the CUDA backend; skipped where no GPU is present.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
-#include "experts/device_store.h"
-#include "streaming_support.h"
+#include "backends/cuda/cuda_executor.h"
+#include "backends/cuda/device_store.h"
+#include "model/streaming_support.h"
 #include "kernels/cuda/device.h"
+#include "backends/load.h"
 #include "model/model.h"
 #include "runtime/convert.h"
 #include "runtime/generate.h"
@@ -38,9 +39,9 @@ ModelOptions on_gpu(int vram_slots = 0, uint64_t host_cache = 0) {
 }
 
 RunResult run_model(const std::string& dir, const ModelOptions& opt, const std::vector<int>& prompt, int n_new) {
-  auto model = Model::load(dir, opt);
+  auto model = load_model(dir, opt);
   RunResult r{test::run_prompt(*model, prompt, n_new)};
-  r.vram = model->device_experts()->stats();
+  r.vram = vram_pool(*model)->stats();
   r.host = model->experts()->stats();
   return r;
 }
@@ -125,7 +126,7 @@ TEST(CudaStreaming, SwappedLayerBlobsAreNamedBeforeReachingVram) {
       SCOPED_TRACE(::testing::Message() << "host_cache " << host_cache << " verify " << verify);
       ModelOptions opt = on_gpu(6, host_cache);
       opt.experts.verify = verify;
-      auto model = Model::load(dir, opt);
+      auto model = load_model(dir, opt);
       const std::vector<int> prompt = prompt_of(32, 1024);
       State state = model->new_state();
       std::string error;
@@ -151,13 +152,13 @@ TEST(CudaStreaming, VramBudgetSizesThePoolsAndRefusesBelowTheFloor) {
   const std::string dir = std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4";
   ModelOptions opt = on_gpu();
   opt.vram_budget = 1ull << 20;
-  test::expect_error([&] { Model::load(dir, opt); }, {"VRAM budget", "below the floor", "expert slots per layer"});
+  test::expect_error([&] { load_model(dir, opt); }, {"VRAM budget", "below the floor", "expert slots per layer"});
   opt.vram_budget = 256ull << 20;
-  auto model = Model::load(dir, opt);
+  auto model = load_model(dir, opt);
   const MemoryPlan& p = model->memory_plan();
   EXPECT_GE(p.slots, model->config().top_k);
   EXPECT_LE(p.total(), opt.vram_budget);
-  for (const LayerStats& l : model->device_experts()->stats()) EXPECT_EQ(l.capacity, p.slots) << l.name;
+  for (const LayerStats& l : vram_pool(*model)->stats()) EXPECT_EQ(l.capacity, p.slots) << l.name;
 }
 
 // A checkpoint directory has no expert store: its experts are dense weights in VRAM, and the
@@ -168,22 +169,22 @@ TEST(CudaStreaming, VramBudgetOfACheckpointCountsItsWeights) {
   MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", src);
   ModelOptions opt = on_gpu();
   opt.vram_budget = 1ull << 30;
-  const MemoryPlan p = Model::load(src, opt)->memory_plan();
+  const MemoryPlan p = load_model(src, opt)->memory_plan();
   EXPECT_GT(p.dense, 4ull << 20);  // the checkpoint's weights as copied to the GPU
   EXPECT_GT(p.kv, 0u);
   EXPECT_EQ(p.slots, 0);
   EXPECT_EQ(p.pool, 0u);
   opt.vram_budget = p.fixed() - 1;
-  test::expect_error([&] { Model::load(src, opt); }, {"VRAM budget", "below the floor", "dense weights", "moestream convert"});
+  test::expect_error([&] { load_model(src, opt); }, {"VRAM budget", "below the floor", "dense weights", "moestream convert"});
   opt.vram_budget = p.fixed();
-  EXPECT_EQ(Model::load(src, opt)->memory_plan().total(), p.fixed());
+  EXPECT_EQ(load_model(src, opt)->memory_plan().total(), p.fixed());
 }
 
 TEST(CudaStreaming, HostCacheBelowOneTokenIsRefused) {
   MS_REQUIRE_GPU();
   const std::string dir = std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4";
-  test::expect_error([&] { Model::load(dir, on_gpu(8, 4096)); }, {"--host-cache", "one token's 8 experts"});
-  test::expect_error([&] { Model::load(dir, on_gpu(7)); }, {"7 VRAM expert slots", "one token's 8 routed experts"});
+  test::expect_error([&] { load_model(dir, on_gpu(8, 4096)); }, {"--host-cache", "one token's 8 experts"});
+  test::expect_error([&] { load_model(dir, on_gpu(7)); }, {"7 VRAM expert slots", "one token's 8 routed experts"});
 }
 
 // A corrupt record found by --verify on its way to VRAM is named and never published: once the
@@ -209,7 +210,7 @@ TEST(CudaStreaming, CorruptRecordIsNamedAndNeverPublished) {
   ModelOptions opt = on_gpu(8);
   opt.experts.verify = true;
   opt.experts.direct_io = false;  // the mended bytes must be what the next read sees
-  auto model = Model::load(dir, opt);
+  auto model = load_model(dir, opt);
   std::vector<int> failing;
   const std::string error = test::first_forward_error([&]() -> Model& { return *model; }, &failing);
   ASSERT_FALSE(error.empty()) << "expert 5 of layer 2 was never routed";
@@ -218,10 +219,9 @@ TEST(CudaStreaming, CorruptRecordIsNamedAndNeverPublished) {
   write_at(original);
   State s = model->new_state(), f = model->new_state();
   const std::vector<float> got = model->forward(failing.data(), int(failing.size()), s).logits;
-  const std::vector<float> want = Model::load(dir, on_gpu())->forward(failing.data(), int(failing.size()), f).logits;
+  const std::vector<float> want = load_model(dir, on_gpu())->forward(failing.data(), int(failing.size()), f).logits;
   EXPECT_EQ(got, want);
 }
 
 }  // namespace
 }  // namespace ms
-#endif

@@ -1,8 +1,7 @@
-// The CUDA backend's glue (model/backend_cuda.h) against the CPU backend's loops on random
+// The CUDA backend's glue (backends/cuda/cuda_backend.h) against the CPU backend's loops on random
 // inputs: the gated attention, the attention and Gated DeltaNet inputs and the expert
 // gather/scatter/sum.
-// Built with MOESTREAM_CUDA; skipped where no GPU is present.
-#if MOESTREAM_CUDA
+// Built with the CUDA backend; skipped where no GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,8 +12,8 @@
 #include <utility>
 
 #include "kernels/cuda/device.h"
-#include "model/backend_cpu.h"
-#include "model/backend_cuda.h"
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
 #include "util/half.h"
 
 namespace ms {
@@ -230,4 +229,3 @@ TEST_F(CudaBackendGlue, ExpertGatherScatterSumAndSharedGate) {
 
 }  // namespace
 }  // namespace ms
-#endif

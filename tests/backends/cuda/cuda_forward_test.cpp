@@ -1,7 +1,6 @@
 // The forward on the GPU (--device cuda) against the transformers reference of the fixtures:
 // logits of every position within 5e-3, the same routed expert sets, the same greedy tokens,
-// and the MTP head's logits. Built with MOESTREAM_CUDA; skipped where no GPU is present.
-#if MOESTREAM_CUDA
+// and the MTP head's logits. Built with the CUDA backend; skipped where no GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +10,8 @@
 #include <set>
 
 #include "kernels/cuda/device.h"
+#include "backends/cuda/cuda_executor.h"
+#include "backends/load.h"
 #include "model/model.h"
 #include "runtime/convert.h"
 #include "runtime/generate.h"
@@ -38,7 +39,7 @@ TEST_P(CudaForward, MatchesTransformersOnTheGpu) {
   if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const Case c = GetParam();
   MS_REQUIRE_SHARED(std::string("fixtures/") + c.fixture, dir);
-  auto model = Model::load(dir, on_gpu());
+  auto model = load_model(dir, on_gpu());
   ASSERT_EQ(model->device(), Device::Cuda);
   TensorStore ref = TensorStore::open(dir + "/reference.safetensors");
   const std::string p = c.prompt;
@@ -73,7 +74,7 @@ TEST_P(CudaForward, MatchesTransformersOnTheGpu) {
 TEST(CudaForward, CheckpointRestoresDeviceState) {
   if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
   MS_REQUIRE_SHARED("fixtures/qwen3-next-tiny", dir);
-  auto model = Model::load(dir, on_gpu());
+  auto model = load_model(dir, on_gpu());
   State s = model->new_state();
   const std::vector<int> prompt = {1, 17, 42, 99, 5};
   model->forward(prompt.data(), int(prompt.size()), s);
@@ -90,7 +91,7 @@ TEST(CudaForward, PycoderQ4MatchesTheCpu) {
   if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
   if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " not present";
-  auto cpu = Model::load(dir), gpu = Model::load(dir, on_gpu());
+  auto cpu = load_model(dir), gpu = load_model(dir, on_gpu());
   std::vector<int> ids;
   for (int i = 0; i < 40; ++i) ids.push_back((i * 7919 + 13) % cpu->config().vocab);
   const int T = int(ids.size());
@@ -122,12 +123,12 @@ TEST(CudaForward, PycoderQ4MatchesTheCpu) {
   EXPECT_EQ(generate_greedy(*gpu, gg, ids, gen), generate_greedy(*cpu, gc, ids, gen));
 }
 
-// Decode steps of an engine directory route on the GPU (moe_on_device) and hand the routes and
+// Decode steps of an engine directory route on the GPU (CudaBackend::moe_decode) and hand the routes and
 // router probabilities back at the end of the forward: the same sets as the CPU's, every layer.
 TEST(CudaForward, PycoderQ4DecodeRoutesMatchTheCpu) {
   if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
-  auto cpu = Model::load(dir), gpu = Model::load(dir, on_gpu());
+  auto cpu = load_model(dir), gpu = load_model(dir, on_gpu());
   const int K = cpu->config().top_k, E = cpu->config().n_experts;
   State sc = cpu->new_state(), sg = gpu->new_state();
   int mismatched = 0;
@@ -156,9 +157,9 @@ TEST(CudaForward, PycoderQ4DecodeRoutesMatchTheCpu) {
 void check_captured_steps_match_eager(const std::string& dir, int steps) {
   ModelOptions eager_opt = on_gpu();
   eager_opt.cuda_graphs = false;
-  auto graphs = Model::load(dir, on_gpu()), eager = Model::load(dir, eager_opt);
-  ASSERT_TRUE(graphs->decode_graphs()) << dir << ": every expert is resident, so decode steps should be captured";
-  ASSERT_FALSE(eager->decode_graphs());
+  auto graphs = load_model(dir, on_gpu()), eager = load_model(dir, eager_opt);
+  ASSERT_TRUE(decode_graphs(*graphs)) << dir << ": every expert is resident, so decode steps should be captured";
+  ASSERT_FALSE(decode_graphs(*eager));
   const int vocab = graphs->config().vocab;
   State sg = graphs->new_state(), se = eager->new_state();
   const std::vector<int> prompt = {1, 17, 42, 99, 5};
@@ -200,10 +201,15 @@ TEST(CudaForward, CapturedDecodeStepsMatchEagerOnes) {
   if (std::filesystem::exists(pycoder)) check_captured_steps_match_eager(pycoder, 40);
 }
 
-// Greedy decode run ahead on the GPU (Model::decode_ahead) makes the tokens of step-by-step decode
+// Greedy decode run ahead on the GPU (Model::decode with DecodeOptions::greedy) makes the tokens of step-by-step decode
 // (eager steps, the first maximum of their logits) and their routes, and leaves the state where
 // those steps leave it: over a KV cache's growth (a capture mid-run), and when on_step stops it
 // early, where the step after the refused token has run too.
+// Greedy decode steps: the pick is the first maximum, which the GPU makes itself.
+DecodeOptions greedy_steps(bool routes) {
+  return {.pick = [] { return PickInputs{}; }, .greedy = true, .routes = routes};
+}
+
 TEST(CudaForward, DecodeAheadIsStepByStepDecode) {
   if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
@@ -212,9 +218,9 @@ TEST(CudaForward, DecodeAheadIsStepByStepDecode) {
   ahead_opt.context = 24;  // the caches hold 24 positions, then grow: the prompt and 40 steps pass it
   ModelOptions eager_opt = ahead_opt;
   eager_opt.cuda_graphs = false;
-  auto ahead = Model::load(dir, ahead_opt), eager = Model::load(dir, eager_opt);
-  ASSERT_TRUE(ahead->decodes_ahead());
-  ASSERT_FALSE(eager->decodes_ahead());
+  auto ahead = load_model(dir, ahead_opt), eager = load_model(dir, eager_opt);
+  ASSERT_TRUE(decodes_ahead(*ahead));
+  ASSERT_FALSE(decodes_ahead(*eager));
   auto argmax = [](const std::vector<float>& l) { return int(std::max_element(l.begin(), l.end()) - l.begin()); };
   State sa = ahead->new_state(), se = eager->new_state();
   std::vector<int> prompt;
@@ -235,13 +241,13 @@ TEST(CudaForward, DecodeAheadIsStepByStepDecode) {
 
   std::vector<int> got;
   auto all = [&](const ForwardResult& r) { return got.push_back(r.token), true; };
-  EXPECT_EQ(ahead->decode_ahead(sa, first, 40, false, all), 40);
+  EXPECT_EQ(ahead->decode(sa, first, 40, greedy_steps(false), all), 40);
   EXPECT_EQ(got, step_by_step(first, 40));
   expect_same_state("after 40 steps");
 
   got.clear();
   auto five = [&](const ForwardResult& r) { return got.push_back(r.token), got.size() < 5; };
-  EXPECT_EQ(ahead->decode_ahead(sa, first, 40, false, five), 6);
+  EXPECT_EQ(ahead->decode(sa, first, 40, greedy_steps(false), five), 6);
   const std::vector<int> want = step_by_step(first, 6);
   EXPECT_EQ(got, std::vector<int>(want.begin(), want.begin() + 5));
   expect_same_state("after on_step stopped at the 5th token");
@@ -249,7 +255,7 @@ TEST(CudaForward, DecodeAheadIsStepByStepDecode) {
   // With routes, each step's are the eager step's.
   std::vector<ForwardResult> steps;
   auto keep = [&](const ForwardResult& r) { return steps.push_back(r), true; };
-  EXPECT_EQ(ahead->decode_ahead(sa, first, 8, true, keep), 8);
+  EXPECT_EQ(ahead->decode(sa, first, 8, greedy_steps(true), keep), 8);
   ASSERT_EQ(steps.size(), 8u);
   for (int s = 0, t = first; s < 8; ++s) {
     const ForwardResult e = eager->forward(&t, 1, se, {.routes = true});
@@ -266,4 +272,3 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaForward,
 
 }  // namespace
 }  // namespace ms
-#endif

@@ -1,41 +1,43 @@
+#pragma once
+// The MoE layer as a batch runs it on any backend: the router's probabilities to the host, top-k
+// there, the tokens grouped by expert, each routed expert run once over its tokens (streamed
+// experts in waves of at most the layer's free pool slots), the per-(token, slot) results summed
+// in top-k order, and the gated shared expert added. Backends call it from their moe() where no
+// fused path of their own applies; it is written over the primitives GroupedMoe names.
 #include <algorithm>
+#include <concepts>
+#include <cstddef>
 #include <utility>
 #include <vector>
 
+#include "format/config.h"
 #include "kernels/cpu/ops.h"
-#include "model/backend_cpu.h"
-#include "model/backend_cuda.h"
-#include "model/blocks.h"
+#include "model/weights.h"
 
 namespace ms {
 
 template <class B>
-void mlp_forward(const B& be, const MlpWeights& w, const float* x, int T, float* h, float* u, float* out) {
-  if (!be.fused_gate_up(x, T, w.gate, w.up, h)) {
-    be.matmul(x, T, w.gate, h);
-    be.matmul(x, T, w.up, u);
-    be.silu_mul(h, u, h, int64_t(T) * w.gate.rows);
-  }
-  be.matmul(h, T, w.down, out);
-}
-
-template <class B>
-void mlp_forward(const B& be, const MlpWeights& w, const float* x, int T, float* out) {
-  const size_t n = size_t(T) * size_t(w.gate.rows);
-  typename B::Buf h = be.alloc(n), u = be.alloc(n);
-  mlp_forward(be, w, x, T, h.data(), u.data(), out);
-}
-
-namespace {
+concept GroupedMoe = requires(const B& be, const Mat& m, const MlpWeights& mlp, const float* x, float* y, int n,
+                              const std::vector<std::vector<int>>& users, const std::vector<float>& weights) {
+  be.matmul(x, n, m, y);
+  be.softmax(y, n, n);
+  be.mlp(mlp, x, n, y);
+  be.expert_groups(users, weights, n);  // the users of every expert, where the backend reads them
+  be.gather_users(be.expert_groups(users, weights, n), n, x, n, y);
+  be.scatter_users(be.expert_groups(users, weights, n), n, x, n, y);
+  be.sum_slots(x, n, n, n, y);
+  be.shared_gate_add(y, x, x, m, n, n);
+  { be.experts->free_capacity(n) } -> std::convertible_to<int>;  // the streamed experts' pool
+};
 
 struct Routing {
-  std::vector<int> ids;         // [T, top_k], largest probability first
-  std::vector<float> weights;   // [T, top_k]
+  std::vector<int> ids;        // [T, top_k], largest probability first
+  std::vector<float> weights;  // [T, top_k]
 };
 
 // The router's probabilities come to the host: grouping tokens by expert needs the routed ids
 // there anyway, and top-k on the host keeps the routed sets the CPU path's.
-template <class B>
+template <GroupedMoe B>
 Routing route(const B& be, const ModelConfig& cfg, const Mat& router, const float* x, int T, float* probs_out) {
   const int E = cfg.n_experts, K = cfg.top_k;
   typename B::Buf logits = be.alloc(size_t(T) * size_t(E));
@@ -60,7 +62,7 @@ Routing route(const B& be, const ModelConfig& cfg, const Mat& router, const floa
 // Runs each routed expert once over the tokens that chose it. Per-(token, slot) results are
 // summed in top-k order afterwards, so the answer depends neither on the order experts run in
 // nor on how they are split into waves.
-template <class B>
+template <GroupedMoe B>
 void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, const Routing& r, const float* x, int T,
                     float* out) {
   const int H = cfg.hidden, K = cfg.top_k;
@@ -78,11 +80,11 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
   typename B::Buf xb = be.alloc(size_t(T) * size_t(H)), yb = be.alloc(size_t(T) * size_t(H));
   auto run = [&](int e, const MlpWeights& mlp) {
     be.gather_users(groups, e, x, H, xb.data());
-    mlp_forward(be, mlp, xb.data(), int(users[size_t(e)].size()), yb.data());
+    be.mlp(mlp, xb.data(), int(users[size_t(e)].size()), yb.data());
     be.scatter_users(groups, e, yb.data(), H, partial.data());
   };
   if (w.store_layer < 0) {
-    for (int e : order) run(e, be.mlp(w.experts[size_t(e)]));
+    for (int e : order) run(e, be.mlp_weights(w.experts[size_t(e)]));
   } else {
     auto* store = be.experts;
     const size_t cap = size_t(store->free_capacity(w.store_layer));
@@ -96,36 +98,21 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
   be.sum_slots(partial.data(), T, K, H, out);
 }
 
-}  // namespace
-
-template <class B>
-void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool moe, const float* x, int T, float* out,
-               int* routes, float* router_probs) {
-  if (!moe) {
-    mlp_forward(be, be.mlp(w.dense), x, T, out);
-    return;
-  }
-  // The shared expert's gated add included (on the GPU, for a decode token's routed experts).
-  if (be.moe_on_device(cfg, w, x, T, out, routes, router_probs)) return;
+// The whole MoE layer: shared expert, router, routed experts, the shared expert's gated add.
+template <GroupedMoe B>
+void grouped_moe(const B& be, const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out,
+                 int* routes, float* router_probs) {
   // The shared expert before the routed ones: on the GPU it runs while the host reads the
   // layer's missing experts.
   typename B::Buf shared;
   if (cfg.shared_inter > 0) {
     shared = be.alloc(size_t(T) * size_t(cfg.hidden));
-    mlp_forward(be, be.mlp(w.shared_expert), x, T, shared.data());
+    be.mlp(be.mlp_weights(w.shared_expert), x, T, shared.data());
   }
   Routing r = route(be, cfg, w.router, x, T, router_probs);
   if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
   routed_experts(be, cfg, w, r, x, T, out);
   if (cfg.shared_inter > 0) be.shared_gate_add(out, shared.data(), x, be.mat(w.shared_expert_gate), T, cfg.hidden);
 }
-
-template void ffn_block(const CpuBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*, int*,
-                        float*);
-#if MOESTREAM_CUDA
-template void ffn_block(const CudaBackend&, const ModelConfig&, const FfnWeights&, bool, const float*, int, float*, int*,
-                        float*);
-template void mlp_forward(const CudaBackend&, const MlpWeights&, const float*, int, float*, float*, float*);
-#endif
 
 }  // namespace ms

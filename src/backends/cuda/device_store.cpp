@@ -1,6 +1,5 @@
-#include "experts/device_store.h"
+#include "backends/cuda/device_store.h"
 
-#if MOESTREAM_CUDA
 #include <algorithm>
 #include <chrono>
 
@@ -118,4 +117,3 @@ size_t DeviceExpertStore::resident_bytes() const {
 }
 
 }  // namespace ms
-#endif

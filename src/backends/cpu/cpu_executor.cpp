@@ -1,0 +1,75 @@
+#include "backends/cpu/cpu_executor.h"
+
+#include <fmt/format.h>
+
+#include "backends/cpu/cpu_backend.h"
+#include "model/forward.h"
+#include "model/moe.h"
+
+namespace ms {
+
+static_assert(Backend<CpuBackend>);
+static_assert(GroupedMoe<CpuBackend>);
+
+void CpuBackend::moe(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
+                     float* router_probs) const {
+  grouped_moe(*this, cfg, w, x, T, out, routes, router_probs);
+}
+
+int CpuBackend::pick(const float* logits, int vocab, const PickInputs& in) const {
+  cpu::SampleScratch scratch;
+  return cpu::sample(logits, vocab, in, scratch);
+}
+
+namespace {
+
+class CpuExecutor final : public Executor {
+ public:
+  explicit CpuExecutor(const Model& m) : m_(m) {}
+
+  Device device() const override { return Device::Cpu; }
+
+  ForwardResult forward(const int* ids, int T, State& state, const ForwardOptions& opt) const override {
+    const CpuBackend be{state, m_.experts()};
+    return Forward(m_.config(), m_.weights(), be).run(ids, T, state.position(), opt);
+  }
+
+  // One forward a step: the CPU has nothing to overlap between steps.
+  int decode(State& state, int first, int max_steps, const DecodeOptions& opt, const OnStep& on_step) const override {
+    ForwardOptions fo{.routes = opt.routes, .pick = opt.pick};
+    int token = first, steps = 0;
+    while (steps < max_steps) {
+      ForwardResult r = forward(&token, 1, state, fo);
+      state.advance(1);
+      ++steps;
+      if (!on_step(r)) break;
+      token = r.token;
+    }
+    return steps;
+  }
+
+  std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state) const override {
+    const CpuBackend be{state, m_.experts()};
+    return Forward(m_.config(), m_.weights(), be).mtp(hidden, next_ids, T, pos0);
+  }
+
+  std::vector<LayerStats> pool_stats() const override {
+    return m_.experts() ? m_.experts()->stats() : std::vector<LayerStats>{};
+  }
+  size_t pool_bytes() const override { return m_.experts() ? m_.experts()->resident_bytes() : 0; }
+  std::vector<PoolTier> pool_tiers() const override {
+    const ExpertStore* store = m_.experts();
+    if (!store) return {};
+    return {{fmt::format("expert pool ({}, {} MiB resident)", store->io_name(), store->resident_bytes() >> 20),
+             store->stats(), "read"}};
+  }
+
+ private:
+  const Model& m_;
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> make_cpu_executor(const Model& model) { return std::make_unique<CpuExecutor>(model); }
+
+}  // namespace ms

@@ -1,0 +1,130 @@
+#include "backends/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/stream.h"
+#include "model/moe.h"
+#include "util/error.h"
+
+namespace ms {
+
+void CudaBackend::matmul_stack(const float* x, int T, std::initializer_list<const Mat*> parts, float* y) const {
+  if (const Mat* whole = weights.stacked(parts); whole && T == 1) return matmul(x, 1, *whole, y);
+  for (const Mat* m : parts) {
+    matmul(x, T, mat(*m), y);
+    y += size_t(T) * size_t(m->rows);
+  }
+}
+
+void CudaBackend::mlp(const MlpWeights& w, const float* x, int T, float* h, float* u, float* out) const {
+  if (cuda::gate_up_fuses(w.gate, w.up, T)) {
+    cuda::gate_up_silu(x, w.gate, w.up, h);
+  } else {
+    matmul(x, T, w.gate, h);
+    matmul(x, T, w.up, u);
+    cuda::silu_mul(h, u, h, int64_t(T) * w.gate.rows);
+  }
+  matmul(h, T, w.down, out);
+}
+
+void CudaBackend::moe(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
+                      float* router_probs) const {
+  if (T == 1 && w.store_layer >= 0 && experts) return moe_decode(cfg, w, x, out, routes, router_probs);
+  grouped_moe(*this, cfg, w, x, T, out, routes, router_probs);
+}
+
+int CudaBackend::pick(const float* logits, int vocab, const PickInputs& in) const {
+  return cuda::pick(logits, vocab, in, state.sampler);
+}
+
+void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const float* x, float* out, int* routes,
+                             float* router_probs) const {
+  // The shared expert's buffers live past the join: taken and given back on the compute stream.
+  const bool has_shared = cfg.shared_inter > 0;
+  const size_t shared_inter = has_shared ? size_t(w.shared_expert.gate.rows) : 0;
+  Buf shared = alloc(has_shared ? size_t(cfg.hidden) : 0), shared_h = alloc(shared_inter), shared_u = alloc(shared_inter);
+  std::optional<cuda::SideStream> side;
+  if (has_shared) {
+    side.emplace();
+    mlp(mlp_weights(w.shared_expert), x, 1, shared_h.data(), shared_u.data(), shared.data());
+    side->end();
+  }
+  const int E = cfg.n_experts, K = cfg.top_k, layer = w.store_layer;
+  if ((size_t(layer) + 1) * size_t(K) > state.route_ids.size())
+    fail("expert layer {} is past the {} layers of routes a forward keeps", layer, state.route_ids.size() / size_t(K));
+  // The shared expert gate's logit after the router's, where its row was copied with theirs.
+  const bool gate_with_router = has_shared && weights.stacked({&w.router, &w.shared_expert_gate});
+  Buf logits = alloc(size_t(E) + 1), weights = alloc(size_t(K));
+  int* ids = state.route_ids.data() + size_t(layer) * size_t(K);
+  float* probs = state.route_probs.data() + size_t(layer) * size_t(E);
+  if (gate_with_router) matmul_stack(x, 1, {&w.router, &w.shared_expert_gate}, logits.data());
+  else matmul(x, 1, mat(w.router), logits.data());
+  const uint8_t* const* table = experts->resident_table(layer);
+  DeviceArray<const uint8_t*> records{size_t(K)};
+  const std::array<ProjLayout, 3>& p = w.record_layout->proj;
+  const cuda::RecordMat proj[3] = {
+      {p[0].bits, p[0].group, p[0].rows, p[0].cols, p[0].q_offset, p[0].scales_offset, p[0].biases_offset},
+      {p[1].bits, p[1].group, p[1].rows, p[1].cols, p[1].q_offset, p[1].scales_offset, p[1].biases_offset},
+      {p[2].bits, p[2].group, p[2].rows, p[2].cols, p[2].q_offset, p[2].scales_offset, p[2].biases_offset}};
+  Buf scratch = alloc(cuda::moe_scratch_floats(1, K, proj));
+  const float* shared_out = gate_with_router ? shared.data() : nullptr;
+  const cuda::InlineRoute route{logits.data(), E, cfg.norm_topk, probs, ids, weights.data(), table, records.data()};
+  if (cuda::routes_in_gate_up(route, K, proj)) {
+    // The experts' first launch routes the token itself, and the shared expert joins before the
+    // second, the first to read its output: no launch stands between the router and the experts,
+    // and the shared expert runs beside both.
+    cuda::moe_gate_up_routed(x, K, route, proj, scratch.data());
+    if (side) side->join();
+    cuda::moe_down(scratch.data(), 1, K, records.data(), weights.data(), proj, out, shared_out, logits.data() + E);
+  } else {
+    cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs, ids, weights.data(), table, records.data());
+    if (!table) {
+      std::vector<int> host_ids(static_cast<size_t>(K));
+      copy_to_host(host_ids.data(), ids, host_ids.size() * sizeof(int));
+      const std::vector<const uint8_t*> acquired = experts->acquire(layer, host_ids);
+      copy_to_device(records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
+    }
+    if (side) side->join();
+    cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data(), shared_out, logits.data() + E);
+  }
+  if (has_shared && !gate_with_router) shared_gate_add(out, shared.data(), x, mat(w.shared_expert_gate), 1, cfg.hidden);
+  // Slots held until the kernels are queued: the copy stream orders any refill after them.
+  if (!table) experts->release(layer);
+  if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});
+}
+
+void CudaBackend::finish() const {
+  if (pending_routes.empty()) return;
+  const size_t K = size_t(state.top_k), E = size_t(state.n_experts);
+  const std::vector<int> ids = state.route_ids.to_vector();
+  const std::vector<float> probs = state.route_probs.to_vector();
+  for (const PendingRoutes& p : pending_routes) {
+    if (p.ids) std::copy_n(ids.data() + size_t(p.layer) * K, K, p.ids);
+    if (p.probs) std::copy_n(probs.data() + size_t(p.layer) * E, E, p.probs);
+  }
+  pending_routes.clear();
+}
+
+CudaBackend::ExpertGroups CudaBackend::expert_groups(const std::vector<std::vector<int>>& users,
+                                                     const std::vector<float>& weights, int K) const {
+  std::vector<size_t> first{0};
+  for (const auto& u : users) first.push_back(first.back() + u.size());
+  const size_t total = first.back();
+  std::vector<int> rows(2 * total);
+  std::vector<float> wt(total);
+  for (size_t e = 0, j = 0; e < users.size(); ++e)
+    for (int u : users[e]) {
+      rows[j] = u / K;
+      rows[total + j] = u;
+      wt[j++] = weights[size_t(u)];
+    }
+  return {DeviceArray<int>::from(rows.data(), rows.size()), DeviceArray<float>::from(wt.data(), wt.size()),
+          std::move(first)};
+}
+
+}  // namespace ms

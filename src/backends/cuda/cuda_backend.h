@@ -1,0 +1,142 @@
+#pragma once
+// The CUDA backend (model/backend.h): the dense weights resident in VRAM (DeviceWeights), the
+// routed experts in the VRAM pool (backends/cuda/device_store.h), activations and the sequence's
+// caches in device memory, the cuda:: kernels. Host round trips: the embedded rows in, the router
+// probabilities of each MoE layer out (the routed ids group tokens by expert) and the grouping
+// back in, the results out; a decode token's MoE routes on the GPU instead (moe).
+#include <cstddef>
+#include <initializer_list>
+#include <vector>
+
+#include "backends/cuda/device_memory.h"
+#include "backends/cuda/device_state.h"
+#include "backends/cuda/device_store.h"
+#include "backends/cuda/device_weights.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/sampling.h"
+#include "model/weights.h"
+
+namespace ms {
+
+struct CudaBackend {
+  using Buf = DeviceArray<float>;
+  using KV = DeviceKV;
+  using Linear = DeviceLinear;
+
+  const DeviceWeights& weights;
+  DeviceState& state;
+  DeviceExpertStore* experts = nullptr;  // an engine directory's streamed experts
+  // The position of the tokens, read on the GPU where given (a captured decode step's), instead
+  // of the pos0 the calls pass.
+  const int* step_pos = nullptr;
+
+  Buf alloc(size_t n) const { return Buf(n); }
+  Buf upload(const std::vector<float>& host) const { return Buf::from(host.data(), host.size()); }
+  std::vector<float> to_host(const Buf& b) const { return b.to_vector(); }
+  const Mat& mat(const Mat& m) const { return weights.mat(m); }
+  MlpWeights mlp_weights(const MlpWeights& m) const { return {mat(m.gate), mat(m.up), mat(m.down)}; }
+  const float* vec(const std::vector<float>& v) const { return weights.vec(v); }
+  KV& kv(int layer) const { return state.kv[size_t(layer)]; }
+  KV& mtp_kv() const { return state.mtp_kv; }
+  Linear& linear(int layer) const { return state.linear[size_t(layer)]; }
+
+  void matmul(const float* x, int T, const Mat& W, float* y) const { cuda::matmul(x, T, W, y); }
+  // x · Wᵀ for each part W (host matrices) in turn, part after part in y ([T, rows] each); for a
+  // decode token of parts copied as one matrix (DeviceWeights::stacked), one launch.
+  void matmul_stack(const float* x, int T, std::initializer_list<const Mat*> parts, float* y) const;
+  void rmsnorm(const float* x, int rows, int dim, const float* w, float offset, float eps, float* out) const {
+    cuda::rmsnorm(x, rows, dim, w, offset, eps, out);
+  }
+  void add_rmsnorm(float* x, const float* y, int rows, int dim, const float* w, float offset, float eps,
+                   float* out) const {
+    cuda::add_rmsnorm(x, y, rows, dim, w, offset, eps, out);
+  }
+  void attention_prepare(const float* q_raw, const float* k, const float* v, int T, int nh, int nkv, int hd, bool gated,
+                         const float* q_norm, const float* k_norm, float offset, float eps, int rot_dim, int pos0,
+                         double theta, float* q, float* gate, KV& cache) const {
+    cuda::attention_prepare({q_raw, k, v, q_norm, k_norm, q, gate, cache.k.data(), cache.v.data(), step_pos, theta,
+                             offset, eps, T, nh, nkv, hd, rot_dim, pos0, gated});
+  }
+  // A captured step's positions are bounded by its caches' rows; else they are pos0 + T.
+  void attention(const float* q, const KV& cache, int T, int pos0, int nh, int nkv, int hd, const float* gate,
+                 float* out) const {
+    const int positions = step_pos ? cache.capacity() : pos0 + T;
+    const Buf scratch = alloc(cuda::attention_scratch_floats(T, nh, hd, positions));
+    cuda::attention(q, cache.k_at(0), cache.v_at(0), T, pos0, nh, nkv, hd, out, scratch.data(), positions, step_pos,
+                    gate);
+  }
+  // down(silu(gate x) * up x); gate and up in one launch for a decode token's affine weights.
+  void mlp(const MlpWeights& w, const float* x, int T, float* out) const {
+    const size_t n = size_t(T) * size_t(w.gate.rows);
+    const Buf h = alloc(n), u = alloc(n);
+    mlp(w, x, T, h.data(), u.data(), out);
+  }
+  void softmax(float* x, int rows, int n) const { cuda::softmax(x, rows, n); }
+  void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T, int nk,
+                        int nv, int dk, int dv, float* st, float* out) const {
+    cuda::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);
+  }
+  void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) const {
+    cuda::rmsnorm_gated(x, z, w, rows, dim, eps, out);
+  }
+  void deltanet_prepare(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, const float* conv_w,
+                        int conv_k, float* conv_state, const float* A_log, const float* dt_bias, float eps,
+                        float q_scale, float* q, float* k, float* v, float* z, float* g, float* beta) const {
+    cuda::deltanet_prepare({qkvz, ba, conv_w, A_log, dt_bias, conv_state, q, k, v, z, g, beta, T, nk, nv, dk, dv,
+                            conv_k, eps, q_scale});
+  }
+  void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate_w, int T, int H) const {
+    cuda::shared_gate_add(out, s, x, gate_w, T, H);
+  }
+
+  // A MoE layer: a decode token's over an engine directory's experts as moe_decode runs it, any
+  // other as model/moe.h groups it.
+  void moe(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
+           float* router_probs) const;
+  // The token cuda::pick makes from logits [vocab] in device memory, in the state's workspace.
+  int pick(const float* logits, int vocab, const PickInputs& in) const;
+  // Copies what moe_decode left for the host: state.route_ids and route_probs in one copy each.
+  void finish() const;
+  struct PendingRoutes {
+    int* ids;      // host, top_k of them, or null
+    float* probs;  // host, n_experts of them, or null
+    int layer;     // of the expert store
+  };
+  mutable std::vector<PendingRoutes> pending_routes;
+
+  // model/moe.h's primitives. The users of every expert, concatenated in expert order, uploaded
+  // in one copy.
+  struct ExpertGroups {
+    DeviceArray<int> rows;   // [2, users]: the token row of each user, then its (token * K + slot)
+    DeviceArray<float> weights;
+    std::vector<size_t> first;  // [n_experts + 1]: where each expert's users start
+  };
+  ExpertGroups expert_groups(const std::vector<std::vector<int>>& users, const std::vector<float>& weights, int K) const;
+  void gather_users(const ExpertGroups& g, int e, const float* x, int H, float* xb) const {
+    cuda::gather_rows(x, g.rows.data() + g.first[size_t(e)], users_of(g, e), H, xb);
+  }
+  void scatter_users(const ExpertGroups& g, int e, const float* yb, int H, float* partial) const {
+    const size_t total = g.first.back();
+    cuda::scatter_scaled(yb, g.rows.data() + total + g.first[size_t(e)], g.weights.data() + g.first[size_t(e)],
+                         users_of(g, e), H, partial);
+  }
+  void sum_slots(const float* partial, int T, int K, int H, float* out) const { cuda::sum_slots(partial, T, K, H, out); }
+
+ private:
+  static int users_of(const ExpertGroups& g, int e) { return int(g.first[size_t(e) + 1] - g.first[size_t(e)]); }
+  // mlp in the caller's h and u ([T, inter] each; u unused where gate and up fuse), for work
+  // that may not take memory (a cuda::SideStream's).
+  void mlp(const MlpWeights& w, const float* x, int T, float* h, float* u, float* out) const;
+  // One token's MoE layer of an engine directory in a few launches: the router's top-k on the
+  // GPU, then cuda::moe_experts over the routed records. The routed ids come to the host only
+  // when the layer's pool streams (to read its misses); they and the router probabilities go to
+  // state.route_ids and route_probs, and at finish() to `routes` and `router_probs` where given.
+  // With a shared expert, out gets its gated add too (shared_gate_add's): the expert runs on a
+  // SideStream beside the router and the routing, and its add is in the down kernel where the
+  // gate's row was copied with the router's (DeviceWeights::stacked), the gate's logit then one
+  // of the router's. Where T is 1 and the layer's experts are an engine directory's.
+  void moe_decode(const ModelConfig& cfg, const FfnWeights& w, const float* x, float* out, int* routes,
+                  float* router_probs) const;
+};
+
+}  // namespace ms

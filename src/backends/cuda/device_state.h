@@ -1,0 +1,85 @@
+#pragma once
+// A sequence's caches on the GPU (DeviceState: KV caches, DeltaNet states, the routes of a decode
+// step) and its captured decode step (DecodeGraph).
+#include <memory>
+#include <vector>
+
+#include "backends/cuda/device_memory.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/ops.h"
+#include "model/state.h"
+
+namespace ms {
+
+// KVCache (model/state.h) in device memory.
+struct DeviceKV {
+  int n_kv = 0, head_dim = 0, length = 0;
+  int planned = 0;          // kv_capacity's (model/state.h)
+  DeviceArray<float> k, v;  // [capacity, n_kv, head_dim]
+
+  void reserve(int n);  // kv_capacity's, keeping what is there
+  float* k_at(int pos) const { return k.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
+  float* v_at(int pos) const { return v.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
+  int capacity() const { return int(k.size() / std::max<size_t>(1, size_t(n_kv) * size_t(head_dim))); }
+};
+
+struct DeviceLinear {  // LinearState in device memory
+  DeviceArray<float> conv, recurrent;
+};
+
+// What a captured decode step takes from the host and gives back (DecodeGraph).
+enum class StepKind {
+  HostInput,        // the host's embedding and position in; the host reads logits and routes after it
+  Ahead,            // embeds DecodeGraph::token; ends with the greedy token, the next position and decode_ring
+  AheadWithRoutes,  // Ahead, and the step's routed ids to decode_route_ring
+};
+
+// A sequence's decode step (one token, every routed expert resident) captured as a CUDA graph
+// (CudaExecutor): its input and outputs at fixed addresses, the position read on the GPU. The
+// graph holds the addresses of the sequence's KV caches too: it is captured again when one
+// grows (kv_at_capture). A step ahead (StepKind, CudaExecutor's decode) embeds its token on the GPU
+// and ends with the greedy token, which is the next replay's, and the next position: replays
+// then follow each other with nothing from the host between them.
+struct DecodeGraph {
+  DeviceArena arena;  // first: outlives the graph that uses it
+  cuda::Graph graph;
+  DeviceArray<float> input;   // [hidden + 1]: the token's embedding (the layers' x), then its position, an int
+  DeviceArray<float> normed;  // [hidden]: x after the final norm
+  DeviceArray<float> logits;  // [vocab]
+  std::vector<const float*> kv_at_capture;
+  StepKind kind = StepKind::HostInput;
+  DeviceArray<int> token;          // ahead: [1], the token embedded, then the one picked
+  cuda::SamplerWorkspace sampler;  // ahead: greedy_token's
+
+  int* position() const { return reinterpret_cast<int*>(input.data() + input.size() - 1); }
+  // Whether this graph runs a step of `k` over the KV caches at `kv` (else it must be captured anew).
+  bool fits(StepKind k, const std::vector<const float*>& kv) const { return kind == k && kv_at_capture == kv; }
+};
+
+// A State's caches on the GPU; State holds one once the sequence has run there.
+struct DeviceState final : DeviceCaches {
+  DeviceState(const ModelConfig& cfg, int planned_positions);  // State::planned_positions()
+  // The state's, made at the sequence's first forward on the GPU.
+  static DeviceState& of(State& state, const ModelConfig& cfg);
+  void download_linear(std::vector<LinearState>& host) const override;
+  void upload_linear(const std::vector<LinearState>& host) override;
+
+  std::vector<DeviceKV> kv;
+  std::vector<DeviceLinear> linear;
+  DeviceKV mtp_kv;
+  std::unique_ptr<DecodeGraph> decode_graph;  // made at the first decode step that can use one
+  // Where an ahead step leaves its token for the host: slot position % kDecodeRing. It outlives
+  // the graphs, which a cache's growth replaces while a step's token is still unread.
+  static constexpr int kDecodeRing = 4;
+  std::unique_ptr<cuda::MappedInts> decode_ring;
+  std::unique_ptr<cuda::MappedInts> decode_route_ring;  // [kDecodeRing][route_ids.size()]: route_ids by slot
+  // A decode token's routed ids [layer][top_k] and router probabilities [layer][n_experts], by
+  // expert-store layer, where moe_decode writes them: one copy brings every layer's when the
+  // forward asks for them, and a captured step writes them at addresses that stay.
+  DeviceArray<int> route_ids;
+  DeviceArray<float> route_probs;
+  cuda::SamplerWorkspace sampler;  // CudaBackend::pick's
+  int top_k = 0, n_experts = 0;
+};
+
+}  // namespace ms

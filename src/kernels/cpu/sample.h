@@ -1,0 +1,21 @@
+#pragma once
+// The CPU's token pick: the reference cuda::sample is tested against.
+#include <vector>
+
+#include "kernels/sampling.h"
+
+namespace ms::cpu {
+
+// Reused between picks so that a pick does not allocate.
+struct SampleScratch {
+  std::vector<float> work;
+  std::vector<int> order;
+  std::vector<double> probs;
+};
+
+// The token picked from logits [vocab] (not modified): penalties on in.tokens, then the first
+// maximum (temperature 0) or a draw of in.r over the softmax at the temperature, cut by top-k,
+// min-p and top-p in turn, candidates ordered by logit (ties: lower id first).
+int sample(const float* logits, int vocab, const PickInputs& in, SampleScratch& scratch);
+
+}  // namespace ms::cpu

@@ -1,0 +1,76 @@
+#pragma once
+// What runs a model on one device (backends/cpu, backends/cuda): a chunk's forward, the MTP head,
+// and decode steps, each backend the fast way it has (the CUDA one replays a captured step and
+// runs greedy steps ahead of the host). Model (model/model.h) holds one and keeps what is the
+// same on every device (chunking, checks) in front of it.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "experts/expert_store.h"
+#include "kernels/sampling.h"
+#include "model/state.h"
+
+namespace ms {
+
+enum class Device { Cpu, Cuda };
+
+struct ForwardOptions {
+  bool all_logits = false;  // logits of every position, not only the last
+  // false: no logits and no pick at all (a prompt's chunk before its last, whose logits no one reads)
+  bool logits = true;
+  bool hidden = false;      // keep the last hidden states (before and after the final norm)
+  bool routes = false;      // keep the routed expert ids and router probabilities of every MoE layer
+  // What the next token's pick needs (runtime's Sampler::next): where given, the backend picks it
+  // from the last position's logits where they are (Backend::pick), so that only the token comes
+  // back; ForwardResult::logits then stays empty unless all_logits.
+  std::function<PickInputs()> pick;
+};
+
+struct ForwardResult {
+  std::vector<float> logits;                // [all_logits ? T : 1, vocab]; empty with pick
+  int token = -1;                           // what pick picked
+  std::vector<float> hidden_pre_norm;       // [T, hidden]
+  std::vector<float> hidden_post_norm;      // [T, hidden]
+  std::vector<std::vector<int>> routes;       // [layer][T * top_k], empty for dense layers
+  std::vector<std::vector<float>> router_probs;  // [layer][T * n_experts], empty for dense layers
+};
+
+// Decode steps (Model::decode): each runs one token and picks the next.
+struct DecodeOptions {
+  std::function<PickInputs()> pick;  // as ForwardOptions::pick; required
+  // Whether every pick is the first maximum of the logits (runtime's Sampler::greedy): a
+  // backend may then pick on the device without asking `pick`, and run steps ahead.
+  bool greedy = false;
+  bool routes = false;  // each step's routed ids (ForwardResult::routes; router_probs may stay empty)
+};
+// One tier of a backend's expert pools, for --stats: a title naming it, its layers' statistics,
+// and what their byte and time columns count ("read" from disk, "copy" to VRAM).
+struct PoolTier {
+  std::string title;
+  std::vector<LayerStats> layers;
+  const char* moves = "read";
+};
+
+// Gets each step's result (its token picked) in turn; returns whether to run another step.
+using OnStep = std::function<bool(const ForwardResult&)>;
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual Device device() const = 0;
+  // T tokens (at most the model's prefill chunk) at the state's position; does not advance it.
+  virtual ForwardResult forward(const int* ids, int T, State& state, const ForwardOptions& opt) const = 0;
+  // Model::decode's steps, first the token `first`; returns the steps run, by which it advanced
+  // the state (a backend that runs ahead may have run the step after the one on_step refused).
+  virtual int decode(State& state, int first, int max_steps, const DecodeOptions& opt, const OnStep& on_step) const = 0;
+  // The MTP head over T rows (Model::mtp_forward), at most a prefill chunk of them.
+  virtual std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state) const = 0;
+  // The expert pool the forward reads from (the VRAM pool on the GPU), and its bytes.
+  virtual std::vector<LayerStats> pool_stats() const = 0;
+  virtual size_t pool_bytes() const = 0;
+  // Every tier of expert pools, the one the forward reads first; empty where nothing streams.
+  virtual std::vector<PoolTier> pool_tiers() const = 0;
+};
+
+}  // namespace ms

@@ -1,0 +1,157 @@
+#include "model/plan.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace ms {
+
+namespace {
+
+uint64_t per_slot_row(const EngineIndex& index) {  // one slot in every MoE layer
+  uint64_t b = 0;
+  for (const auto& l : index.layers) b += l.stride;
+  return b;
+}
+
+// Floats a forward keeps live per token at its peak (the buffers of model/blocks.h and
+// model/moe.h): x, its norm and the layer's output beside the largest block's working set, the
+// quantized matmul's permuted copy of its input (kernels/cpu/quant_matmul.cpp) and the routes a
+// forward may keep.
+uint64_t activation_floats_per_token(const ModelConfig& c) {
+  const uint64_t H = uint64_t(c.hidden), E = uint64_t(c.n_experts), K = uint64_t(c.top_k);
+  const bool gated = c.arch == Arch::Qwen3Next;
+  const uint64_t q_width = uint64_t(c.n_heads) * uint64_t(c.head_dim), kv_width = uint64_t(c.n_kv_heads) * uint64_t(c.head_dim);
+  // proj [q_raw, k, v], q, gate, then the normed k or the attention's output
+  const uint64_t attention = (gated ? 2 : 1) * q_width + 2 * kv_width + (gated ? 2 : 1) * q_width + std::max(kv_width, q_width);
+  const uint64_t kd = uint64_t(c.lin_k_heads) * uint64_t(c.lin_k_dim), vd = uint64_t(c.lin_v_heads) * uint64_t(c.lin_v_dim);
+  const uint64_t nv = uint64_t(c.lin_v_heads), conv = 2 * kd + vd;
+  // proj [qkvz, ba], q k v z g beta, then the conv's input and output (and b, a) or the rule's output
+  const uint64_t deltanet = (2 * kd + 2 * vd + 2 * nv) + (2 * kd + 2 * vd + 2 * nv) + std::max(2 * conv + 2 * nv, vd);
+  const uint64_t dense = 2 * uint64_t(c.dense_inter);
+  // the shared expert's output and its h, u; or router logits and probabilities, the routing, the
+  // per-slot partials, an expert's gathered rows, its output and its h, u
+  const uint64_t shared = c.shared_inter > 0 ? H : 0;
+  const uint64_t moe = E ? shared + std::max(2 * uint64_t(c.shared_inter), 2 * E + 3 * K + K * H + 2 * H + 2 * uint64_t(c.moe_inter)) : 0;
+  const uint64_t widest_input = std::max({H, q_width, vd, uint64_t(c.dense_inter), uint64_t(c.moe_inter), uint64_t(c.shared_inter)});
+  const uint64_t routes = uint64_t(c.n_layers) * (K + E);
+  return 3 * H + std::max({attention, deltanet, dense, moe}) + widest_input + routes;
+}
+
+// Splits a budget (`what`: "memory budget", "VRAM budget"): dense weights, KV and recurrent
+// state for `context` tokens, activations of a prefill chunk, and the rest as equal pools. A
+// model without routed experts (an empty index) needs only the first three.
+MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, uint64_t budget,
+                       const ModelOptions& opt, const char* what) {
+  const int context = opt.context;
+  MemoryPlan p;
+  p.dense = dense_bytes;
+  int full = 0;
+  for (auto t : cfg.layer_types) full += t == LayerType::FullAttention;
+  const uint64_t kv_per_token = uint64_t(full + 1) * 2 * uint64_t(cfg.n_kv_heads) * uint64_t(cfg.head_dim) * sizeof(float);
+  const uint64_t linear = uint64_t(cfg.n_layers - full) *
+                          (uint64_t(cfg.lin_v_heads) * cfg.lin_k_dim * cfg.lin_v_dim +
+                           uint64_t(2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim) * 4) * sizeof(float);
+  p.kv = kv_per_token * uint64_t(context) + linear;
+  // A prefill chunk's activations (Model::next_chunk keeps every forward within one; a context
+  // shorter than a chunk holds no longer prompt) and the last position's logits.
+  const uint64_t chunk = uint64_t(std::min(opt.prefill_chunk, context));
+  p.activations = (chunk * activation_floats_per_token(cfg) + uint64_t(cfg.vocab)) * sizeof(float);
+  const uint64_t per_slot = per_slot_row(index);
+  const uint64_t floor = p.fixed() + per_slot * uint64_t(cfg.top_k);
+  if (budget < floor) {
+    const std::string pools =
+        per_slot ? fmt::format(", and {} expert slots per layer x {} layers ({} per slot row)", cfg.top_k,
+                               index.layers.size(), gib(per_slot))
+                 : std::string();
+    fail("{} {} is below the floor of {}: dense weights {}, KV/state for {} tokens {}, activations {}{}", what,
+         gib(budget), gib(floor), gib(p.dense), context, gib(p.kv), gib(p.activations), pools);
+  }
+  if (per_slot == 0) return p;
+  p.slots = int(std::min<uint64_t>((budget - p.fixed()) / per_slot, uint64_t(cfg.n_experts)));
+  p.pool = per_slot * uint64_t(p.slots);
+  return p;
+}
+
+void check_floor(const std::string& dir, const StoreOptions& o, const EngineIndex& index, int top_k, const char* where) {
+  for (const auto& l : index.layers)
+    if (const int cap = layer_capacity(o, l); cap < top_k)
+      fail("{}: {} {}expert slots for layer {} cannot hold one token's {} routed experts", dir, cap, where, l.name, top_k);
+}
+
+// The host tier under the VRAM pool: a cache of `host_cache` bytes (equal slots per layer), or
+// staging slots for one token's experts that keep nothing.
+StoreOptions host_tier_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
+                               const ModelOptions& opt) {
+  StoreOptions h;
+  h.io = opt.experts.io;
+  h.direct_io = opt.experts.direct_io;
+  h.verify = opt.experts.verify;
+  h.top_k = cfg.top_k;
+  h.policy = opt.host_policy;
+  h.slots = cfg.top_k;
+  h.cache = opt.host_cache > 0;
+  if (h.cache) {
+    const uint64_t row = per_slot_row(index);
+    if (opt.host_cache < row * uint64_t(cfg.top_k))
+      fail("{}: --host-cache {} cannot hold one token's {} experts in every layer ({} per slot row)", dir,
+           gib(opt.host_cache), cfg.top_k, gib(row));
+    h.slots = int(std::min<uint64_t>(opt.host_cache / row, uint64_t(cfg.n_experts)));
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string gib(uint64_t b) {
+  return b >= (1ull << 30) ? fmt::format("{:.2f} GiB", double(b) / double(1ull << 30)) : fmt::format("{:.1f} MiB", double(b) / double(1ull << 20));
+}
+
+// A chunk the DeltaNet kernels split as a whole prefill does, with room to move one alignment back.
+void check_prefill_chunk(int chunk) {
+  if (chunk < 2 * kPrefillChunkAlign || chunk % kPrefillChunkAlign != 0)
+    fail("prefill chunk {} must be a multiple of {} and at least {}", chunk, kPrefillChunkAlign, 2 * kPrefillChunkAlign);
+}
+
+StoreOptions host_store_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
+                                uint64_t dense_bytes, const ModelOptions& opt, MemoryPlan& plan) {
+  StoreOptions store_opt = opt.experts;
+  store_opt.top_k = cfg.top_k;
+  if (opt.device == Device::Cuda) {
+    store_opt = host_tier_options(dir, cfg, index, opt);
+  } else if (opt.memory_budget > 0) {
+    plan = plan_memory(cfg, index, dense_bytes, opt.memory_budget, opt, "memory budget");
+    store_opt.slots = plan.slots;
+    store_opt.layer_caps.clear();
+  }
+  check_floor(dir, store_opt, index, cfg.top_k, opt.device == Device::Cuda ? "host " : "");
+  return store_opt;
+}
+
+MemoryPlan plan_checkpoint(const std::string& dir, const ModelConfig& cfg, uint64_t weight_bytes, uint64_t budget,
+                           const ModelOptions& opt, const char* what) {
+  try {
+    return plan_memory(cfg, EngineIndex{}, weight_bytes, budget, opt, what);
+  } catch (const Error& e) {
+    fail("{}: {}; a checkpoint directory keeps every expert in memory: `moestream convert` it to stream them", dir,
+         e.what());
+  }
+}
+
+StoreOptions vram_store_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
+                                uint64_t dense_bytes, uint64_t free_vram, const ModelOptions& opt, MemoryPlan& plan) {
+  StoreOptions vram = opt.experts;
+  vram.top_k = cfg.top_k;
+  if (opt.vram_budget) {
+    plan = plan_memory(cfg, index, dense_bytes, opt.vram_budget, opt, "VRAM budget");
+    vram.slots = plan.slots;
+    vram.layer_caps.clear();
+  } else if (vram.slots == 0 && vram.layer_caps.empty()) {
+    const MemoryPlan p = plan_memory(cfg, index, dense_bytes, dense_bytes + free_vram, opt, "free VRAM");
+    if (p.slots < cfg.n_experts) plan = p, vram.slots = p.slots;
+  }
+  check_floor(dir, vram, index, cfg.top_k, "VRAM ");
+  return vram;
+}
+
+}  // namespace ms

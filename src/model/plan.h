@@ -1,0 +1,71 @@
+#pragma once
+// What a load is asked for (ModelOptions) and where each budget goes (MemoryPlan): --memory on
+// the CPU, --vram and --host-cache on the GPU, --context and the prefill chunk on both. Every
+// budget and the per-layer slot counts of the expert pools are worked out here, once.
+#include <cstdint>
+#include <string>
+
+#include "experts/expert_store.h"
+#include "format/config.h"
+#include "format/engine_dir.h"
+#include "model/executor.h"
+
+namespace ms {
+
+// Tokens a prompt's forward runs at once by default (ModelOptions::prefill_chunk): a multiple of
+// the DeltaNet kernels' 64-token chunk, so that a chunked prefill gives a whole one's bits.
+constexpr int kPrefillChunk = 512;
+constexpr int kPrefillChunkAlign = 64;
+
+// How an engine directory's experts are held: a pool of `experts.slots` per layer (or per-layer
+// caps), or sized from a memory budget. A Hugging Face checkpoint keeps every expert mapped.
+// On Cuda the pools are in VRAM (`experts` or `vram_budget` sizes them) over a host tier.
+struct ModelOptions {
+  StoreOptions experts;
+  uint64_t memory_budget = 0;  // Cpu: bytes for everything (dense + KV + activations + pool); 0 = unset
+  int context = 4096;          // tokens the KV budget provides for
+  // Most tokens one forward runs at once: longer prompts go through in chunks (Model::next_chunk)
+  // whose activations the memory plan counts. A multiple of kPrefillChunkAlign, at least twice it.
+  int prefill_chunk = kPrefillChunk;
+  // Cuda: dense weights in VRAM, the forward on the GPU (builds with the CUDA backend).
+  Device device = Device::Cpu;
+  uint64_t vram_budget = 0;  // Cuda: VRAM for dense + KV + activations + pool; 0 = unset
+  uint64_t host_cache = 0;   // Cuda: host RAM caching experts between SSD and VRAM; 0 = staging only
+  PolicyKind host_policy = PolicyKind::LRU;
+  // Cuda: run each decode step as a CUDA graph, captured once per sequence, where every routed
+  // expert is resident in VRAM (a step then has no host round trip until the sampled token).
+  bool cuda_graphs = true;
+};
+
+// Where a memory budget goes (DESIGN.md invariant 5): host memory on Cpu, VRAM on Cuda.
+struct MemoryPlan {
+  uint64_t dense = 0, kv = 0, activations = 0, pool = 0;
+  int slots = 0;  // per MoE layer
+  uint64_t fixed() const { return dense + kv + activations; }  // all but the pool
+  uint64_t total() const { return fixed() + pool; }
+};
+
+// Fails unless chunk is a multiple of kPrefillChunkAlign and at least twice it.
+void check_prefill_chunk(int chunk);
+
+// The options of the host's expert store of an engine directory, and the plan of a --memory
+// budget (CPU; a plan with no slots where there is no budget): the pools' slots from the budget,
+// or the host tier under the VRAM pool on Cuda (--host-cache's slots, or staging for one token).
+StoreOptions host_store_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
+                                uint64_t dense_bytes, const ModelOptions& opt, MemoryPlan& plan);
+
+// The plan of a checkpoint directory under a budget (`what`: "memory budget", "VRAM budget"):
+// its experts are dense weights, and a budget below them all is refused with the way out.
+MemoryPlan plan_checkpoint(const std::string& dir, const ModelConfig& cfg, uint64_t weight_bytes, uint64_t budget,
+                           const ModelOptions& opt, const char* what);
+
+// The VRAM pool's options over an engine directory's experts, and the plan of the VRAM: from
+// --vram, or (unsized) every expert where they fit in `free_vram`, else the pools get that.
+// dense_bytes: the dense weights in VRAM.
+StoreOptions vram_store_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
+                                uint64_t dense_bytes, uint64_t free_vram, const ModelOptions& opt, MemoryPlan& plan);
+
+// "1.5 GiB" / "12.0 MiB".
+std::string gib(uint64_t bytes);
+
+}  // namespace ms
