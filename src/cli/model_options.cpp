@@ -153,10 +153,7 @@ double gb_per_s(uint64_t bytes, double s) { return s > 0 ? double(bytes) / s / 1
 void print_expert_stats(const Model& model, std::FILE* out) {
   const std::vector<PoolTier> tiers = model.executor().pool_tiers();
   if (tiers.empty()) return;
-  if (const MemoryPlan& p = model.memory_plan(); p.slots > 0)
-    fmt::print(out, "{} budget: dense {:.1f} MiB, KV/state {:.1f} MiB, activations {:.1f} MiB, pools {:.1f} MiB ({} slots a layer)\n",
-               model.device() == Device::Cuda ? "VRAM" : "memory", double(p.dense) / (1 << 20), double(p.kv) / (1 << 20),
-               double(p.activations) / (1 << 20), double(p.pool) / (1 << 20), p.slots);
+  if (const std::string plan = describe(model.memory_plan(), model.device()); !plan.empty()) fmt::print(out, "{}\n", plan);
   std::vector<PoolStats> totals;
   for (const PoolTier& t : tiers) {
     fmt::print(out, "{}:\n", t.title);

@@ -107,6 +107,14 @@ std::string gib(uint64_t b) {
   return b >= (1ull << 30) ? fmt::format("{:.2f} GiB", double(b) / double(1ull << 30)) : fmt::format("{:.1f} MiB", double(b) / double(1ull << 20));
 }
 
+std::string describe(const MemoryPlan& p, Device device) {
+  if (p.slots == 0) return {};
+  auto mib = [](uint64_t b) { return double(b) / (1 << 20); };
+  return fmt::format("{} budget: dense {:.1f} MiB, KV/state {:.1f} MiB, activations {:.1f} MiB, pools {:.1f} MiB ({} slots a layer)",
+                     device == Device::Cuda ? "VRAM" : "memory", mib(p.dense), mib(p.kv), mib(p.activations),
+                     mib(p.pool), p.slots);
+}
+
 // A chunk the DeltaNet kernels split as a whole prefill does, with room to move one alignment back.
 void check_prefill_chunk(int chunk) {
   if (chunk < 2 * kPrefillChunkAlign || chunk % kPrefillChunkAlign != 0)

@@ -45,6 +45,10 @@ struct MemoryPlan {
   uint64_t total() const { return fixed() + pool; }
 };
 
+// The plan in one line, for --stats: "memory budget: dense 12.0 MiB, KV/state ..." ("VRAM
+// budget" on Cuda); empty where no budget split anything into pools.
+std::string describe(const MemoryPlan& plan, Device device);
+
 // Fails unless chunk is a multiple of kPrefillChunkAlign and at least twice it.
 void check_prefill_chunk(int chunk);
 
