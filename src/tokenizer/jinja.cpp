@@ -34,7 +34,8 @@ auto at_line(int line, F&& f) -> decltype(f()) {
 // iterations and calls nested a few deep; these stop a runaway one (a self-recursive macro,
 // a loop over range(10**9), doubling a string) with an error instead of exhausting the
 // stack, memory or time. The loop bound is 2.5 times what the largest conversation a
-// 262k-token context holds needs (~50k messages, looped over twice); reaching it takes 70 ms.
+// 262k-token context holds needs (~50k messages, looped over twice), quick to reach
+// (docs/PERFORMANCE.md#chat-templates).
 constexpr int kMaxCallDepth = 64;                         // macro calls inside macro calls
 constexpr int kMaxRenderDepth = 400;                      // nested statements and expressions
 constexpr int64_t kMaxLoopIterations = 250'000;           // all loop iterations of one render
@@ -385,7 +386,7 @@ class Renderer {
   }
 
   // One `loop` per run of a for-loop, advanced in place each iteration as Jinja2's
-  // LoopContext is: building a fresh object per iteration cost 40 us under ASan.
+  // LoopContext is: a fresh object per iteration was slow (docs/PERFORMANCE.md#chat-templates).
   struct Loop {
     Value value;
     std::shared_ptr<size_t> position = std::make_shared<size_t>(0);  // read by loop.cycle

@@ -19,7 +19,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Register tile of the small matmuls: kTileRows rows by two vectors of columns. Written with
 // Highway ops because the compiler's own vectorisation of it differs by target (for AVX2 it
-// chose shuffles across p and ran 10x slower than AVX-512).
+// chose shuffles across p, far slower: docs/PERFORMANCE.md#cpu-matmul).
 constexpr int kTileRows = 4;
 constexpr int kTileCols = 2 * int(HWY_LANES(float));
 

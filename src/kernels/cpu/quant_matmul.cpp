@@ -159,8 +159,8 @@ void UnpackRow(RowRef row, int cols, float* HWY_RESTRICT tile) {
 }
 
 // Rows unpacked together for T > 1: x (T·cols floats, often beyond L1) is streamed once per
-// block instead of once per row, which is what limits this path. On AVX-512 4 rows measured
-// 1.5-2× faster than 2 even though 4 × 4 × 2 accumulators spill some registers.
+// block instead of once per row, which is what limits this path. On AVX-512 4 rows beat 2 even
+// though 4 × 4 × 2 accumulators spill some registers (docs/PERFORMANCE.md#cpu-matmul).
 constexpr size_t kRowBlock = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 
 // y[t·rows + r] = RowDot(row r, xp[t]) for kT tokens and kR rows from unpacked tiles: each

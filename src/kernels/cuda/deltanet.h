@@ -6,10 +6,8 @@
 namespace ms::cuda {
 
 // gated_delta_rule runs the chunked form from this many tokens on (and where it fits, see below),
-// the recurrence below it. bench_cuda_matvec's sweep on an H200 at the 80B shape (16/32 heads of
-// 128): recurrent ~2.7 + 1.17 us a token (3.8 us at T=1, 7.3 at 4, 40.1 at 32, 77.5 at 64),
-// chunked 48 us at T=1 rising to 57.2 at 32 and 75.4 at 64, so they cross near T=60; at T=4096
-// 5.8 ms against 2.16 ms.
+// the recurrence below it: at the 80B shape the two cross near T = 60 on the H200
+// (docs/PERFORMANCE.md#cuda-gated-deltanet).
 inline constexpr int kDeltaChunkedMinTokens = 60;
 
 // The recurrence token by token: one block per (value head, 32 state columns), the state held in

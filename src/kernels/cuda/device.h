@@ -108,9 +108,8 @@ class ComputeMark {
 // Work on the compute stream recorded once and queued again in one call: between begin_capture()
 // and end_capture() what this thread queues on the compute stream is recorded, not run (so it
 // may hold no host round trip), and launch() queues the recording with the arguments and
-// addresses it was made with. A launch costs the host 3 to 4 us (bench_cuda_host_cost), more than
-// most of a decode step's kernels run for; on the H200 an 8-layer Qwen3-Next-80B-shaped step went
-// from 1.04 to 0.94 ms as a graph.
+// addresses it was made with. A launch costs the host more than most of a decode step's kernels
+// run for, which a graph pays once a step (docs/PERFORMANCE.md#cuda-graphs).
 class Graph {
  public:
   Graph() = default;

@@ -8,13 +8,10 @@
 
 namespace ms::cuda {
 
-// matmul runs matmul_gemm from gemm_min_tokens(W) tokens on, matmul_direct below it. Crossovers
-// of bench_cuda_matvec's "gemm" sweep on an H200: bf16 at T = 24..32 for 8192 x 8192, 12288 x
-// 2048 and 2048 x 4096 (8192², T=32: 436 us direct, 328 us gemm). Affine weights run on the
-// integer tensor cores, 4 tokens a block: at T = 96 direct is faster for all four shapes (8192²,
-// 533 against 576 us), at T = 128 the SGEMM for 8192² (558 against 708 us) and even for 12288 x
-// 2048 (221 us), so the switch is between them; 2048 x 4096 stays faster direct to T = 128 and a
-// 512 x 2048 matrix to T = 256 (20 against 27 us).
+// matmul runs matmul_gemm from gemm_min_tokens(W) tokens on, matmul_direct below it: the
+// crossovers of bench_cuda_matvec's "gemm" sweep on the H200, where affine weights (on the integer
+// tensor cores, 4 tokens a block) stay direct longer than bf16
+// (docs/PERFORMANCE.md#cuda-prefill-matmul).
 inline constexpr int kGemmMinTokensBf16 = 32;
 inline constexpr int kGemmMinTokensAffine = 112;
 inline int gemm_min_tokens(const Mat& W) {

@@ -25,8 +25,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBatch = 4;  // tokens per block when T > 1
 
-// Launched overlapped (launch.cuh), as the affine kernel below: on the H200 an expert-sized bf16
-// matvec (the router's shape) went from 5.6 to 4.2 us and the 4096² from 13.9 to 11.7 us.
+// Launched overlapped (launch.cuh), as the affine kernel below: its launch and first loads hide
+// under the kernel before (docs/PERFORMANCE.md#cuda-matvec).
 template <int TT>
 __global__ void __launch_bounds__(kThreads) bf16_matmul_kernel(const float* __restrict__ x, int T, WeightArgs W,
                                                                float* __restrict__ y, int split_log2) {
@@ -61,15 +61,13 @@ __global__ void __launch_bounds__(kThreads) bf16_matmul_kernel(const float* __re
 
 // A bf16 matvec (T = 1) of few rows for the chip, as the router's (512 experts and the shared
 // expert's gate over hidden 2048): the kernel above gives each block 16 rows, so 33 of them would
-// read the router while the other multiprocessors idle (4.2 us in a decode step on the H200,
-// traced). Here a warp takes kBf16Rows rows, lane l the 16-byte words l, l + 32, ... of each, and a
-// block as few warps as spread the rows over every multiprocessor; a lane holds all its words
-// (rows of up to kFewRowsCols columns), loaded before the wait: weights, which no kernel writes,
-// stream while the kernel before runs (the norm that writes x, which lets this one launch as it
-// begins). x is read from global memory (the L2), each lane only its own words of it. On the
-// H200 that took the router's shape from 3.83 to 2.27 us in a graph (bench_cuda_matvec, 22 % of
-// the copy rate) and decode of the 8-layer 80B-shaped synth from 1852 to 1915 tok/s, pycoder-moe
-// from 3838 to 3930 (medians of 3, the same tokens).
+// read the router while the other multiprocessors idle. Here a warp takes kBf16Rows rows, lane l
+// the 16-byte words l, l + 32, ... of each, and a block as few warps as spread the rows over every
+// multiprocessor; a lane holds all its words (rows of up to kFewRowsCols columns), loaded before
+// the wait: weights, which no kernel writes, stream while the kernel before runs (the norm that
+// writes x, which lets this one launch as it begins). x is read from global memory (the L2), each
+// lane only its own words of it. Faster for the router and for decode
+// (docs/PERFORMANCE.md#cuda-matvec).
 constexpr int kFewRowsWords = 8;                    // 16-byte words of a row a lane holds
 constexpr int kFewRowsCols = 32 * 8 * kFewRowsWords;  // 8 bf16 weights a word
 constexpr int kFewRowsMaxWarps = kThreads / 32;
@@ -136,15 +134,11 @@ constexpr int kMmaWarps = kThreads / 32;
 // and a share of its lane blocks. Two or three blocks fit on a multiprocessor at T = 1 (kMatvecBlocksPerSm),
 // or one of twice the warps (wide_blocks).
 // Launched overlapped (launch.cuh): its launch and first weight prefetches overlap the kernel
-// before. On the H200 that took an expert-sized 4-bit matvec from 4.9 to 3.7 us, the dense 8192²
-// from 17.7 to 16.0 us and the 4-bit lm_head from 85 to 88 % of the copy rate. A block lets the
-// next kernel start only once it is done: letting it start after staging x cost the dense 8192²
-// 2 us instead (its 256 blocks leave slots free, which the next call's blocks took early).
+// before. A block lets the next kernel start only once it is done: earlier, the next call's blocks
+// took the free slots and slowed this one (docs/PERFORMANCE.md#cuda-matvec).
 // Lane blocks a warp loads at once: 64 bytes a lane and row for 8-bit and 4-bit g32 rows at T = 1,
-// where the registers for them leave room for two blocks a multiprocessor instead of three. On the
-// H200 (% of the copy rate) that took the 8-bit lm_head from 85 to 93 %, the dense 8192² from 65 to
-// 71 % and an expert from 4.3 to 3.7 us, and the 4-bit g32 lm_head from 78 to 81 %; at 2 to 4 bits
-// g64 it gained nothing or lost (the 3-bit lm_head 75 -> 71 %, the 4-bit dense 4096 30 -> 27 %).
+// where the registers for them leave room for two blocks a multiprocessor instead of three; at 2
+// to 4 bits g64 that gained nothing or lost (docs/PERFORMANCE.md#cuda-matvec).
 template <int BITS, int L, int G, int TT>
 inline constexpr int kMatvecAtOnce = TT == 1 && (BITS == 8 || (BITS == 4 && G == 1)) ? 2 : kBlocksAtOnce<BITS, L>;
 
@@ -154,9 +148,9 @@ template <int BITS, int L, int G, int TT, int M>
 inline constexpr int kMatvecBlocksPerSm = M == 1 && TT == 1 && kMatvecAtOnce<BITS, L, G, TT> * BITS * L < 16 ? 3 : 2;
 
 // Warps of a block. With TT > 1, those two blocks' warps as one block a multiprocessor, which
-// stages the tokens once for all of them: on the H200 that took 4-bit 8192² batches of 4 and 16
-// tokens from 31.5 to 27.2 and from 97 to 71.5 us. At T = 1 two or three blocks of kMmaWarps fit
-// on a multiprocessor, or with WIDE one of twice as many warps (wide_blocks).
+// stages the tokens once for all of them (docs/PERFORMANCE.md#cuda-matvec). At T = 1 two or
+// three blocks of kMmaWarps fit on a multiprocessor, or with WIDE one of twice as many warps
+// (wide_blocks).
 template <int BITS, int L, int G, int TT, int M, bool WIDE>
 inline constexpr int kMatvecWarps =
     TT == 1 ? (WIDE ? 2 * kMmaWarps : kMmaWarps) : kMmaWarps * kMatvecBlocksPerSm<BITS, L, G, TT, M>;
@@ -247,15 +241,9 @@ bool scales_fit(const WeightArgs& W) { return aligned(W.scales, 8) && aligned(W.
 // Whether a matvec (T = 1) of W goes to blocks of 2·kMmaWarps warps, one a multiprocessor: at 2 to
 // 4 bits, where its rows have 4096 columns or more, which every block stages whole (its threads
 // each convert 16 values or more of x; twice the threads halve that), and those blocks' row sets
-// still fill the multiprocessors. On the H200 in a graph (us, bench_cuda_matvec, medians of 3),
-// against blocks of kMmaWarps: the dense 8192² at 4, 3 and 2 bits 14.46 -> 13.61, 15.03 -> 13.98,
-// 12.57 -> 11.50, the dense 4096² at 4 and 2 bits 5.89 -> 5.82 and 5.89 -> 5.50 (3 bits 6.63 both),
-// the 4-bit out_proj (2048 x 4096) 4.82 -> 4.64; decode of the 8-layer 80B synth with 4-bit dense
-// weights 1939 -> 2019 tok/s (medians of 5, the same tokens). At 8 bits, where two blocks of
-// kMmaWarps already fit on a multiprocessor, it lost: out_proj 5.62 -> 6.07, the dense 4096²
-// 7.60 -> 7.92 (8192² 21.03 -> 20.54). So did narrower rows (an expert's 4-bit gate/up 3.18 ->
-// 3.73, the 4-bit lm_head 46.4 -> 51.1) and the 3-bit out_proj, whose 64 row sets leave half the
-// multiprocessors idle (5.14 -> 5.80).
+// still fill the multiprocessors. At 8 bits (two blocks of kMmaWarps already fit), for narrower
+// rows and for the 3-bit out_proj (64 row sets, half the multiprocessors idle) it lost
+// (docs/PERFORMANCE.md#cuda-matvec).
 constexpr int kWideCols = 4096;
 
 template <int L>

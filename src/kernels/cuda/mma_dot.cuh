@@ -87,12 +87,8 @@ __device__ __forceinline__ void mma_u8s8(int (&d)[4], uint2 a_row_g, uint2 a_row
 // kernel, and its work grows with the number of loads more than with their bytes). A unit, the
 // G = min(L, chunks of a group) consecutive chunks of a lane that share a scale, a bias and a power
 // of two of x, is summed exactly in int32 and then scaled once; where a lane's L chunks span L / G
-// groups, it loads their (consecutive) scales in one load. On the H200 (% of the copy rate): one
-// scale and bias load for both chunks of a 4-bit lane block took the lm_head from 78 to 84 %, and
-// the 2-bit one from 47 to 53 %; 3-bit L = 4 instead of 2 lane blocks of L = 2 took it from 67 to
-// 76 % and the dense 8192² from 39 to 43 %; 2-bit L = 4 gained the dense 8192² 1.5 points and
-// left the lm_head at 69 %; 4-bit g32 L = 2 (two units) instead of 1 took the lm_head from 76 to
-// 79 %; at 8 bits, L = 2 gained the lm_head 1 point and lost the dense 4096 3.
+// groups, it loads their (consecutive) scales in one load. Each L was chosen by bench_cuda_matvec
+// on the H200 (docs/PERFORMANCE.md#cuda-matvec).
 // Quad q is lane t's chunk (q / L)·4L + t·L + q % L: the L quads of a lane block are read together.
 template <int BITS>
 inline constexpr int kLaneChunks = BITS == 8 ? 1 : BITS == 4 ? 2 : 4;
@@ -136,10 +132,8 @@ __host__ __device__ constexpr int quad_entries(int TT) { return kMmaSteps * TT *
 
 // Whether mma_accumulate reads a lane's two entries of a step as one 16-byte load, only the lanes
 // that supply them loading (else each entry as an 8-byte load by every lane, the others from a
-// quad of zeros past the last). On the H200, against the 8-byte loads: the 4-bit dense 8192² at
-// T = 4 27.4 -> 26.3 us and at T = 16 71.9 -> 63.9, the 8-bit in_proj_qkvz 10.4 -> 9.9 us, the
-// 8-bit moe_experts 18.5 -> 19.0 us (a loss); with L = 4 (2 and 3 bits) the kernels spilled and
-// lost (the 3-bit lm_head 76 -> 72 % of the copy rate, its in_proj_qkvz 7.6 -> 8.1 us).
+// quad of zeros past the last). Only at L <= 2: with L = 4 (2 and 3 bits) the kernels spilled and
+// lost (docs/PERFORMANCE.md#cuda-matvec).
 __host__ __device__ constexpr bool wide_b(int L) { return L <= 2; }
 
 // Quads of zeros past the last that stage_split writes: one where lanes read them (!wide_b).
@@ -198,8 +192,8 @@ __device__ __forceinline__ float pow2f(int e) {
 
 // The 8 values of a chunk of x that step j of its MMAs puts in the B registers: a[r][m] is the
 // value of code code_of<BITS>(j, r, m). At 8 and 4 bits they are values 8j .. 8j + 7, read as two
-// 16-byte loads (at 4 bits, against four 8-byte ones, that took the dense 4096² from 7.13 to 6.55 us
-// and the dense 8192² from 16.25 to 15.78 on the H200); at 2 and 3 bits r = 0 and 1 are adjacent.
+// 16-byte loads (faster than four 8-byte ones: docs/PERFORMANCE.md#cuda-matvec); at 2 and 3 bits
+// r = 0 and 1 are adjacent.
 template <int BITS>
 __device__ __forceinline__ void load_step(const float* __restrict__ chunk, int j, float (&a)[2][4]) {
   if constexpr (BITS == 8) {
@@ -238,10 +232,8 @@ inline constexpr int kStageSteps = 2;
 // syncs before the values are read (stage_split: the whole block, with the barrier).
 // Staging sits on every matvec's critical path, between the wait for x and the first MMA, so a
 // thread takes one step of a chunk (8 values; the 4G threads of a unit are adjacent lanes) rather
-// than a whole chunk, and its stores are 16 bytes wide and spread over the banks. On the H200
-// (bench_cuda_matvec) that took Qwen3-Next-80B's in_proj_qkvz from 8.0 to 7.3 us at 4 bits and
-// from 11.5 to 10.6 us at 8, the 8-bit dense 4096² from 9.7 to 8.4 us, and decode of the 8-layer
-// 80B-shaped synth from 1064 to 1108 tok/s (medians of 3).
+// than a whole chunk, and its stores are 16 bytes wide and spread over the banks
+// (docs/PERFORMANCE.md#cuda-matvec).
 template <int BITS, int L, int G, int THREADS>
 __device__ __forceinline__ void stage_split_part(int tid, const float* __restrict__ x, int TT, int valid, int cols,
                                                  uint2* xb, float* pow2, float* xsum) {
@@ -274,10 +266,9 @@ __device__ __forceinline__ void stage_split_part(int tid, const float* __restric
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
       }
       // An infinity makes the maximum infinite and a NaN the sum NaN (fmaxf drops NaNs), so the
-      // values need no test of their own. With that and the exponent and halves below (in place of
-      // per-value tests and their shuffles, ilogbf and pow2f), on the H200 in a graph: the 4-bit
-      // dense 4096² 6.11 -> 5.92 us, out_proj 4.97 -> 4.83, the 3-bit out_proj 5.01 -> 4.75, the
-      // 4-bit dense 8192² at T = 16 61.8 -> 58.6.
+      // values need no test of their own. That and the exponent and halves below replace per-value
+      // tests and their shuffles, ilogbf and pow2f, on staging's critical path
+      // (docs/PERFORMANCE.md#cuda-matvec).
       const bool finite = isfinite(mx) && isfinite(sum);
       if (i >= n) continue;
       // ilogb(mx) − 29 from the exponent bits: a subnormal mx (bits 0) gives −156, clamped as
@@ -363,10 +354,8 @@ __device__ __forceinline__ TileRows tile_rows(const WeightArgs& W, int r0, int g
 }
 
 // Loads of weight codes, which a block reads once: they are the first out of the L1, whose lines
-// then serve x and the scales (read by several lanes and blocks) instead. On the H200 in a graph,
-// against __ldg: the 4-bit dense 8192² 15.3 -> 14.5 us, the 4-bit g64 lm_head 45.7 -> 44.5 us,
-// the 8-bit one 79.4 -> 77.6 us, an expert's 4-bit gate/up 3.13 -> 3.02 us; mid-sized ones within
-// 0.5 %. (ld.global.cs measured the same; L1::no_allocate lost up to 8 % at 3 and 8 bits.)
+// then serve x and the scales (read by several lanes and blocks) instead: faster than __ldg for
+// the large matrices (docs/PERFORMANCE.md#cuda-matvec).
 __device__ __forceinline__ uint4 load_codes(const uint4* p) {
   uint4 v;
   asm("ld.global.nc.L1::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -555,7 +544,7 @@ __device__ __forceinline__ void mma_dot_block(const StagedX& X, int lb, const La
 }
 
 // Lane blocks loaded together before any computes, by default: about 32 bytes a lane and row in
-// flight (two 4-bit blocks of 32 bytes at once took the lm_head from 84 to 77 % of the copy rate).
+// flight; more lost bandwidth (docs/PERFORMANCE.md#cuda-matvec).
 template <int BITS, int L>
 inline constexpr int kBlocksAtOnce = BITS * L >= 8 ? 1 : 2;
 
@@ -653,10 +642,7 @@ __device__ __forceinline__ void mma_row_sets(const StagedX& X, const WeightArgs 
     __syncthreads();
     // A row's ks partial sums meet in ks adjacent lanes (sum_lanes: a fixed order), WARPS·16·TT
     // of them, a whole number of warps, rather than in one thread a row; and the last set skips
-    // the barrier after it. On the H200 in a graph (us, medians of 3): the 8-bit out_proj 5.61 ->
-    // 5.38, in_proj_qkvz 9.37 -> 9.17, dense 4096² 7.61 -> 7.29, the 4-bit in_proj_qkvz 6.68 ->
-    // 6.41, an expert's 8-bit gate/up 3.31 -> 3.15 and down 2.90 -> 2.70 (3-bit in_proj_qkvz
-    // 7.22 -> 7.33).
+    // the barrier after it. The sum sits on the critical path (docs/PERFORMANCE.md#cuda-matvec).
     for (int e = threadIdx.x; e < WARPS * 16 * TT; e += WARPS * 32) {
       const int j = e & (ks - 1), r = (e >> ks_log2) / TT, tt = (e >> ks_log2) % TT;
       float v[M];

@@ -103,9 +103,8 @@ __device__ __forceinline__ int kth_lane_best(int best, int k) {
 // route_row's top-k, weights and records, by the block's first warp; lane l holds p[l + 32s] in
 // registers. The keys at or past kth_lane_best (and numbers: not below 0) are listed in `listed`
 // [kMaxCandidates] and each is ranked against the others (ties to the lower index, as
-// cpu::top_k): in a decode step of the 8-layer 80B-shaped synth on the H200 (512 experts, k = 10)
-// the ten rounds of top_k_by_rounds had taken 2.2 us (clock64), this about 1.6 (globaltimer, an
-// instrumented build), still the longest part of the routing. Rows where more keys reach the
+// cpu::top_k): faster than top_k_by_rounds' k rounds, and still the longest part of the routing
+// (docs/PERFORMANCE.md#cuda-routing-and-experts). Rows where more keys reach the
 // threshold (ties: equal logits) take the rounds. Either way round r's pick goes to lane r, and
 // where fewer than K keys are numbers the rest are INT_MAX and -inf, as block_top_k's. picks: [32]
 // in shared memory. tab: the table's entries in shared memory (where table is given).
@@ -192,9 +191,7 @@ __device__ __forceinline__ float quotient(float a, double inverse) { return floa
 // table at once and takes the block's maximum from the warps' maxima; warp 0 sums the
 // exponentials, divides its own values in its registers (quotient) and takes the top k of them,
 // while the other warps run meanwhile(thread) (their thread's index from 0): gate_up_mma_kernel
-// stages x there. On the H200 in a decode step of the 8-layer 80B-shaped synth (globaltimer in
-// each block, the median over blocks) the routing and x's staging beside it ended 5.06 us after
-// the wait with float division and top_k_by_rounds, 3.73 us with quotient and the listed keys.
+// stages x there (docs/PERFORMANCE.md#cuda-routing-and-experts).
 // Writes id, w and rec [K] (from warp 0) and probs [E] where given; every thread of the block
 // calls it, and it ends with a barrier.
 template <int THREADS, class Meanwhile>
@@ -251,9 +248,9 @@ __device__ void route_row(const float* logits, int E, int K, bool norm_topk, flo
 // and summed in cpu::warp_order_sum's order, so that the probabilities are cpu::softmax's bit for
 // bit wherever the host's expf rounds correctly (all but a few values in ten thousand with glibc)
 // and near-ties break as on the CPU. That order's sum is a warp's 16 adds a lane and 5 shuffles at
-// 512 experts, against 512 adds in turn for index order: on the H200 in a graph the routing went
-// from 5.11 to 3.88 us. (One warp for the whole row, its 16 exponentials a lane in double, took
-// 5.58.) Every value is computed alone and the sum is warp 0's, so the bits do not depend on THREADS.
+// 512 experts, against 512 adds in turn for index order
+// (docs/PERFORMANCE.md#cuda-routing-and-experts).
+// Every value is computed alone and the sum is warp 0's, so the bits do not depend on THREADS.
 template <int THREADS>
 __device__ void route_softmax(const float* x, int E, float* p, float* probs) {
   __shared__ float total;
@@ -486,9 +483,8 @@ __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(co
 // staged together as K tokens; the warps take the (slot, lane block) items, and once all are done
 // each row is summed over the slots in k order: out = Σ_k fl(w_k · y_k), as down_sum_bf16_kernel.
 // Nothing is asked of the L2 ahead: the addresses would need the routed records first, whose load
-// then held up the staging's. Without that, with the products w_k · y_k formed by a thread each
-// and the shared gate's sigmoid taken last, the kernel's blocks on the H200 ended 4.9 us after they
-// began rather than 5.3 (decode of the 8-layer 80B-shaped synth, clock64 in each block).
+// then held up the staging's. The products w_k · y_k are formed by a thread each and the shared
+// gate's sigmoid is taken last (docs/PERFORMANCE.md#cuda-routing-and-experts).
 template <int BITS, int L, int G>
 __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const float* __restrict__ h, int K,
                                                                     const uint8_t* const* records,
@@ -503,9 +499,8 @@ __global__ void __launch_bounds__(kDownMmaWarps * 32) down_mma_kernel(const floa
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   auto weights_k = [&](int k) { return weights_of(records[size_t(t) * K + k], down); };
   grid_dependency_wait();
-  // The slots' weights and the shared term, read while x stages rather than after the last sum:
-  // on the H200 that took this kernel from 8.3 to 7.0-7.2 us in a decode step at Qwen3-Next-80B's
-  // shape (traced). (Reading the records and weights before the wait measured no better.)
+  // The slots' weights and the shared term, read while x stages rather than after the last sum,
+  // off the critical path (docs/PERFORMANCE.md#cuda-routing-and-experts).
   const int i = threadIdx.x;
   for (int k = i; k < K; k += kDownMmaWarps * 32) slot_weights[k] = weights[size_t(t) * K + k];  // stage_split syncs
   SharedValue sv;

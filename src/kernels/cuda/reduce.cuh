@@ -76,7 +76,7 @@ __device__ void block_top_k(const float* v, int n, int k, unsigned char* taken, 
 
 // store(i, load(i)) for i = threadIdx.x, + THREADS, ... < n, U at a time: the U loads are issued
 // before any of their stores. A plain loop waits out each load's latency in turn where its store
-// may alias the next loads (an in-place norm): 8 of them made a 2048-wide rmsnorm take 5.6 us.
+// may alias the next loads, as in an in-place norm (docs/PERFORMANCE.md#cuda-row-kernels).
 template <int THREADS, int U, class Load, class Store>
 __device__ __forceinline__ void load_then_store(int n, Load&& load, Store&& store) {
   using V = decltype(load(0));
