@@ -15,9 +15,9 @@ namespace ms {
 
 namespace {
 // Freed buffers of up to kReusedMaxBytes, by size, for the next device_alloc of that size: a
-// decode step takes and frees the same few dozen activation sizes in every layer, and
-// cudaMallocAsync with cudaFreeAsync costs about 1.2 us of host time a pair (H200 host), where a
-// decode step is bound by the host's launches. Reuse is stream-ordered as cudaFreeAsync's is:
+// decode step takes and frees the same few dozen activation sizes in every layer, and a
+// cudaMallocAsync and cudaFreeAsync pair costs host time a launch-bound decode step does not
+// have (docs/PERFORMANCE.md#cuda-device-memory). Reuse is stream-ordered as cudaFreeAsync's is:
 // every user of these buffers works on the compute stream. Larger buffers (prefill's) go back
 // to the pool, which can serve other sizes from them, and so do buffers past kReusedTotalBytes
 // held (prompts of many lengths leave many sizes; a decode step's all fit in a few MB).
