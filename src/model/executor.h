@@ -71,6 +71,10 @@ class Executor {
   virtual size_t pool_bytes() const = 0;
   // Every tier of expert pools, the one the forward reads first; empty where nothing streams.
   virtual std::vector<PoolTier> pool_tiers() const = 0;
+
+ protected:
+  // decode() as a forward of one token a step, the next token picked from its logits.
+  int decode_stepwise(State& state, int first, int max_steps, const DecodeOptions& opt, const OnStep& on_step) const;
 };
 
 }  // namespace ms

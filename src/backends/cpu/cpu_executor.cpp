@@ -36,16 +36,7 @@ class CpuExecutor final : public Executor {
 
   // One forward a step: the CPU has nothing to overlap between steps.
   int decode(State& state, int first, int max_steps, const DecodeOptions& opt, const OnStep& on_step) const override {
-    ForwardOptions fo{.routes = opt.routes, .pick = opt.pick};
-    int token = first, steps = 0;
-    while (steps < max_steps) {
-      ForwardResult r = forward(&token, 1, state, fo);
-      state.advance(1);
-      ++steps;
-      if (!on_step(r)) break;
-      token = r.token;
-    }
-    return steps;
+    return decode_stepwise(state, first, max_steps, opt, on_step);
   }
 
   std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state) const override {

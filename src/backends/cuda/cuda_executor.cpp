@@ -64,16 +64,7 @@ class CudaExecutor final : public Executor {
 
   int decode(State& state, int first, int max_steps, const DecodeOptions& opt, const OnStep& on_step) const override {
     if (opt.greedy && decodes_ahead()) return decode_ahead(state, first, max_steps, opt.routes, on_step);
-    const ForwardOptions fo{.routes = opt.routes, .pick = opt.pick};
-    int token = first, steps = 0;
-    while (steps < max_steps) {
-      ForwardResult r = forward(&token, 1, state, fo);
-      state.advance(1);
-      ++steps;
-      if (!on_step(r)) break;
-      token = r.token;
-    }
-    return steps;
+    return decode_stepwise(state, first, max_steps, opt, on_step);  // each step a replayed graph where graphs_
   }
 
   std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state) const override {
