@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/synth.h"
+#include "writers/synth.h"
 #include "test_support.h"
 
 namespace ms::test {

@@ -7,7 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/flag_checks.h"
-#include "runtime/convert.h"
+#include "writers/convert.h"
 
 namespace ms::cli {
 

@@ -7,7 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/flag_checks.h"
-#include "runtime/synth.h"
+#include "writers/synth.h"
 
 namespace ms::cli {
 

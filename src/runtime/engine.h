@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat_template.h"
 #include "model/model.h"
-#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ms {

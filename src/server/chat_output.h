@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "tokenizer/tool_calls.h"
+#include "chat/tool_calls.h"
 
 namespace ms {
 

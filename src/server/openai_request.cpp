@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "server/api_error.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 #include "util/json.h"
 #include "tokenizer/utf8.h"
 

@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "runtime/session.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "test_support.h"
 

@@ -10,7 +10,7 @@
 
 #include "experts/expert_store.h"
 #include "format/config.h"
-#include "runtime/synth.h"
+#include "writers/synth.h"
 #include "synth_support.h"
 #include "test_support.h"
 

@@ -12,10 +12,10 @@
 #include "streaming_support.h"
 #include "backends/load.h"
 #include "model/model.h"
-#include "runtime/convert.h"
 #include "runtime/generate.h"
 #include "test_support.h"
 #include "util/error.h"
+#include "writers/convert.h"
 
 namespace ms {
 namespace {

@@ -12,7 +12,7 @@
 #include "format/engine_dir.h"
 #include "backends/load.h"
 #include "model/model.h"
-#include "runtime/synth.h"
+#include "writers/synth.h"
 #include "synth_support.h"
 #include "test_support.h"
 

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/synth.h"
+#include "writers/synth.h"
 #include "test_support.h"
 
 namespace ms {

@@ -11,7 +11,7 @@
 #include <random>
 
 #include "server_fixture.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ms::test {

@@ -13,8 +13,8 @@
 #include "backends/cuda/cuda_executor.h"
 #include "backends/load.h"
 #include "model/model.h"
-#include "runtime/convert.h"
 #include "runtime/generate.h"
+#include "writers/convert.h"
 #include "test_support.h"
 
 namespace ms {

@@ -15,10 +15,10 @@
 #include "kernels/cuda/device.h"
 #include "backends/load.h"
 #include "model/model.h"
-#include "runtime/convert.h"
 #include "runtime/generate.h"
 #include "test_support.h"
 #include "util/error.h"
+#include "writers/convert.h"
 
 namespace ms {
 namespace {

@@ -1,10 +1,10 @@
-// The chat template interpreter (tokenizer/jinja*.cpp): the input is the template text, parsed
+// The chat template interpreter (chat/jinja*.cpp): the input is the template text, parsed
 // and rendered with a fixed conversation, with tools and without, as the server renders it.
 #include <string_view>
 
 #include "fuzz_support.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/conversation.h"
+#include "chat/chat_template.h"
+#include "chat/conversation.h"
 #include "util/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,4 +1,4 @@
-#include "runtime/engine_writer.h"
+#include "writers/engine_writer.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

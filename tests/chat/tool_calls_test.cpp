@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "tokenizer/tool_calls.h"
+#include "chat/tool_calls.h"
 
 namespace ms {
 namespace {

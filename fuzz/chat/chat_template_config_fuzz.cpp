@@ -4,8 +4,8 @@
 #include <string>
 
 #include "fuzz_support.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/conversation.h"
+#include "chat/chat_template.h"
+#include "chat/conversation.h"
 #include "util/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

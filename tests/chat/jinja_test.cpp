@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tokenizer/jinja.h"
+#include "chat/jinja.h"
 #include "util/error.h"
 
 namespace ms::jinja {

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "tokenizer/jinja.h"
+#include "chat/jinja.h"
 #include "tokenizer/marked_text.h"
 
 namespace ms {

@@ -1,7 +1,7 @@
 // moestream convert: exactness at 16 bits against the Hugging Face checkpoint, the error cases,
 // the loader's checks of an engine directory, and the quality gates of quantized experts on
 // pycoder-moe.
-#include "runtime/convert.h"
+#include "writers/convert.h"
 
 #include <gtest/gtest.h>
 

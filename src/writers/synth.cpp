@@ -1,4 +1,4 @@
-#include "runtime/synth.h"
+#include "writers/synth.h"
 
 #include <sys/statvfs.h>
 
@@ -14,9 +14,9 @@
 #include "format/config.h"
 #include "format/engine_dir.h"
 #include "format/safetensors.h"
-#include "runtime/engine_writer.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "writers/engine_writer.h"
 
 namespace ms {
 

@@ -1,7 +1,7 @@
 // Engine directories are written under OUT.tmp-XXXXXX and renamed when complete; a writer killed
 // outright (SIGKILL) leaves its temporary directory, which the next convert or synth to OUT
 // removes, while a live writer's (its lock held) is left alone. Real processes, real files.
-#include "runtime/engine_writer.h"
+#include "writers/engine_writer.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <set>
 
-#include "tokenizer/jinja_ast.h"
+#include "chat/jinja_ast.h"
 #include "tokenizer/utf8.h"
 #include "util/error.h"
 

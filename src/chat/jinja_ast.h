@@ -6,8 +6,8 @@
 #include <string_view>
 #include <vector>
 
-#include "tokenizer/jinja_builtins.h"
-#include "tokenizer/jinja_value.h"
+#include "chat/jinja_builtins.h"
+#include "chat/jinja_value.h"
 
 namespace ms::jinja {
 

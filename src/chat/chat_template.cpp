@@ -1,4 +1,4 @@
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 
 #include <filesystem>
 #include <fstream>

@@ -1,4 +1,4 @@
-#include "tokenizer/jinja_builtins.h"
+#include "chat/jinja_builtins.h"
 
 #include <utf8proc.h>
 

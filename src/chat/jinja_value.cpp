@@ -1,4 +1,4 @@
-#include "tokenizer/jinja_value.h"
+#include "chat/jinja_value.h"
 
 #include <fmt/format.h>
 

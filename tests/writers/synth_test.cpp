@@ -14,10 +14,10 @@
 #include "format/engine_dir.h"
 #include "backends/load.h"
 #include "model/model.h"
-#include "runtime/synth.h"
 #include "synth_support.h"
 #include "test_support.h"
 #include "util/error.h"
+#include "writers/synth.h"
 
 namespace ms {
 namespace {

@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "test_support.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
+#include "chat/tool_calls.h"
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/tool_calls.h"
 #include "util/error.h"
 
 namespace ms {

@@ -1,4 +1,4 @@
-// Tool calls in model output (tokenizer/tool_calls.cpp): the input is what a model generated,
+// Tool calls in model output (chat/tool_calls.cpp): the input is what a model generated,
 // which nothing has checked. It is split whole, and streamed in pieces whose sizes the first
 // byte picks; tool_calls.h promises both give the same content and calls.
 #include <algorithm>
@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "fuzz_support.h"
-#include "tokenizer/tool_calls.h"
+#include "chat/tool_calls.h"
 #include "util/error.h"
 
 namespace {

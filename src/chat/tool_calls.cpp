@@ -1,4 +1,4 @@
-#include "tokenizer/tool_calls.h"
+#include "chat/tool_calls.h"
 
 #include <optional>
 

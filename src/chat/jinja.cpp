@@ -1,11 +1,11 @@
-#include "tokenizer/jinja.h"
+#include "chat/jinja.h"
 
 #include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <optional>
 
-#include "tokenizer/jinja_ast.h"
+#include "chat/jinja_ast.h"
 #include "util/error.h"
 
 namespace ms::jinja {
