@@ -2,7 +2,7 @@
 // The resident pool of one MoE layer: a fixed number of slots at fixed addresses, an
 // expert -> slot table, and a policy that picks victims. A slot is published in the table only
 // after the read that fills it has completed; slots held by the forward in progress and pinned
-// slots are never evicted (DESIGN.md invariants 2 and 3). Thread-safe.
+// slots are never evicted (docs/ARCHITECTURE.md, invariants 2 and 3). Thread-safe.
 #include <cstddef>
 #include <cstdint>
 #include <memory>

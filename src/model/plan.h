@@ -37,7 +37,7 @@ struct ModelOptions {
   bool cuda_graphs = true;
 };
 
-// Where a memory budget goes (DESIGN.md invariant 5): host memory on Cpu, VRAM on Cuda.
+// Where a memory budget goes (docs/ARCHITECTURE.md, invariant 5): host memory on Cpu, VRAM on Cuda.
 struct MemoryPlan {
   uint64_t dense = 0, kv = 0, activations = 0, pool = 0;
   int slots = 0;  // per MoE layer
