@@ -67,13 +67,15 @@ void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const 
   const uint8_t* const* table = experts->resident_table(layer);
   DeviceArray<const uint8_t*> records{size_t(K)};
   const std::array<ProjLayout, 3>& p = w.record_layout->proj;
-  const cuda::RecordMat proj[3] = {
-      {p[0].bits, p[0].group, p[0].rows, p[0].cols, p[0].q_offset, p[0].scales_offset, p[0].biases_offset},
-      {p[1].bits, p[1].group, p[1].rows, p[1].cols, p[1].q_offset, p[1].scales_offset, p[1].biases_offset},
-      {p[2].bits, p[2].group, p[2].rows, p[2].cols, p[2].q_offset, p[2].scales_offset, p[2].biases_offset}};
+  auto record_mat = [](const ProjLayout& l) {
+    return cuda::RecordMat{.bits = l.bits, .group = l.group, .rows = l.rows, .cols = l.cols, .q_offset = l.q_offset,
+                           .scales_offset = l.scales_offset, .biases_offset = l.biases_offset};
+  };
+  const cuda::RecordMat proj[3] = {record_mat(p[0]), record_mat(p[1]), record_mat(p[2])};
   Buf scratch = alloc(cuda::moe_scratch_floats(1, K, proj));
   const float* shared_out = gate_with_router ? shared.data() : nullptr;
-  const cuda::InlineRoute route{logits.data(), E, cfg.norm_topk, probs, ids, weights.data(), table, records.data()};
+  const cuda::InlineRoute route{.logits = logits.data(), .E = E, .norm_topk = cfg.norm_topk, .probs = probs, .ids = ids,
+                                .weights = weights.data(), .table = table, .records = records.data()};
   if (cuda::routes_in_gate_up(route, K, proj)) {
     // The experts' first launch routes the token itself, and the shared expert joins before the
     // second, the first to read its output: no launch stands between the router and the experts,

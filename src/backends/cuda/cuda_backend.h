@@ -54,8 +54,10 @@ struct CudaBackend {
   void attention_prepare(const float* q_raw, const float* k, const float* v, int T, int nh, int nkv, int hd, bool gated,
                          const float* q_norm, const float* k_norm, float offset, float eps, int rot_dim, int pos0,
                          double theta, float* q, float* gate, KV& cache) const {
-    cuda::attention_prepare({q_raw, k, v, q_norm, k_norm, q, gate, cache.k.data(), cache.v.data(), step_pos, theta,
-                             offset, eps, T, nh, nkv, hd, rot_dim, pos0, gated});
+    cuda::attention_prepare({.q_raw = q_raw, .k = k, .v = v, .q_norm = q_norm, .k_norm = k_norm, .q = q, .gate = gate,
+                             .k_cache = cache.k.data(), .v_cache = cache.v.data(), .pos_on_device = step_pos,
+                             .theta = theta, .offset = offset, .eps = eps, .T = T, .nh = nh, .nkv = nkv, .hd = hd,
+                             .rot_dim = rot_dim, .pos0 = pos0, .gated = gated});
   }
   // A captured step's positions are bounded by its caches' rows; else they are pos0 + T.
   void attention(const float* q, const KV& cache, int T, int pos0, int nh, int nkv, int hd, const float* gate,
@@ -82,8 +84,9 @@ struct CudaBackend {
   void deltanet_prepare(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, const float* conv_w,
                         int conv_k, float* conv_state, const float* A_log, const float* dt_bias, float eps,
                         float q_scale, float* q, float* k, float* v, float* z, float* g, float* beta) const {
-    cuda::deltanet_prepare({qkvz, ba, conv_w, A_log, dt_bias, conv_state, q, k, v, z, g, beta, T, nk, nv, dk, dv,
-                            conv_k, eps, q_scale});
+    cuda::deltanet_prepare({.qkvz = qkvz, .ba = ba, .conv_w = conv_w, .A_log = A_log, .dt_bias = dt_bias,
+                            .conv_state = conv_state, .q = q, .k = k, .v = v, .z = z, .g = g, .beta = beta, .T = T,
+                            .nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = conv_k, .eps = eps, .q_scale = q_scale});
   }
   void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate_w, int T, int H) const {
     cuda::shared_gate_add(out, s, x, gate_w, T, H);
