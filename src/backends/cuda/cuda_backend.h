@@ -8,10 +8,10 @@
 #include <initializer_list>
 #include <vector>
 
-#include "backends/cuda/device_memory.h"
 #include "backends/cuda/device_state.h"
 #include "backends/cuda/device_store.h"
 #include "backends/cuda/device_weights.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/sampling.h"
 #include "model/weights.h"

@@ -4,8 +4,8 @@
 #include <memory>
 #include <vector>
 
-#include "backends/cuda/device_memory.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/ops.h"
 #include "model/state.h"
 

@@ -5,7 +5,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backends/cuda/device_memory.h"
+#include "kernels/cuda/device_memory.h"
 #include "model/weights.h"
 
 namespace ms {

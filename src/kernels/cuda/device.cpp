@@ -167,7 +167,7 @@ Graph::~Graph() {
 
 void Graph::begin_capture() {
   // Relaxed: what is captured takes its memory with cudaMalloc while the capture is open
-  // (backends/cuda/device_memory.h's DeviceArena), which the stricter modes refuse.
+  // (kernels/cuda/device_memory.h's DeviceArena), which the stricter modes refuse.
   CUDA_CHECK(cudaStreamBeginCapture(compute_stream(), cudaStreamCaptureModeRelaxed));
 }
 

@@ -1,4 +1,4 @@
-#include "backends/cuda/device_memory.h"
+#include "kernels/cuda/device_memory.h"
 
 #include <cuda_runtime_api.h>
 
