@@ -19,7 +19,7 @@
 namespace ms {
 
 struct CudaBackend {
-  using Buf = DeviceArray<float>;
+  using Buf = cuda::DeviceArray<float>;
   using KV = DeviceKV;
   using Linear = DeviceLinear;
 
@@ -107,8 +107,8 @@ struct CudaBackend {
   // model/moe.h's primitives. The users of every expert, concatenated in expert order, uploaded
   // in one copy.
   struct ExpertGroups {
-    DeviceArray<int> rows;   // [2, users]: the token row of each user, then its (token * K + slot)
-    DeviceArray<float> weights;
+    cuda::DeviceArray<int> rows;   // [2, users]: the token row of each user, then its (token * K + slot)
+    cuda::DeviceArray<float> weights;
     std::vector<size_t> first;  // [n_experts + 1]: where each expert's users start
   };
   ExpertGroups expert_groups(const std::vector<std::vector<int>>& users, const std::vector<float>& weights, int K) const;
