@@ -33,6 +33,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/deltanet.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/stream.h"
@@ -43,6 +44,7 @@ using namespace ms;
 namespace {
 
 constexpr size_t kWorkingSet = size_t(1) << 30;  // bytes of weights cycled over: 20x the L2
+constexpr cuda::DeviceAlloc kNow = cuda::DeviceAlloc::Now;  // the bench's buffers: cudaMalloc'ed
 
 // Milliseconds per call of fn(i), over calls covering at least min_ms, after one warm-up round.
 template <class F>
@@ -88,7 +90,7 @@ std::string type_name(const Config& c, int group) {
 // Copies of one shape's weights (codes 0x5a, bf16 scales and biases 0x3c3c ≈ 0.0115), as many as
 // fill kWorkingSet, to cycle over.
 struct Copies {
-  cuda::DeviceBuffer q, sb;
+  cuda::DeviceArray<uint8_t> q, sb;  // sb: bf16 scales and biases, as bytes
   std::vector<Mat> mats;
   size_t per_copy = 0;  // bytes of one: weights, scales and biases
 };
@@ -99,16 +101,16 @@ Copies make_copies(const Config& c, int group) {
   Copies w;
   w.per_copy = q_bytes + 2 * sb_bytes;
   const int copies = int(std::max<size_t>(1, kWorkingSet / w.per_copy));
-  w.q = cuda::DeviceBuffer(q_bytes * copies);
-  w.sb = cuda::DeviceBuffer(2 * sb_bytes * copies + 2);
-  CUDA_CHECK(cudaMemset(w.q.data(), 0x5a, w.q.size()));
-  CUDA_CHECK(cudaMemset(w.sb.data(), 0x3c, w.sb.size()));
+  w.q = cuda::DeviceArray<uint8_t>(q_bytes * copies, kNow);
+  w.sb = cuda::DeviceArray<uint8_t>(2 * sb_bytes * copies + 2, kNow);
+  CUDA_CHECK(cudaMemset(w.q.data(), 0x5a, w.q.bytes()));
+  CUDA_CHECK(cudaMemset(w.sb.data(), 0x3c, w.sb.bytes()));
   for (int i = 0; i < copies; ++i) {
-    const auto* s = reinterpret_cast<const uint16_t*>(w.sb.as<uint8_t>() + 2 * sb_bytes * i);
+    const auto* s = reinterpret_cast<const uint16_t*>(w.sb.data() + 2 * sb_bytes * i);
     if (c.bits == 16)
-      w.mats.push_back(Mat{WeightType::BF16, w.q.as<uint8_t>() + q_bytes * i, c.rows, c.cols});
+      w.mats.push_back(Mat{WeightType::BF16, w.q.data() + q_bytes * i, c.rows, c.cols});
     else
-      w.mats.push_back(Mat{WeightType::Affine, w.q.as<uint8_t>() + q_bytes * i, c.rows, c.cols, c.bits, group, s,
+      w.mats.push_back(Mat{WeightType::Affine, w.q.data() + q_bytes * i, c.rows, c.cols, c.bits, group, s,
                            s + sb_bytes / 2});
   }
   return w;
@@ -119,10 +121,11 @@ Copies make_copies(const Config& c, int group) {
 // or in a graph.
 double stream_read_ms(size_t bytes, int copies, int rounds, bool graphed) {
   const size_t span = (bytes + 15) / 16 * 16;
-  cuda::DeviceBuffer flat(span * size_t(copies)), sink(4);
-  CUDA_CHECK(cudaMemset(flat.data(), 0x5a, flat.size()));
+  cuda::DeviceArray<uint8_t> flat(span * size_t(copies), kNow);
+  cuda::DeviceArray<uint32_t> sink(1, kNow);
+  CUDA_CHECK(cudaMemset(flat.data(), 0x5a, flat.bytes()));
   auto read = [&](int i) {
-    bench::stream_read(flat.as<uint8_t>() + span * size_t(i % copies), bytes / 16 * 16, sink.as<uint32_t>());
+    bench::stream_read(flat.data() + span * size_t(i % copies), bytes / 16 * 16, sink.data());
   };
   return graphed ? graph_ms(std::max(1, rounds / 100), read) : time_ms(rounds, read);
 }
@@ -139,10 +142,10 @@ void run(const Config& c, int group, int T, double hbm, const std::string& filte
   if (what.find(filter) == std::string::npos) return;
   const Copies w = make_copies(c, group);
   const int copies = int(w.mats.size());
-  cuda::DeviceBuffer x(size_t(T) * c.cols * 4), y(size_t(T) * c.rows * 4);
-  CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.size()));
+  cuda::DeviceArray<float> x(size_t(T) * c.cols, kNow), y(size_t(T) * c.rows, kNow);
+  CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.bytes()));
   const int rounds = std::max(copies, std::min(2000, int(20e9 / double(w.per_copy))));
-  auto matvec = [&](int i) { cuda::matmul(x.as<float>(), T, w.mats[size_t(i % copies)], y.as<float>()); };
+  auto matvec = [&](int i) { cuda::matmul(x.data(), T, w.mats[size_t(i % copies)], y.data()); };
   const double ms = time_ms(rounds, matvec), graphed = graph_ms(std::max(1, rounds / 100), matvec);
   const double bytes = double(w.per_copy) + 4.0 * T * (c.cols + c.rows);
   auto of_copy = [&](double t) { return 100.0 * bytes / (t * 1e6) / hbm; };
@@ -160,17 +163,17 @@ void run(const Config& c, int group, int T, double hbm, const std::string& filte
   if (more.after_norm) {
     // Each call after the RMSNorm that writes its x, as a decode step runs a matvec: the pair's
     // time less the norm's alone.
-    cuda::DeviceBuffer src(x.size()), gamma(size_t(c.cols) * 4);
-    CUDA_CHECK(cudaMemset(src.data(), 0x3c, src.size()));
-    CUDA_CHECK(cudaMemset(gamma.data(), 0, gamma.size()));
-    auto norm = [&](int) { cuda::rmsnorm(src.as<float>(), T, c.cols, gamma.as<float>(), 1.0f, 1e-6f, x.as<float>()); };
+    cuda::DeviceArray<float> src(x.size(), kNow), gamma(size_t(c.cols), kNow);
+    CUDA_CHECK(cudaMemset(src.data(), 0x3c, src.bytes()));
+    CUDA_CHECK(cudaMemset(gamma.data(), 0, gamma.bytes()));
+    auto norm = [&](int) { cuda::rmsnorm(src.data(), T, c.cols, gamma.data(), 1.0f, 1e-6f, x.data()); };
     const int graphs = std::max(1, rounds / 100);
     const double pair = graph_ms(graphs, [&](int i) { norm(i), matvec(i); }), alone = graph_ms(graphs, norm);
     std::printf(" | after a norm %7.2f us %5.1f%%", (pair - alone) * 1e3, of_copy(pair - alone));
   }
   if (more.hot) {
     const double hot_ms =
-        graph_ms(std::max(1, rounds / 100), [&](int) { cuda::matmul(x.as<float>(), T, w.mats[0], y.as<float>()); });
+        graph_ms(std::max(1, rounds / 100), [&](int) { cuda::matmul(x.data(), T, w.mats[0], y.data()); });
     std::printf(" | hot graph %7.2f us, %6.0f GB/s", hot_ms * 1e3, bytes / (hot_ms * 1e6));
   }
   std::printf("\n");
@@ -191,12 +194,12 @@ void run_prefill(const Config& c, int T, const std::string& filter) {
   if (what.find(filter) == std::string::npos) return;
   const Copies w = make_copies(c, 64);
   const size_t copies = w.mats.size();
-  cuda::DeviceBuffer x(size_t(T) * c.cols * 4), y(size_t(T) * c.rows * 4);
-  CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.size()));
-  const double direct = time_us([&](int i) { cuda::matmul_direct(x.as<float>(), T, w.mats[size_t(i) % copies], y.as<float>()); });
-  const double gemm = time_us([&](int i) { cuda::matmul_gemm(x.as<float>(), T, w.mats[size_t(i) % copies], y.as<float>()); });
+  cuda::DeviceArray<float> x(size_t(T) * c.cols, kNow), y(size_t(T) * c.rows, kNow);
+  CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.bytes()));
+  const double direct = time_us([&](int i) { cuda::matmul_direct(x.data(), T, w.mats[size_t(i) % copies], y.data()); });
+  const double gemm = time_us([&](int i) { cuda::matmul_gemm(x.data(), T, w.mats[size_t(i) % copies], y.data()); });
   const double gemm16 = time_us([&](int i) {
-    cuda::matmul_gemm(x.as<float>(), T, w.mats[size_t(i) % copies], y.as<float>(), size_t(16) << 20);
+    cuda::matmul_gemm(x.data(), T, w.mats[size_t(i) % copies], y.data(), size_t(16) << 20);
   });
   const double flop = 2.0 * T * double(c.rows) * c.cols;
   std::printf("%-34s %6d x %-6d T=%-4d direct %9.1f us %6.2f TFLOP/s | gemm %9.1f us %6.2f TFLOP/s | gemm 16 MiB %9.1f us"
@@ -217,14 +220,16 @@ void run_moe(double hbm, const std::string& filter, int bits) {
   const ExpertLayer layer =
       plan_expert_layer("model.layers.0.mlp", "experts/layer_000.bin", E,
                         {ProjSpec{bits, 64, I, H}, ProjSpec{bits, 64, I, H}, ProjSpec{bits, 64, H, I}});
-  cuda::DeviceBuffer blob(size_t(E) * layer.stride), x(H * 4), out(H * 4), h(size_t(K) * I * 4),
-      g(I * 4), u(I * 4), y(H * 4), partial(size_t(K) * H * 4), dw(K * 4), dslots(K * 4);
-  CUDA_CHECK(cudaMemset(blob.data(), 0x3c, blob.size()));  // codes 0x3c, bf16 scales and biases ≈ 0.0115
-  CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.size()));
-  dw.upload(std::vector<float>(K, 1.0f / K).data(), K * 4);
+  cuda::DeviceArray<uint8_t> blob(size_t(E) * layer.stride, kNow);
+  cuda::DeviceArray<float> x(H, kNow), out(H, kNow), h(size_t(K) * I, kNow), g(I, kNow), u(I, kNow), y(H, kNow),
+      partial(size_t(K) * H, kNow), dw(K, kNow);
+  cuda::DeviceArray<int> dslots(K, kNow);
+  CUDA_CHECK(cudaMemset(blob.data(), 0x3c, blob.bytes()));  // codes 0x3c, bf16 scales and biases ≈ 0.0115
+  CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.bytes()));
+  dw.upload(std::vector<float>(K, 1.0f / K).data(), K);
   std::vector<int> slots(K);
   for (int k = 0; k < K; ++k) slots[size_t(k)] = k;
-  dslots.upload(slots.data(), K * 4);
+  dslots.upload(slots.data(), K);
 
   std::mt19937 rng(5);
   std::vector<int> all(E);
@@ -235,10 +240,10 @@ void run_moe(double hbm, const std::string& filter, int bits) {
     std::shuffle(all.begin(), all.end(), rng);
     for (int k = 0; k < K; ++k) {
       ids.push_back(all[size_t(k)]);
-      records.push_back(blob.as<uint8_t>() + size_t(all[size_t(k)]) * layer.stride);
+      records.push_back(blob.data() + size_t(all[size_t(k)]) * layer.stride);
     }
   }
-  const cuda::DeviceBuffer drecords = cuda::DeviceBuffer::from(records);
+  const auto drecords = cuda::DeviceArray<const uint8_t*>::from(records, kNow);
   cuda::RecordMat proj[3];
   size_t expert_bytes = 0;
   for (size_t i = 0; i < 3; ++i) {
@@ -253,8 +258,8 @@ void run_moe(double hbm, const std::string& filter, int bits) {
   };
   const int rounds = 2000;
   auto experts = [&](int i) {
-    cuda::moe_experts(x.as<float>(), 1, K, drecords.as<const uint8_t*>() + size_t(i % kRoutes) * K, dw.as<float>(),
-                      proj, out.as<float>(), h.as<float>());
+    cuda::moe_experts(x.data(), 1, K, drecords.data() + size_t(i % kRoutes) * K, dw.data(),
+                      proj, out.data(), h.data());
   };
   report((name + " (2 launches)").c_str(), time_ms(rounds, experts));
   report((name + " (in a graph)").c_str(), graph_ms(rounds / 100, experts));
@@ -266,13 +271,13 @@ void run_moe(double hbm, const std::string& filter, int bits) {
   report("  per-expert launches (51)", time_ms(rounds / 4, [&](int i) {
            for (int k = 0; k < K; ++k) {
              const uint8_t* rec = records[size_t(i % kRoutes) * K + size_t(k)];
-             cuda::matmul(x.as<float>(), 1, mat(rec, layer.proj[0]), g.as<float>());
-             cuda::matmul(x.as<float>(), 1, mat(rec, layer.proj[1]), u.as<float>());
-             cuda::silu_mul(g.as<float>(), u.as<float>(), g.as<float>(), I);
-             cuda::matmul(g.as<float>(), 1, mat(rec, layer.proj[2]), y.as<float>());
-             cuda::scatter_scaled(y.as<float>(), dslots.as<int>() + k, dw.as<float>() + k, 1, H, partial.as<float>());
+             cuda::matmul(x.data(), 1, mat(rec, layer.proj[0]), g.data());
+             cuda::matmul(x.data(), 1, mat(rec, layer.proj[1]), u.data());
+             cuda::silu_mul(g.data(), u.data(), g.data(), I);
+             cuda::matmul(g.data(), 1, mat(rec, layer.proj[2]), y.data());
+             cuda::scatter_scaled(y.data(), dslots.data() + k, dw.data() + k, 1, H, partial.data());
            }
-           cuda::sum_slots(partial.as<float>(), 1, K, H, out.as<float>());
+           cuda::sum_slots(partial.data(), 1, K, H, out.data());
          }));
 }
 
@@ -281,10 +286,11 @@ void run_route(const std::string& filter) {
   if (std::string("route_topk").find(filter) == std::string::npos) return;
   constexpr int E = 512, K = 10;
 
-  cuda::DeviceBuffer logits(E * 4), probs(E * 4), rid(K * 4), rw(K * 4);
-  CUDA_CHECK(cudaMemset(logits.data(), 0x3c, logits.size()));
+  cuda::DeviceArray<float> logits(E, kNow), probs(E, kNow), rw(K, kNow);
+  cuda::DeviceArray<int> rid(K, kNow);
+  CUDA_CHECK(cudaMemset(logits.data(), 0x3c, logits.bytes()));
   auto route = [&](int) {
-    cuda::route_topk(logits.as<float>(), 1, E, K, true, probs.as<float>(), rid.as<int>(), rw.as<float>());
+    cuda::route_topk(logits.data(), 1, E, K, true, probs.data(), rid.data(), rw.data());
   };
   std::printf("%-40s T=1 E=%d K=%d %9.2f us launched, %.2f us in a graph\n", "route_topk", E, K,
               time_ms(2000, route) * 1e3, graph_ms(20, route) * 1e3);
@@ -302,10 +308,10 @@ void run_delta_rule(const std::string& filter) {
       beta(g.size(), 0.6f), state(size_t(hv) * d * d, 0.0f);
   for (float& x : qk) x = normal(rng) / std::sqrt(float(d));
   for (float& x : v) x = normal(rng);
-  cuda::DeviceBuffer dq = cuda::DeviceBuffer::from(qk), dk = cuda::DeviceBuffer::from(qk),
-                     dv = cuda::DeviceBuffer::from(v), dg = cuda::DeviceBuffer::from(g),
-                     db = cuda::DeviceBuffer::from(beta), dst = cuda::DeviceBuffer::from(state),
-                     dout(v.size() * sizeof(float));
+  using Floats = cuda::DeviceArray<float>;
+  Floats dq = Floats::from(qk, kNow), dk = Floats::from(qk, kNow), dv = Floats::from(v, kNow),
+         dg = Floats::from(g, kNow), db = Floats::from(beta, kNow), dst = Floats::from(state, kNow),
+         dout(v.size(), kNow);
   std::printf("gated_delta_rule, %d/%d heads, dk = dv = %d (chunked from T >= %d):\n", hk, hv, d,
               cuda::kDeltaChunkedMinTokens);
   for (int T : {1, 2, 4, 8, 12, 16, 24, 32, 64, 128, 256, 1024, 4096}) {
@@ -314,8 +320,8 @@ void run_delta_rule(const std::string& filter) {
     int i = 0;
     for (auto fn : {cuda::gated_delta_rule_recurrent, cuda::gated_delta_rule_chunked})
       us[i++] = 1e3 * time_ms(rounds, [&](int) {
-                  fn(dq.as<float>(), dk.as<float>(), dv.as<float>(), dg.as<float>(), db.as<float>(), T, hk, hv, d, d,
-                     dst.as<float>(), dout.as<float>());
+                  fn(dq.data(), dk.data(), dv.data(), dg.data(), db.data(), T, hk, hv, d, d,
+                     dst.data(), dout.data());
                 });
     std::printf("  T=%-5d recurrent %10.1f us  chunked %10.1f us  (%.2fx)\n", T, us[0], us[1], us[0] / us[1]);
   }

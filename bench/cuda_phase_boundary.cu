@@ -22,6 +22,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/stream.h"
 #include "stream_read.h"
@@ -182,10 +183,14 @@ double graph_ms(F&& launch) {
 void run(size_t bytes, int sms, int max_per_sm, double copy_gbps) {
   const size_t words = bytes / 16;
   const int copies = int(std::max<size_t>(2, kWorkingSet / bytes));
-  cuda::DeviceBuffer w(words * 16 * size_t(copies)), x(2 * kX * sizeof(float)), barrier(2 * sizeof(unsigned)), sink(4);
-  CUDA_CHECK(cudaMemset(w.data(), 0x5a, w.size()));
-  CUDA_CHECK(cudaMemset(x.data(), 0, x.size()));
-  const Phases ph{w.as<uint4>(), words, copies, {x.as<float>(), x.as<float>() + kX}, barrier.as<unsigned>()};
+  const cuda::DeviceAlloc now = cuda::DeviceAlloc::Now;
+  cuda::DeviceArray<uint4> w(words * size_t(copies), now);  // copies of `words` 16-byte words
+  cuda::DeviceArray<float> x(2 * kX, now);
+  cuda::DeviceArray<unsigned> barrier(2, now);
+  cuda::DeviceArray<uint32_t> sink(1, now);
+  CUDA_CHECK(cudaMemset(w.data(), 0x5a, w.bytes()));
+  CUDA_CHECK(cudaMemset(x.data(), 0, x.bytes()));
+  const Phases ph{w.data(), words, copies, {x.data(), x.data() + kX}, barrier.data()};
 
   static cuda::KernelLimits lim;
   const int resident = cuda::resident_blocks(phase_kernel<false>, kThreads, 0, lim, "phase_kernel", 0);
@@ -197,7 +202,7 @@ void run(size_t bytes, int sms, int max_per_sm, double copy_gbps) {
   const double kernels = kernels_ms(phase_kernel<false>), kernels_early = kernels_ms(phase_kernel<true>),
                early_triggered = kernels_ms(phase_kernel<true, true>);
   const double floor = graph_ms([&](int p) {
-    bench::stream_read(w.as<uint8_t>() + size_t(p % copies) * words * 16, words * 16, sink.as<uint32_t>());
+    bench::stream_read(w.data() + size_t(p % copies) * words, words * 16, sink.data());
   });
   auto column = [&](const char* what, double ms) {
     const double us = ms * 1e3 / kPhases;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/stream.h"
 
@@ -60,7 +60,7 @@ double median_ms(const std::function<void()>& fn) {
 
 double copy_gbps() {
   const size_t bytes = size_t(2) << 30;
-  cuda::DeviceBuffer src(bytes), dst(bytes);
+  cuda::DeviceArray<unsigned char> src(bytes, cuda::DeviceAlloc::Now), dst(bytes, cuda::DeviceAlloc::Now);
   CUDA_CHECK(cudaMemset(src.data(), 1, bytes));
   const double ms = median_ms([&] {
     CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, cuda::compute_stream()));

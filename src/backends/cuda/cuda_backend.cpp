@@ -65,7 +65,7 @@ void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const 
   if (gate_with_router) matmul_stack(x, 1, {&w.router, &w.shared_expert_gate}, logits.data());
   else matmul(x, 1, mat(w.router), logits.data());
   const uint8_t* const* table = experts->resident_table(layer);
-  DeviceArray<const uint8_t*> records{size_t(K)};
+  cuda::DeviceArray<const uint8_t*> records{size_t(K)};
   const std::array<ProjLayout, 3>& p = w.record_layout->proj;
   auto record_mat = [](const ProjLayout& l) {
     return cuda::RecordMat{.bits = l.bits, .group = l.group, .rows = l.rows, .cols = l.cols, .q_offset = l.q_offset,
@@ -87,9 +87,9 @@ void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const 
     cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs, ids, weights.data(), table, records.data());
     if (!table) {
       std::vector<int> host_ids(static_cast<size_t>(K));
-      copy_to_host(host_ids.data(), ids, host_ids.size() * sizeof(int));
+      cuda::copy_to_host(host_ids.data(), ids, host_ids.size() * sizeof(int));
       const std::vector<const uint8_t*> acquired = experts->acquire(layer, host_ids);
-      copy_to_device(records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
+      cuda::copy_to_device(records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
     }
     if (side) side->join();
     cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data(), shared_out, logits.data() + E);
@@ -125,7 +125,7 @@ CudaBackend::ExpertGroups CudaBackend::expert_groups(const std::vector<std::vect
       rows[total + j] = u;
       wt[j++] = weights[size_t(u)];
     }
-  return {DeviceArray<int>::from(rows.data(), rows.size()), DeviceArray<float>::from(wt.data(), wt.size()),
+  return {cuda::DeviceArray<int>::from(rows.data(), rows.size()), cuda::DeviceArray<float>::from(wt.data(), wt.size()),
           std::move(first)};
 }
 

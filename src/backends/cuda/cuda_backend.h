@@ -8,10 +8,10 @@
 #include <initializer_list>
 #include <vector>
 
-#include "backends/cuda/device_memory.h"
 #include "backends/cuda/device_state.h"
 #include "backends/cuda/device_store.h"
 #include "backends/cuda/device_weights.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/sampling.h"
 #include "model/weights.h"
@@ -19,7 +19,7 @@
 namespace ms {
 
 struct CudaBackend {
-  using Buf = DeviceArray<float>;
+  using Buf = cuda::DeviceArray<float>;
   using KV = DeviceKV;
   using Linear = DeviceLinear;
 
@@ -110,8 +110,8 @@ struct CudaBackend {
   // model/moe.h's primitives. The users of every expert, concatenated in expert order, uploaded
   // in one copy.
   struct ExpertGroups {
-    DeviceArray<int> rows;   // [2, users]: the token row of each user, then its (token * K + slot)
-    DeviceArray<float> weights;
+    cuda::DeviceArray<int> rows;   // [2, users]: the token row of each user, then its (token * K + slot)
+    cuda::DeviceArray<float> weights;
     std::vector<size_t> first;  // [n_experts + 1]: where each expert's users start
   };
   ExpertGroups expert_groups(const std::vector<std::vector<int>>& users, const std::vector<float>& weights, int K) const;

@@ -136,7 +136,7 @@ class CudaExecutor final : public Executor {
     std::vector<float> input(size_t(H) + 1);
     embed_tokens(cfg_, w_, &id, 1, input.data());
     std::memcpy(input.data() + H, &pos0, sizeof(int));
-    copy_to_device_async(g.input.data(), input.data(), input.size() * sizeof(float));
+    cuda::copy_to_device_async(g.input.data(), input.data(), input.size() * sizeof(float));
     g.graph.launch();
 
     ForwardResult r;
@@ -153,7 +153,7 @@ class CudaExecutor final : public Executor {
     }
     if (opt.hidden) {
       r.hidden_pre_norm.resize(size_t(H));
-      copy_to_host(r.hidden_pre_norm.data(), g.input.data(), size_t(H) * sizeof(float));
+      cuda::copy_to_host(r.hidden_pre_norm.data(), g.input.data(), size_t(H) * sizeof(float));
       r.hidden_post_norm = g.normed.to_vector();
     }
     return r;
@@ -162,15 +162,15 @@ class CudaExecutor final : public Executor {
   std::unique_ptr<DecodeGraph> capture_decode_step(const CudaBackend& be, int pos0, std::vector<const float*> kv_at_capture,
                                                    StepKind kind) const {
     auto g = std::make_unique<DecodeGraph>();
-    g->input = DeviceArray<float>(size_t(cfg_.hidden) + 1);
-    g->normed = DeviceArray<float>(size_t(cfg_.hidden));
-    g->logits = DeviceArray<float>(size_t(cfg_.vocab));
+    g->input = cuda::DeviceArray<float>(size_t(cfg_.hidden) + 1);
+    g->normed = cuda::DeviceArray<float>(size_t(cfg_.hidden));
+    g->logits = cuda::DeviceArray<float>(size_t(cfg_.vocab));
     g->kv_at_capture = std::move(kv_at_capture);
     g->kind = kind;
     DeviceState& ds = be.state;
     const bool ahead = kind != StepKind::HostInput, routes = kind == StepKind::AheadWithRoutes;
     if (ahead) {
-      g->token = DeviceArray<int>(1);
+      g->token = cuda::DeviceArray<int>(1);
       cuda::fit_workspace(g->sampler, cfg_.vocab);
       if (!ds.decode_ring) ds.decode_ring = std::make_unique<cuda::MappedInts>(DeviceState::kDecodeRing);
     }
@@ -179,7 +179,7 @@ class CudaExecutor final : public Executor {
     const CudaBackend step{be.weights, be.state, be.experts, g->position()};
     const Forward<CudaBackend> f(cfg_, w_, step);
     {
-      ArenaScope scope(g->arena);
+      cuda::ArenaScope scope(g->arena);
       g->graph.begin_capture();
       try {
         if (ahead) cuda::embed_row(step.mat(w_.embed), g->token.data(), g->input.data());
@@ -222,8 +222,8 @@ class CudaExecutor final : public Executor {
         if (step > 0) done[(step - 1) % 2].wait();
         const int in[2] = {step == 0 ? first : ds.decode_ring->host()[slot(step - 1)], pos};
         capture_if_stale(be, pos, std::move(kv), kind);
-        copy_to_device(ds.decode_graph->token.data(), &in[0], sizeof(int));
-        copy_to_device(ds.decode_graph->position(), &in[1], sizeof(int));
+        cuda::copy_to_device(ds.decode_graph->token.data(), &in[0], sizeof(int));
+        cuda::copy_to_device(ds.decode_graph->position(), &in[1], sizeof(int));
       }
       ds.decode_graph->graph.launch();
       done[step % 2].record();

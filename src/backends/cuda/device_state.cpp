@@ -9,17 +9,17 @@ void DeviceKV::reserve(int n) {
   const int have = int(k.size() / std::max<size_t>(1, per_pos));
   if (n <= have) return;
   const size_t cap = size_t(kv_capacity(n, have, planned));
-  for (DeviceArray<float>* a : {&k, &v}) {
-    DeviceArray<float> grown(cap * per_pos);
-    copy_on_device(grown.data(), a->data(), a->size() * sizeof(float));
+  for (cuda::DeviceArray<float>* a : {&k, &v}) {
+    cuda::DeviceArray<float> grown(cap * per_pos);
+    cuda::copy_on_device(grown.data(), a->data(), a->size() * sizeof(float));
     *a = std::move(grown);
   }
 }
 
 namespace {
-DeviceArray<float> zeros(size_t n) {
-  DeviceArray<float> a(n);
-  zero_on_device(a.data(), n * sizeof(float));
+cuda::DeviceArray<float> zeros(size_t n) {
+  cuda::DeviceArray<float> a(n);
+  cuda::zero_on_device(a.data(), n * sizeof(float));
   return a;
 }
 }  // namespace
@@ -41,8 +41,8 @@ DeviceState::DeviceState(const ModelConfig& cfg, int planned_positions)
   mtp_kv.head_dim = cfg.head_dim;
   mtp_kv.planned = planned_positions;
   if (cfg.n_experts > 0) {  // a layer more than the decoder's: the MTP head's
-    route_ids = DeviceArray<int>(size_t(cfg.n_layers + 1) * size_t(cfg.top_k));
-    route_probs = DeviceArray<float>(size_t(cfg.n_layers + 1) * size_t(cfg.n_experts));
+    route_ids = cuda::DeviceArray<int>(size_t(cfg.n_layers + 1) * size_t(cfg.top_k));
+    route_probs = cuda::DeviceArray<float>(size_t(cfg.n_layers + 1) * size_t(cfg.n_experts));
   }
 }
 
@@ -53,15 +53,15 @@ DeviceState& DeviceState::of(State& state, const ModelConfig& cfg) {
 
 void DeviceState::download_linear(std::vector<LinearState>& host) const {
   for (size_t l = 0; l < host.size(); ++l) {
-    copy_to_host(host[l].conv.data(), linear[l].conv.data(), host[l].conv.size() * sizeof(float));
-    copy_to_host(host[l].recurrent.data(), linear[l].recurrent.data(), host[l].recurrent.size() * sizeof(float));
+    cuda::copy_to_host(host[l].conv.data(), linear[l].conv.data(), host[l].conv.size() * sizeof(float));
+    cuda::copy_to_host(host[l].recurrent.data(), linear[l].recurrent.data(), host[l].recurrent.size() * sizeof(float));
   }
 }
 
 void DeviceState::upload_linear(const std::vector<LinearState>& host) {
   for (size_t l = 0; l < host.size(); ++l) {
-    copy_to_device(linear[l].conv.data(), host[l].conv.data(), host[l].conv.size() * sizeof(float));
-    copy_to_device(linear[l].recurrent.data(), host[l].recurrent.data(), host[l].recurrent.size() * sizeof(float));
+    cuda::copy_to_device(linear[l].conv.data(), host[l].conv.data(), host[l].conv.size() * sizeof(float));
+    cuda::copy_to_device(linear[l].recurrent.data(), host[l].recurrent.data(), host[l].recurrent.size() * sizeof(float));
   }
 }
 

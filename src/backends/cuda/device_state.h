@@ -4,8 +4,8 @@
 #include <memory>
 #include <vector>
 
-#include "backends/cuda/device_memory.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/ops.h"
 #include "model/state.h"
 
@@ -15,7 +15,7 @@ namespace ms {
 struct DeviceKV {
   int n_kv = 0, head_dim = 0, length = 0;
   int planned = 0;          // kv_capacity's (model/state.h)
-  DeviceArray<float> k, v;  // [capacity, n_kv, head_dim]
+  cuda::DeviceArray<float> k, v;  // [capacity, n_kv, head_dim]
 
   void reserve(int n);  // kv_capacity's, keeping what is there
   float* k_at(int pos) const { return k.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
@@ -24,7 +24,7 @@ struct DeviceKV {
 };
 
 struct DeviceLinear {  // LinearState in device memory
-  DeviceArray<float> conv, recurrent;
+  cuda::DeviceArray<float> conv, recurrent;
 };
 
 // What a captured decode step takes from the host and gives back (DecodeGraph).
@@ -41,14 +41,14 @@ enum class StepKind {
 // and ends with the greedy token, which is the next replay's, and the next position: replays
 // then follow each other with nothing from the host between them.
 struct DecodeGraph {
-  DeviceArena arena;  // first: outlives the graph that uses it
+  cuda::DeviceArena arena;  // first: outlives the graph that uses it
   cuda::Graph graph;
-  DeviceArray<float> input;   // [hidden + 1]: the token's embedding (the layers' x), then its position, an int
-  DeviceArray<float> normed;  // [hidden]: x after the final norm
-  DeviceArray<float> logits;  // [vocab]
+  cuda::DeviceArray<float> input;   // [hidden + 1]: the token's embedding (the layers' x), then its position, an int
+  cuda::DeviceArray<float> normed;  // [hidden]: x after the final norm
+  cuda::DeviceArray<float> logits;  // [vocab]
   std::vector<const float*> kv_at_capture;
   StepKind kind = StepKind::HostInput;
-  DeviceArray<int> token;          // ahead: [1], the token embedded, then the one picked
+  cuda::DeviceArray<int> token;    // ahead: [1], the token embedded, then the one picked
   cuda::SamplerWorkspace sampler;  // ahead: greedy_token's
 
   int* position() const { return reinterpret_cast<int*>(input.data() + input.size() - 1); }
@@ -76,8 +76,8 @@ struct DeviceState final : DeviceCaches {
   // A decode token's routed ids [layer][top_k] and router probabilities [layer][n_experts], by
   // expert-store layer, where moe_decode writes them: one copy brings every layer's when the
   // forward asks for them, and a captured step writes them at addresses that stay.
-  DeviceArray<int> route_ids;
-  DeviceArray<float> route_probs;
+  cuda::DeviceArray<int> route_ids;
+  cuda::DeviceArray<float> route_probs;
   cuda::SamplerWorkspace sampler;  // CudaBackend::pick's
   int top_k = 0, n_experts = 0;
 };

@@ -14,7 +14,7 @@ DeviceExpertStore::DeviceExpertStore(ExpertStore& host, const StoreOptions& vram
     pinned_host_.emplace_back(host.slot_memory(int(i)), size_t(host.capacity(int(i))) * l.stride);
     const int cap = layer_capacity(vram, l);
     pools_.push_back(std::make_unique<ExpertPool>(l.n_experts, cap, 0, vram.policy));
-    slots_.emplace_back(size_t(cap) * l.stride);
+    slots_.emplace_back(size_t(cap) * l.stride, cuda::DeviceAlloc::Now);
     released_.emplace_back();
   }
   for (const auto& [layer, experts] : vram.pins)
@@ -47,7 +47,7 @@ void DeviceExpertStore::load_whole_layer(int layer) {
   release(layer);
   std::vector<const uint8_t*> table;
   for (int e = 0; e < pool.n_experts(); ++e) table.push_back(slot_data(layer, pool.slot_of(e)));
-  tables_[size_t(layer)] = cuda::DeviceBuffer::from(table);
+  tables_[size_t(layer)] = cuda::DeviceArray<const uint8_t*>::from(table, cuda::DeviceAlloc::Now);
 }
 
 std::vector<const uint8_t*> DeviceExpertStore::acquire(int layer, const std::vector<int>& experts) {
@@ -112,7 +112,7 @@ std::vector<LayerStats> DeviceExpertStore::stats() const {
 
 size_t DeviceExpertStore::resident_bytes() const {
   size_t b = 0;
-  for (const auto& s : slots_) b += s.size();
+  for (const auto& s : slots_) b += s.bytes();
   return b;
 }
 

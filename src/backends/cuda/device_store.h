@@ -9,6 +9,7 @@
 
 #include "experts/expert_store.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/device_memory.h"
 
 namespace ms {
 
@@ -29,7 +30,7 @@ class DeviceExpertStore {
   // For a layer whose pool holds every expert (filled at load, never evicted): a device array
   // of n_experts record addresses, so that the GPU finds routed experts without the host.
   // Null for a layer that streams.
-  const uint8_t* const* resident_table(int layer) const { return tables_[size_t(layer)].as<const uint8_t*>(); }
+  const uint8_t* const* resident_table(int layer) const { return tables_[size_t(layer)].data(); }
 
   std::vector<LayerStats> stats() const;  // the VRAM pools; bytes_read/read_s count the copies
   size_t resident_bytes() const;  // VRAM slots
@@ -40,14 +41,15 @@ class DeviceExpertStore {
   void load_whole_layer(int layer);
   void fill(int layer, const std::vector<ExpertPool::Miss>& misses);
   uint8_t* slot_data(int layer, int slot) const {
-    return slots_[size_t(layer)].as<uint8_t>() + size_t(slot) * host_.index().layers[size_t(layer)].stride;
+    return slots_[size_t(layer)].data() + size_t(slot) * host_.index().layers[size_t(layer)].stride;
   }
 
   ExpertStore& host_;
   std::vector<cuda::HostRegistration> pinned_host_;
   std::vector<std::unique_ptr<ExpertPool>> pools_;  // bookkeeping; the bytes are in slots_
-  std::vector<cuda::DeviceBuffer> slots_;
-  std::vector<cuda::DeviceBuffer> tables_;  // resident_table per layer, empty for a streamed one
+  // Taken with DeviceAlloc::Now: the copy stream fills the slots, the compute stream reads them.
+  std::vector<cuda::DeviceArray<uint8_t>> slots_;
+  std::vector<cuda::DeviceArray<const uint8_t*>> tables_;  // resident_table per layer, empty for a streamed one
   // Per layer, the compute that used its slots, marked at release(): what a refill waits for.
   std::vector<cuda::ComputeMark> released_;
   cuda::CopyStream copy_;

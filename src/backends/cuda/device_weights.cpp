@@ -74,10 +74,10 @@ void DeviceWeights::upload_rows(const std::vector<const Mat*>& parts, const char
   size_t rows = 0;
   for (const Mat* m : parts) rows += size_t(m->rows);
   auto upload = [&](size_t per_row, auto field) {
-    DeviceArray<unsigned char> buf(rows * per_row);
+    cuda::DeviceArray<unsigned char> buf(rows * per_row);
     size_t at = 0;
     for (const Mat* m : parts) {
-      copy_to_device(buf.data() + at, field(*m), size_t(m->rows) * per_row);
+      cuda::copy_to_device(buf.data() + at, field(*m), size_t(m->rows) * per_row);
       at += size_t(m->rows) * per_row;
     }
     bytes_ += buf.size();
@@ -130,7 +130,7 @@ const Mat* DeviceWeights::stacked(std::initializer_list<const Mat*> parts) const
 
 void DeviceWeights::add(const std::vector<float>& v) {
   if (v.empty()) return;
-  buffers_.push_back(DeviceArray<unsigned char>::from(reinterpret_cast<const unsigned char*>(v.data()), v.size() * 4));
+  buffers_.push_back(cuda::DeviceArray<unsigned char>::from(reinterpret_cast<const unsigned char*>(v.data()), v.size() * 4));
   bytes_ += v.size() * 4;
   vecs_.emplace(v.data(), reinterpret_cast<const float*>(buffers_.back().data()));
 }

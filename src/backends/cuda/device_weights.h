@@ -5,7 +5,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backends/cuda/device_memory.h"
+#include "kernels/cuda/device_memory.h"
 #include "model/weights.h"
 
 namespace ms {
@@ -38,7 +38,7 @@ class DeviceWeights {
   void add_stack(const std::vector<const Mat*>& parts, const char* what);
   void upload_rows(const std::vector<const Mat*>& parts, const char* what);
   void add(const std::vector<float>& v);
-  std::vector<DeviceArray<unsigned char>> buffers_;
+  std::vector<cuda::DeviceArray<unsigned char>> buffers_;
   std::unordered_map<const void*, Mat> mats_;
   std::unordered_map<const void*, Stack> stacks_;  // by the first part's host address
   std::unordered_map<const float*, const float*> vecs_;

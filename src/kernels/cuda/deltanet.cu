@@ -12,7 +12,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/deltanet.h"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/reduce.cuh"
@@ -538,15 +538,15 @@ void gated_delta_rule_chunked(const float* q, const float* k, const float* v, co
   const int n_chunks = (T + kChunk - 1) / kChunk;
   const int slab = int(std::clamp<size_t>(kScratchBudget / (per_chunk * sizeof(float)), 1, size_t(n_chunks)));
   static std::mutex mu;
-  static DeviceBuffer scratch;  // grown when needed; kernels queued on one stream use it in turn
+  static DeviceArray<float> scratch;  // grown when needed; kernels queued on one stream use it in turn
   std::lock_guard<std::mutex> lock(mu);
   if (smem > smem_set) {
     CUDA_CHECK(cudaFuncSetAttribute(chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     smem_set = smem;
   }
-  const size_t bytes = size_t(slab) * per_chunk * sizeof(float);
-  if (scratch.size() < bytes) scratch = DeviceBuffer(bytes);  // frees the old one after the GPU is done with it
-  float* base = scratch.as<float>();
+  const size_t floats = size_t(slab) * per_chunk;
+  if (scratch.size() < floats) scratch = DeviceArray<float>(floats, DeviceAlloc::Now);  // frees the old one after the GPU is done with it
+  float* base = scratch.data();
   const size_t heads_chunks = size_t(slab) * n_v_heads;
   const ChunkProducts cp{base, base + heads_chunks * 2 * kChunk * dk,
                          base + heads_chunks * (size_t(2 * kChunk) * dk + size_t(kChunk) * dv),

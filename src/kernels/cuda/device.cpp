@@ -1,7 +1,6 @@
 #include "kernels/cuda/device.h"
 
 #include <algorithm>
-#include <utility>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/stream.h"
@@ -93,30 +92,6 @@ size_t free_memory() {
   return free;
 }
 
-DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  if (bytes) CUDA_CHECK(cudaMalloc(&ptr_, bytes));
-}
-
-DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) cudaFree(ptr_);  // no throwing from a destructor; a failure here has nothing to name
-}
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  std::swap(ptr_, o.ptr_);
-  std::swap(bytes_, o.bytes_);
-  return *this;
-}
-
-void DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
-  if (offset + bytes > bytes_) fail("DeviceBuffer::upload: {} bytes at {} past the end of {}", bytes, offset, bytes_);
-  CUDA_CHECK(cudaMemcpy(static_cast<char*>(ptr_) + offset, src, bytes, cudaMemcpyHostToDevice));
-}
-
-void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
-  if (offset + bytes > bytes_) fail("DeviceBuffer::download: {} bytes at {} past the end of {}", bytes, offset, bytes_);
-  CUDA_CHECK(cudaMemcpy(dst, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost));
-}
-
 HostRegistration::HostRegistration(void* p, size_t bytes) {
   if (!p || !bytes) return;
   CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
@@ -167,7 +142,7 @@ Graph::~Graph() {
 
 void Graph::begin_capture() {
   // Relaxed: what is captured takes its memory with cudaMalloc while the capture is open
-  // (backends/cuda/device_memory.h's DeviceArena), which the stricter modes refuse.
+  // (kernels/cuda/device_memory.h's DeviceArena), which the stricter modes refuse.
   CUDA_CHECK(cudaStreamBeginCapture(compute_stream(), cudaStreamCaptureModeRelaxed));
 }
 

@@ -1,9 +1,8 @@
 #pragma once
 // The CUDA backend's device plumbing, usable from plain C++ without CUDA headers: whether a GPU
-// is there, device memory as an owning buffer, waiting for queued work, and the copy stream that
-// fills the expert pool. Kernels run on the compute stream (kernels/cuda/stream.h).
+// is there, waiting for queued work, and the copy stream that fills the expert pool. Device
+// memory is kernels/cuda/device_memory.h's; kernels run on the compute stream (kernels/cuda/stream.h).
 #include <cstddef>
-#include <vector>
 
 namespace ms::cuda {
 
@@ -15,46 +14,6 @@ void synchronize();
 
 // Bytes of device memory free now.
 size_t free_memory();
-
-// Device memory, freed on destruction.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes);
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  void* data() const { return ptr_; }
-  size_t size() const { return bytes_; }
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-
-  // Copies bytes from host memory to offset (waits for the copy) and back.
-  void upload(const void* src, size_t bytes, size_t offset = 0);
-  void download(void* dst, size_t bytes, size_t offset = 0) const;
-
-  template <class T>
-  static DeviceBuffer from(const std::vector<T>& v) {
-    DeviceBuffer b(v.size() * sizeof(T));
-    b.upload(v.data(), b.size());
-    return b;
-  }
-  template <class T>
-  std::vector<T> to_vector() const {
-    std::vector<T> v(bytes_ / sizeof(T));
-    download(v.data(), v.size() * sizeof(T));
-    return v;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 // Host memory registered with the driver (page-locked) for the lifetime of this object, so that
 // copies from it run asynchronously at full PCIe speed.

@@ -14,7 +14,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/stream.h"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -163,18 +163,19 @@ void matmul_gemm(const float* x, int T, const Mat& W, float* y, size_t max_scrat
   const size_t row_bytes = size_t(W.cols) * sizeof(float);
   const int tile = int(std::clamp<size_t>(max_scratch_bytes / row_bytes, 1, size_t(W.rows)));
   static std::mutex mu;  // one scratch: the tiles of concurrent callers must not interleave
-  static DeviceBuffer scratch;
+  static DeviceArray<float> scratch;
   std::lock_guard<std::mutex> lock(mu);
   const cublasHandle_t h = handle_locked();
-  if (scratch.size() < size_t(tile) * row_bytes)
-    scratch = DeviceBuffer(size_t(tile) * row_bytes);  // frees the old one after the GPU is done with it
+  const size_t floats = size_t(tile) * size_t(W.cols);  // tile rows of W, dequantized
+  if (scratch.size() < floats)
+    scratch = DeviceArray<float>(floats, DeviceAlloc::Now);  // frees the old one after the GPU is done with it
   const float one = 1.0f, zero = 0.0f;
   for (int r0 = 0; r0 < W.rows; r0 += tile) {
     const int rows = std::min(tile, W.rows - r0);
-    dequantize_tile(W, r0, rows, scratch.as<float>());
+    dequantize_tile(W, r0, rows, scratch.data());
     // Column-major, cuBLAS' view: y [rows of W, T] with leading dimension W.rows holds y[T, W.rows];
     // the tile [cols, rows] transposed is W's rows; x [cols, T] is x[T, cols].
-    CUBLAS_CHECK(cublas().sgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, W.cols, &one, scratch.as<float>(), W.cols, x,
+    CUBLAS_CHECK(cublas().sgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, W.cols, &one, scratch.data(), W.cols, x,
                              W.cols, &zero, y + r0, W.rows));
   }
 }

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/sampling.h"
 #include "kernels/weights.h"
 
@@ -165,8 +165,12 @@ void finish_decode_step(const int* token, int* position, int* ring, int ring_siz
 // sample()'s device scratch: sized on the first call, re-sized when the vocabulary changes.
 struct SamplerWorkspace {
   int vocab = 0;
-  DeviceBuffer penalized, sorted, ids, order, probs, cub_temp, token, argmax_partial, argmax_done;
-  DeviceBuffer staging;  // free for the caller to stage sample()'s penalty arrays in
+  DeviceArray<float> penalized, sorted;
+  DeviceArray<int> ids, order, token;
+  DeviceArray<double> probs;
+  DeviceArray<unsigned char> cub_temp, argmax_partial;  // cub's bytes; the argmax's partial results
+  DeviceArray<unsigned> argmax_done;
+  DeviceArray<int> staging;  // free for the caller to stage sample()'s penalty arrays in
 };
 
 // The token cpu::sample picks from logits [vocab] (not modified) with penalties on the

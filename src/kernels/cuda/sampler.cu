@@ -211,20 +211,20 @@ __global__ void __launch_bounds__(kBlock) finish_kernel(double* p, const int* or
 void fit_workspace(SamplerWorkspace& ws, int vocab) {
   if (ws.vocab == vocab) return;
   const size_t n = size_t(vocab);
-  ws.penalized = DeviceBuffer(n * sizeof(float));
-  ws.sorted = DeviceBuffer(n * sizeof(float));
-  ws.ids = DeviceBuffer(n * sizeof(int));
-  ws.order = DeviceBuffer(n * sizeof(int));
-  ws.probs = DeviceBuffer(n * sizeof(double));
-  ws.token = DeviceBuffer(sizeof(int));
-  ws.argmax_partial = DeviceBuffer(kArgmaxBlocks * sizeof(Best));
-  ws.argmax_done = DeviceBuffer(sizeof(unsigned));
+  ws.penalized = DeviceArray<float>(n, DeviceAlloc::Now);
+  ws.sorted = DeviceArray<float>(n, DeviceAlloc::Now);
+  ws.ids = DeviceArray<int>(n, DeviceAlloc::Now);
+  ws.order = DeviceArray<int>(n, DeviceAlloc::Now);
+  ws.probs = DeviceArray<double>(n, DeviceAlloc::Now);
+  ws.token = DeviceArray<int>(1, DeviceAlloc::Now);
+  ws.argmax_partial = DeviceArray<unsigned char>(kArgmaxBlocks * sizeof(Best), DeviceAlloc::Now);
+  ws.argmax_done = DeviceArray<unsigned>(1, DeviceAlloc::Now);
   CUDA_CHECK(cudaMemsetAsync(ws.argmax_done.data(), 0, sizeof(unsigned), compute_stream()));
   size_t bytes = 0;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(nullptr, bytes, ws.penalized.as<float>(), ws.sorted.as<float>(),
-                                                       ws.ids.as<int>(), ws.order.as<int>(), vocab));
-  ws.cub_temp = DeviceBuffer(bytes);
-  iota_kernel<<<blocks_for(vocab), kThreads, 0, compute_stream()>>>(ws.ids.as<int>(), vocab);
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(nullptr, bytes, ws.penalized.data(), ws.sorted.data(),
+                                                       ws.ids.data(), ws.order.data(), vocab));
+  ws.cub_temp = DeviceArray<unsigned char>(bytes, DeviceAlloc::Now);
+  iota_kernel<<<blocks_for(vocab), kThreads, 0, compute_stream()>>>(ws.ids.data(), vocab);
   CUDA_CHECK_LAUNCH();
   ws.vocab = vocab;
 }
@@ -233,8 +233,8 @@ namespace {
 
 void launch_argmax(const float* x, int vocab, SamplerWorkspace& ws, int* token) {
   const int blocks = std::min(kArgmaxBlocks, (vocab + kArgmaxThreads - 1) / kArgmaxThreads);
-  launch_after(argmax_kernel, unsigned(blocks), kArgmaxThreads, 0, x, vocab, ws.argmax_partial.as<Best>(),
-               ws.argmax_done.as<unsigned>(), token);
+  launch_after(argmax_kernel, unsigned(blocks), kArgmaxThreads, 0, x, vocab,
+               reinterpret_cast<Best*>(ws.argmax_partial.data()), ws.argmax_done.data(), token);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -250,10 +250,9 @@ void greedy_token(const float* logits, int vocab, SamplerWorkspace& ws, int* tok
 int pick(const float* logits, int vocab, const PickInputs& in, SamplerWorkspace& ws) {
   std::vector<int> staged = in.tokens;  // the distinct seen tokens, then their counts
   staged.insert(staged.end(), in.counts.begin(), in.counts.end());
-  const size_t bytes = staged.size() * sizeof(int);
-  if (ws.staging.size() < bytes) ws.staging = DeviceBuffer(bytes);
-  if (bytes) ws.staging.upload(staged.data(), bytes);
-  const int* tokens = ws.staging.as<int>();
+  if (ws.staging.size() < staged.size()) ws.staging = DeviceArray<int>(staged.size(), DeviceAlloc::Now);
+  if (!staged.empty()) ws.staging.upload(staged.data(), staged.size());
+  const int* tokens = ws.staging.data();
   const int n = int(in.tokens.size());
   return sample(logits, vocab, tokens, tokens + n, n, in.args, in.r, ws);
 }
@@ -265,24 +264,24 @@ int sample(const float* logits, int vocab, const int* penalty_tokens, const int*
   fit_workspace(ws, vocab);
   const float* x = logits;
   if (n_penalty > 0) {  // on a copy: the logits are not modified
-    float* penalized = ws.penalized.as<float>();
+    float* penalized = ws.penalized.data();
     CUDA_CHECK(cudaMemcpyAsync(penalized, logits, size_t(vocab) * sizeof(float), cudaMemcpyDeviceToDevice, compute_stream()));
     x = penalized;
     penalize_kernel<<<blocks_for(n_penalty), kThreads, 0, compute_stream()>>>(penalized, penalty_tokens, penalty_counts, n_penalty, vocab, a);
     CUDA_CHECK_LAUNCH();
   }
-  int* token = ws.token.as<int>();
+  int* token = ws.token.data();
   if (a.temperature == 0.f) {
     launch_argmax(x, vocab, ws, token);
   } else {
-    size_t bytes = ws.cub_temp.size();
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(ws.cub_temp.data(), bytes, x, ws.sorted.as<float>(),
-                                                         ws.ids.as<int>(), ws.order.as<int>(), vocab, 0, sizeof(float) * 8,
+    size_t bytes = ws.cub_temp.bytes();
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(ws.cub_temp.data(), bytes, x, ws.sorted.data(),
+                                                         ws.ids.data(), ws.order.data(), vocab, 0, sizeof(float) * 8,
                                                          compute_stream()));
     const int k = a.top_k > 0 ? std::min(a.top_k, vocab) : vocab;  // top-k cuts before the softmax
-    softmax_terms_kernel<<<blocks_for(k), kThreads, 0, compute_stream()>>>(ws.sorted.as<float>(), k, a.temperature, ws.probs.as<double>());
+    softmax_terms_kernel<<<blocks_for(k), kThreads, 0, compute_stream()>>>(ws.sorted.data(), k, a.temperature, ws.probs.data());
     CUDA_CHECK_LAUNCH();
-    finish_kernel<<<1, kBlock, 0, compute_stream()>>>(ws.probs.as<double>(), ws.order.as<int>(), k, a, r, token);
+    finish_kernel<<<1, kBlock, 0, compute_stream()>>>(ws.probs.data(), ws.order.data(), k, a, r, token);
     CUDA_CHECK_LAUNCH();
   }
   int result = 0;

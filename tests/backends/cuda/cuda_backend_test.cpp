@@ -35,7 +35,7 @@ class CudaBackendGlue : public ::testing::Test {
     device_state = std::make_unique<DeviceState>(cfg, 0);
   }
   CudaBackend gpu() { return {*device_weights, *device_state}; }
-  DeviceArray<float> up(const std::vector<float>& v) { return DeviceArray<float>::from(v.data(), v.size()); }
+  cuda::DeviceArray<float> up(const std::vector<float>& v) { return cuda::DeviceArray<float>::from(v.data(), v.size()); }
 
   ModelConfig cfg;
   State host_state{cfg};
@@ -60,7 +60,7 @@ TEST_F(CudaBackendGlue, AttentionGatedAndNot) {
   for (const bool gated : {false, true}) {
     std::vector<float> want(nq);
     cpu.attention(q.data(), host_kv, T, pos0, nh, nkv, hd, gated ? gate.data() : nullptr, want.data());
-    DeviceArray<float> d(nq);
+    cuda::DeviceArray<float> d(nq);
     gpu().attention(dq.data(), device_kv, T, pos0, nh, nkv, hd, gated ? dgate.data() : nullptr, d.data());
     const std::vector<float> got = d.to_vector();
     for (size_t i = 0; i < nq; ++i) ASSERT_NEAR(got[i], want[i], tol) << (gated ? "gated " : "") << i;
@@ -111,12 +111,12 @@ TEST_F(CudaBackendGlue, AttentionPrepareMatchesTheCpuSteps) {
     const std::string what = "T " + std::to_string(c.T) + " hd " + std::to_string(c.hd) + " rot " +
                              std::to_string(c.rot) + " pos0 " + std::to_string(c.pos0);
     const std::vector<int> pos{c.pos0};
-    const DeviceArray<int> dpos = DeviceArray<int>::from(pos.data(), 1);
+    const cuda::DeviceArray<int> dpos = cuda::DeviceArray<int>::from(pos.data(), 1);
     auto dq_raw = up(q_raw), dk = up(k), dv = up(v), dqn = up(q_norm), dkn = up(k_norm);
     for (const int* step_pos : {static_cast<const int*>(nullptr), static_cast<const int*>(dpos.data())}) {
       DeviceKV got{c.nkv, c.hd};
       got.k = up(untouched), got.v = up(untouched);
-      DeviceArray<float> dq(q.size()), dgate(gate.size());
+      cuda::DeviceArray<float> dq(q.size()), dgate(gate.size());
       CudaBackend be = gpu();
       be.step_pos = step_pos;
       be.attention_prepare(dq_raw.data(), dk.data(), dv.data(), c.T, c.nh, c.nkv, c.hd, c.gated, dqn.data(), dkn.data(),
@@ -171,11 +171,11 @@ TEST_F(CudaBackendGlue, DeltaNetPrepareMatchesTheCpuSteps) {
                            A_log.data(), dt_bias.data(), 1e-6f, q_scale, q.data(), k.data(), v.data(), z.data(),
                            g.data(), beta.data());
       auto dqkvz = up(qkvz), dba = up(ba);
-      DeviceArray<float> dq(q.size()), dk(k.size()), dv(v.size()), dz(z.size()), dg(g.size()), dbeta(beta.size());
+      cuda::DeviceArray<float> dq(q.size()), dk(k.size()), dv(v.size()), dz(z.size()), dg(g.size()), dbeta(beta.size());
       gpu().deltanet_prepare(dqkvz.data(), dba.data(), T, c.nk, c.nv, c.dk, c.dv, dw.data(), c.K, dst.data(),
                              dA.data(), ddt.data(), 1e-6f, q_scale, dq.data(), dk.data(), dv.data(), dz.data(),
                              dg.data(), dbeta.data());
-      const std::pair<const DeviceArray<float>*, const std::vector<float>*> outs[] = {
+      const std::pair<const cuda::DeviceArray<float>*, const std::vector<float>*> outs[] = {
           {&dq, &q}, {&dk, &k}, {&dv, &v}, {&dg, &g}, {&dbeta, &beta}};
       const char* names[] = {"q", "k", "v", "g", "beta"};
       for (size_t o = 0; o < std::size(outs); ++o)
@@ -194,7 +194,7 @@ TEST_F(CudaBackendGlue, ExpertGatherScatterSumAndSharedGate) {
   for (int i = 0; i < T * K; ++i) users[size_t((i * 7 + i / K) % E)].push_back(i);
   std::vector<float> partial(size_t(T) * K * H), xb(size_t(T) * H);
   auto dx = up(x);
-  DeviceArray<float> dpartial(partial.size()), dxb(xb.size());
+  cuda::DeviceArray<float> dpartial(partial.size()), dxb(xb.size());
   const auto cg = cpu.expert_groups(users, weights, K);
   const auto gg = gpu().expert_groups(users, weights, K);
   for (int e = 0; e < E; ++e) {
@@ -210,7 +210,7 @@ TEST_F(CudaBackendGlue, ExpertGatherScatterSumAndSharedGate) {
   }
   EXPECT_EQ(dpartial.to_vector(), partial);
   std::vector<float> out(size_t(T) * H);
-  DeviceArray<float> dout(out.size());
+  cuda::DeviceArray<float> dout(out.size());
   cpu.sum_slots(partial.data(), T, K, H, out.data());
   gpu().sum_slots(dpartial.data(), T, K, H, dout.data());
   EXPECT_EQ(dout.to_vector(), out);
@@ -219,7 +219,7 @@ TEST_F(CudaBackendGlue, ExpertGatherScatterSumAndSharedGate) {
   const auto s = random_vec(out.size(), 20), gate = random_vec(size_t(H), 21, -0.3f, 0.3f);
   std::vector<uint16_t> gate_bf16(gate.size());
   for (size_t i = 0; i < gate.size(); ++i) gate_bf16[i] = f32_to_bf16(gate[i]);
-  DeviceArray<uint16_t> dgate = DeviceArray<uint16_t>::from(gate_bf16.data(), gate_bf16.size());
+  cuda::DeviceArray<uint16_t> dgate = cuda::DeviceArray<uint16_t>::from(gate_bf16.data(), gate_bf16.size());
   auto ds = up(s);
   cpu.shared_gate_add(out.data(), s.data(), x.data(), Mat{WeightType::BF16, gate_bf16.data(), 1, H}, T, H);
   gpu().shared_gate_add(dout.data(), ds.data(), dx.data(), Mat{WeightType::BF16, dgate.data(), 1, H}, T, H);

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "test_support.h"
 
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/device_memory.h"
 
 #define MS_REQUIRE_CUDA()              \
   if (!::ms::cuda::cuda_available()) \
@@ -37,11 +40,19 @@ inline float max_abs_diff(const Vec& a, const Vec& b) {
 }
 
 // Runs the kernel on device copies of `in` (one buffer per vector) and returns every buffer
-// afterwards, so in-place and output buffers come back alike.
-inline DeviceBuffer dev(const Vec& v) { return DeviceBuffer::from(v); }
-inline Vec host(const DeviceBuffer& b) {
+// afterwards, so in-place and output buffers come back alike. The tests' device memory is
+// taken with DeviceAlloc::Now, as cudaMalloc'ed buffers were before there was one type.
+inline DeviceArray<float> dev(const Vec& v) { return DeviceArray<float>::from(v, DeviceAlloc::Now); }
+inline Vec host(const DeviceArray<float>& b) {
   synchronize();
-  return b.to_vector<float>();
+  return b.to_vector();
+}
+// The bits of device floats, to compare results exactly (NaN and -0 included).
+inline std::vector<uint32_t> bits(const DeviceArray<float>& b) {
+  const Vec v = b.to_vector();
+  std::vector<uint32_t> u(v.size());
+  if (!v.empty()) std::memcpy(u.data(), v.data(), v.size() * sizeof(float));
+  return u;
 }
 
 // The error of one case, printed for the record ("[cuda-err] kernel case: max error ... tolerance ...").

@@ -28,13 +28,13 @@ using DeltaFn = void (*)(const float*, const float*, const float*, const float*,
 // Runs a CUDA form on tokens split into calls of the given sizes (one call: {T}), the state
 // carried from call to call on the device.
 DeltaResult run_cuda(DeltaFn fn, const DeltaCase& c, const std::vector<int>& pieces) {
-  DeviceBuffer dq = dev(c.q), dk = dev(c.k), dv = dev(c.v), dg = dev(c.g), db = dev(c.beta), dst = dev(c.state),
-               dout(size_t(c.T) * c.hv * c.dv * sizeof(float));
+  DeviceArray<float> dq = dev(c.q), dk = dev(c.k), dv = dev(c.v), dg = dev(c.g), db = dev(c.beta), dst = dev(c.state),
+                     dout(size_t(c.T) * c.hv * c.dv, DeviceAlloc::Now);
   int t0 = 0;
   for (int n : pieces) {
     const size_t qk = size_t(t0) * c.hk * c.dk, vo = size_t(t0) * c.hv * c.dv, gb = size_t(t0) * c.hv;
-    fn(dq.as<float>() + qk, dk.as<float>() + qk, dv.as<float>() + vo, dg.as<float>() + gb, db.as<float>() + gb, n,
-       c.hk, c.hv, c.dk, c.dv, dst.as<float>(), dout.as<float>() + vo);
+    fn(dq.data() + qk, dk.data() + qk, dv.data() + vo, dg.data() + gb, db.data() + gb, n,
+       c.hk, c.hv, c.dk, c.dv, dst.data(), dout.data() + vo);
     t0 += n;
   }
   return {host(dout), host(dst)};
@@ -135,10 +135,10 @@ TEST(CudaDeltaNet, GatedDeltaRuleFallsBackToRecurrence) {
   constexpr double kTol = 1e-5;  // the recurrence's, as GatedDeltaRuleMatchesRecurrence
   Rng rng(14);
   const DeltaCase c = make_delta_case(rng, 100, 1, 2, 6, 10, true);
-  DeviceBuffer dk = dev(c.k), dst = dev(c.state), dout(size_t(c.T) * c.hv * c.dv * sizeof(float));
-  EXPECT_FALSE(chunked_delta_rule_fits(dk.as<float>(), c.dk, c.dv, dst.as<float>(), dout.as<float>()));
-  EXPECT_THROW(gated_delta_rule_chunked(dk.as<float>(), dk.as<float>(), dk.as<float>(), dk.as<float>(),
-                                        dk.as<float>(), 1, c.hk, c.hv, c.dk, c.dv, dst.as<float>(), dout.as<float>()),
+  DeviceArray<float> dk = dev(c.k), dst = dev(c.state), dout(size_t(c.T) * c.hv * c.dv, DeviceAlloc::Now);
+  EXPECT_FALSE(chunked_delta_rule_fits(dk.data(), c.dk, c.dv, dst.data(), dout.data()));
+  EXPECT_THROW(gated_delta_rule_chunked(dk.data(), dk.data(), dk.data(), dk.data(),
+                                        dk.data(), 1, c.hk, c.hv, c.dk, c.dv, dst.data(), dout.data()),
                Error);
   expect_close(run_cuda(gated_delta_rule, c, {c.T}), run_cpu(cpu::gated_delta_rule_reference, c), "fallback",
                c.name(), kTol);
@@ -153,8 +153,8 @@ TEST(CudaDeltaNet, GatedRmsNorm) {
               w = rng.normals(size_t(dim), 0.5f);
     Vec want_g(x.size());
     cpu::rmsnorm_gated(x.data(), z.data(), w.data(), rows, dim, 1e-6f, want_g.data());
-    DeviceBuffer dx = dev(x), dz = dev(z), dw = dev(w), dout(x.size() * sizeof(float));
-    rmsnorm_gated(dx.as<float>(), dz.as<float>(), dw.as<float>(), rows, dim, 1e-6f, dout.as<float>());
+    DeviceArray<float> dx = dev(x), dz = dev(z), dw = dev(w), dout(x.size(), DeviceAlloc::Now);
+    rmsnorm_gated(dx.data(), dz.data(), dw.data(), rows, dim, 1e-6f, dout.data());
     const std::string what = std::to_string(rows) + "x" + std::to_string(dim);
     double err_g = 0;
     const Vec got_g = host(dout);
@@ -162,7 +162,7 @@ TEST(CudaDeltaNet, GatedRmsNorm) {
       err_g = std::max(err_g, std::abs(double(got_g[i]) - want_g[i]) / (std::abs(want_g[i]) + 1e-30));
     record("rmsnorm_gated", what, err_g, kTol);
     EXPECT_LE(err_g, kTol) << what;
-    rmsnorm_gated(dx.as<float>(), dz.as<float>(), dw.as<float>(), rows, dim, 1e-6f, dx.as<float>());
+    rmsnorm_gated(dx.data(), dz.data(), dw.data(), rows, dim, 1e-6f, dx.data());
     EXPECT_EQ(host(dx), got_g) << what << " in place, as the layer runs it";
   }
 }

@@ -57,8 +57,9 @@ TEST(CudaMatmul, Bf16MatchesCpu) {
     Vec y_cpu(size_t(s.T) * s.rows);
     cpu::matmul(x.data(), s.T, Mat{WeightType::BF16, w.data(), s.rows, s.cols}, y_cpu.data());
 
-    DeviceBuffer dw = DeviceBuffer::from(w), dx = dev(x), dy(y_cpu.size() * sizeof(float));
-    matmul(dx.as<float>(), s.T, Mat{WeightType::BF16, dw.data(), s.rows, s.cols}, dy.as<float>());
+    const DeviceArray<uint16_t> dw = DeviceArray<uint16_t>::from(w, DeviceAlloc::Now);
+    DeviceArray<float> dx = dev(x), dy(y_cpu.size(), DeviceAlloc::Now);
+    matmul(dx.data(), s.T, Mat{WeightType::BF16, dw.data(), s.rows, s.cols}, dy.data());
     const Vec y = host(dy);
 
     std::vector<double> mag(y.size(), 0.0);
@@ -95,11 +96,13 @@ TEST(CudaMatmul, AffineMatchesCpu) {
         Vec y_cpu(size_t(s.T) * s.rows);
         cpu::matmul(x.data(), s.T, Mat::affine(qb.view()), y_cpu.data());
 
-        DeviceBuffer dq = DeviceBuffer::from(qb.q), ds = DeviceBuffer::from(qb.scales),
-                     db = DeviceBuffer::from(qb.biases), dx = dev(x), dy(y_cpu.size() * sizeof(float));
+        const DeviceArray<uint8_t> dq = DeviceArray<uint8_t>::from(qb.q, DeviceAlloc::Now);
+        const DeviceArray<uint16_t> ds = DeviceArray<uint16_t>::from(qb.scales, DeviceAlloc::Now),
+                                    db = DeviceArray<uint16_t>::from(qb.biases, DeviceAlloc::Now);
+        DeviceArray<float> dx = dev(x), dy(y_cpu.size(), DeviceAlloc::Now);
         QuantMat qm = qb.view();
-        qm.q = dq.as<uint8_t>(), qm.scales = ds.as<uint16_t>(), qm.biases = db.as<uint16_t>();
-        matmul(dx.as<float>(), s.T, Mat::affine(qm), dy.as<float>());
+        qm.q = dq.data(), qm.scales = ds.data(), qm.biases = db.data();
+        matmul(dx.data(), s.T, Mat::affine(qm), dy.data());
         const Vec y = host(dy);
 
         std::vector<double> mag(y.size(), 0.0);
@@ -133,7 +136,9 @@ std::vector<double> magnitudes(const Vec& x, int T, const Vec& a, int rows, int 
 struct TestWeights {
   Mat host, device;
   Vec a;
-  std::vector<DeviceBuffer> buffers;
+  DeviceArray<uint16_t> bf16;            // from bf16_weights
+  DeviceArray<uint8_t> q;                // from affine_test_weights, with scales and biases
+  DeviceArray<uint16_t> scales, biases;
 };
 
 TestWeights bf16_weights(Rng& rng, int rows, int cols, std::vector<uint16_t>& w) {
@@ -142,9 +147,9 @@ TestWeights bf16_weights(Rng& rng, int rows, int cols, std::vector<uint16_t>& w)
   TestWeights tw;
   tw.a.resize(wf.size());
   for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(wf[i]), tw.a[i] = std::abs(bf16_to_f32(w[i]));
-  tw.buffers.push_back(DeviceBuffer::from(w));
+  tw.bf16 = DeviceArray<uint16_t>::from(w, DeviceAlloc::Now);
   tw.host = Mat{WeightType::BF16, w.data(), rows, cols};
-  tw.device = Mat{WeightType::BF16, tw.buffers[0].data(), rows, cols};
+  tw.device = Mat{WeightType::BF16, tw.bf16.data(), rows, cols};
   return tw;
 }
 
@@ -161,12 +166,12 @@ TestWeights affine_test_weights(const QuantBuffer& qb) {
       ar[c] = std::abs(ar[c] - b) + std::abs(b);
     }
   }
-  tw.buffers.push_back(DeviceBuffer::from(qb.q));
-  tw.buffers.push_back(DeviceBuffer::from(qb.scales));
-  tw.buffers.push_back(DeviceBuffer::from(qb.biases));
+  tw.q = DeviceArray<uint8_t>::from(qb.q, DeviceAlloc::Now);
+  tw.scales = DeviceArray<uint16_t>::from(qb.scales, DeviceAlloc::Now);
+  tw.biases = DeviceArray<uint16_t>::from(qb.biases, DeviceAlloc::Now);
   tw.host = Mat::affine(qb.view());
   QuantMat qm = qb.view();
-  qm.q = tw.buffers[0].as<uint8_t>(), qm.scales = tw.buffers[1].as<uint16_t>(), qm.biases = tw.buffers[2].as<uint16_t>();
+  qm.q = tw.q.data(), qm.scales = tw.scales.data(), qm.biases = tw.biases.data();
   tw.device = Mat::affine(qm);
   return tw;
 }
@@ -199,8 +204,8 @@ TEST(CudaMatmul, GateUpSiluMatchesCpu) {
         cpu::matmul(x.data(), 1, gate.host, g.data());
         cpu::matmul(x.data(), 1, up.host, u.data());
         cpu::silu_mul(g.data(), u.data(), want.data(), int64_t(g.size()));
-        DeviceBuffer dx = dev(x), dh(want.size() * sizeof(float));
-        gate_up_silu(dx.as<float>(), gate.device, up.device, dh.as<float>());
+        DeviceArray<float> dx = dev(x), dh(want.size(), DeviceAlloc::Now);
+        gate_up_silu(dx.data(), gate.device, up.device, dh.data());
         const Vec h = host(dh);
         const std::vector<double> mag_g = magnitudes(x, 1, gate.a, s.rows, s.cols),
                                   mag_u = magnitudes(x, 1, up.a, s.rows, s.cols);
@@ -233,8 +238,8 @@ TEST(CudaMatmul, AffineKeepsEveryBitOfX) {
       const Vec x(size_t(T) * cols, 1.0f + 0x1p-9f + 0x1p-18f);
       Vec y_cpu(size_t(T) * rows);
       cpu::matmul(x.data(), T, tw.host, y_cpu.data());
-      DeviceBuffer dx = dev(x), dy(y_cpu.size() * sizeof(float));
-      matmul(dx.as<float>(), T, tw.device, dy.as<float>());
+      DeviceArray<float> dx = dev(x), dy(y_cpu.size(), DeviceAlloc::Now);
+      matmul(dx.data(), T, tw.device, dy.data());
       const std::string what = "q" + std::to_string(bits) + " T=" + std::to_string(T);
       const double err = rel_error(host(dy), y_cpu, magnitudes(x, T, tw.a, rows, cols));
       record("matmul affine, x = 1 + 2^-9 + 2^-18", what, err, kTol);
@@ -255,8 +260,8 @@ TEST(CudaMatmul, AffineKeepsSmallValuesBesideLargeOnes) {
     for (int c = 0; c < cols; ++c) x[size_t(c)] = c % 32 == 5 ? 1e4f : c % 3 == 0 ? 0.f : rng.uniform(-1e-3f, 1e-3f);
     Vec y_cpu(static_cast<size_t>(rows), 0.f);
     cpu::matmul(x.data(), 1, tw.host, y_cpu.data());
-    DeviceBuffer dx = dev(x), dy(y_cpu.size() * sizeof(float));
-    matmul(dx.as<float>(), 1, tw.device, dy.as<float>());
+    DeviceArray<float> dx = dev(x), dy(y_cpu.size(), DeviceAlloc::Now);
+    matmul(dx.data(), 1, tw.device, dy.data());
     const std::string what = "q" + std::to_string(bits);
     const double err = rel_error(host(dy), y_cpu, magnitudes(x, 1, tw.a, rows, cols));
     record("matmul affine, x of 1e4 and 1e-3", what, err, kTol);
@@ -280,8 +285,8 @@ TEST(CudaMatmul, AffineMatchesCpuAcrossExponents) {
         for (float& v : x) v = std::ldexp(v, e);
         Vec y_cpu(static_cast<size_t>(rows));
         cpu::matmul(x.data(), 1, tw.host, y_cpu.data());
-        DeviceBuffer dx = dev(x), dy(y_cpu.size() * sizeof(float));
-        matmul(dx.as<float>(), 1, tw.device, dy.as<float>());
+        DeviceArray<float> dx = dev(x), dy(y_cpu.size(), DeviceAlloc::Now);
+        matmul(dx.data(), 1, tw.device, dy.data());
         const std::string what = "q" + std::to_string(bits) + " g" + std::to_string(group) + " 2^" + std::to_string(e);
         const double err = rel_error(host(dy), y_cpu, magnitudes(x, 1, tw.a, rows, cols));
         record("matmul affine, x of 2^-90 to 2^100", what, err, kTol);
@@ -299,8 +304,8 @@ TEST(CudaMatmul, AffineCarriesNaNAndInfinity) {
   for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
     Vec x = rng.normals(256);
     x[77] = bad;
-    DeviceBuffer dx = dev(x), dy(40 * sizeof(float));
-    matmul(dx.as<float>(), 1, tw.device, dy.as<float>());
+    DeviceArray<float> dx = dev(x), dy(40, DeviceAlloc::Now);
+    matmul(dx.data(), 1, tw.device, dy.data());
     for (float v : host(dy)) EXPECT_TRUE(std::isnan(v)) << "x[77] = " << bad;
   }
 }
@@ -319,11 +324,11 @@ TEST(CudaMatmul, ChainedCallsWaitForEachOther) {
     std::vector<uint16_t> w;
     const TestWeights tw = bf16 ? bf16_weights(rng, n, n, w) : affine_weights(rng, n, n, 4, 64, qb);
     Vec y = rng.normals(size_t(n)), next = y;
-    DeviceBuffer a = dev(y), b = dev(Vec(size_t(n), NAN));
+    DeviceArray<float> a = dev(y), b = dev(Vec(size_t(n), NAN));
     // All three queued before the host does anything else, so that each can start while the one
     // before runs.
     for (int step = 0; step < 3; ++step)
-      matmul((step % 2 ? b : a).as<float>(), 1, tw.device, (step % 2 ? a : b).as<float>());
+      matmul((step % 2 ? b : a).data(), 1, tw.device, (step % 2 ? a : b).data());
     std::vector<double> bound(size_t(n), 0.0);
     for (int step = 0; step < 3; ++step) {
       Vec e(bound.begin(), bound.end());
@@ -352,8 +357,8 @@ void check_gemm(const std::string& kernel, const std::string& what, const TestWe
     const Vec x = rng.normals(size_t(T) * cols);
     Vec y_cpu(size_t(T) * rows);
     cpu::matmul(x.data(), T, tw.host, y_cpu.data());
-    DeviceBuffer dx = dev(x), dy(y_cpu.size() * sizeof(float));
-    matmul_gemm(dx.as<float>(), T, tw.device, dy.as<float>(), scratch);
+    DeviceArray<float> dx = dev(x), dy(y_cpu.size(), DeviceAlloc::Now);
+    matmul_gemm(dx.data(), T, tw.device, dy.data(), scratch);
     const std::string name = what + " " + std::to_string(rows) + "x" + std::to_string(cols) + " T=" +
                              std::to_string(T) + " tile " + std::to_string(tile_rows ? tile_rows : rows);
     const double err = rel_error(host(dy), y_cpu, magnitudes(x, T, tw.a, rows, cols));
@@ -405,10 +410,11 @@ TEST(CudaMatmul, FormsAgreeAroundThreshold) {
     for (int T : {gemm_min_tokens(tw.host) - 1, gemm_min_tokens(tw.host), gemm_min_tokens(tw.host) + 1}) {
       const int rows = tw.host.rows, cols = tw.host.cols;
       const Vec x = rng.normals(size_t(T) * cols);
-      DeviceBuffer dx = dev(x), d_direct(size_t(T) * rows * 4), d_gemm(size_t(T) * rows * 4), d_matmul(size_t(T) * rows * 4);
-      matmul_direct(dx.as<float>(), T, tw.device, d_direct.as<float>());
-      matmul_gemm(dx.as<float>(), T, tw.device, d_gemm.as<float>());
-      matmul(dx.as<float>(), T, tw.device, d_matmul.as<float>());
+      DeviceArray<float> dx = dev(x), d_direct(size_t(T) * rows, DeviceAlloc::Now), d_gemm(size_t(T) * rows, DeviceAlloc::Now),
+                         d_matmul(size_t(T) * rows, DeviceAlloc::Now);
+      matmul_direct(dx.data(), T, tw.device, d_direct.data());
+      matmul_gemm(dx.data(), T, tw.device, d_gemm.data());
+      matmul(dx.data(), T, tw.device, d_matmul.data());
       const Vec y_direct = host(d_direct), y_gemm = host(d_gemm), y = host(d_matmul);
       const std::string name = std::string(tw.host.type == WeightType::BF16 ? "bf16" : "q4 g64") + " 1000x4096 T=" +
                                std::to_string(T);
@@ -421,9 +427,10 @@ TEST(CudaMatmul, FormsAgreeAroundThreshold) {
 
 TEST(CudaMatmul, RejectsWhatItCannotRun) {
   MS_REQUIRE_CUDA();
-  DeviceBuffer buf(1 << 16);
-  const float* x = buf.as<float>();
-  float* y = buf.as<float>();
+  const DeviceArray<unsigned char> buf(1 << 16, DeviceAlloc::Now);  // untyped: read as floats and as scales
+  const float* x = reinterpret_cast<const float*>(buf.data());
+  float* y = reinterpret_cast<float*>(buf.data());
+  const uint16_t* sb = reinterpret_cast<const uint16_t*>(buf.data());
   EXPECT_THROW(matmul(x, 1, Mat{WeightType::BF16, buf.data(), 4, 48}, y), Error);   // cols % 32
   EXPECT_THROW(matmul(x, 1, Mat{WeightType::F32, buf.data(), 4, 64}, y), Error);    // f32 weights
   EXPECT_THROW(matmul(x + 1, 1, Mat{WeightType::BF16, buf.data(), 4, 64}, y), Error);  // misaligned x
@@ -431,16 +438,17 @@ TEST(CudaMatmul, RejectsWhatItCannotRun) {
     EXPECT_THROW(matmul(x, T, Mat{WeightType::BF16, buf.data(), 4, 48}, y), Error);
     EXPECT_THROW(matmul(x, T, Mat{WeightType::F32, buf.data(), 4, 64}, y), Error);
     EXPECT_THROW(matmul(x + 1, T, Mat{WeightType::BF16, buf.data(), 4, 64}, y), Error);
-    EXPECT_THROW(matmul(x, T, Mat{WeightType::Affine, buf.data(), 4, 64, 4, 48, buf.as<uint16_t>(), buf.as<uint16_t>()}, y),
+    EXPECT_THROW(matmul(x, T, Mat{WeightType::Affine, buf.data(), 4, 64, 4, 48, sb, sb}, y),
                  Error);  // group 48
   }
   // Rows too wide for the staging of x in shared memory, for either kernel (the buffer would hold
   // what a kernel reads, should one run).
-  DeviceBuffer wide(size_t(4) << 20);
-  const float* xw = wide.as<float>();
-  const Mat affine{WeightType::Affine, wide.data(), 1, 1 << 20, 4, 64, wide.as<uint16_t>(), wide.as<uint16_t>()};
-  EXPECT_THROW(matmul(xw, 1, affine, wide.as<float>()), Error);
-  EXPECT_THROW(matmul(xw, 1, Mat{WeightType::BF16, wide.data(), 1, 1 << 20}, wide.as<float>()), Error);
+  const DeviceArray<unsigned char> wide(size_t(4) << 20, DeviceAlloc::Now);
+  float* xw = reinterpret_cast<float*>(wide.data());
+  const uint16_t* wsb = reinterpret_cast<const uint16_t*>(wide.data());
+  const Mat affine{WeightType::Affine, wide.data(), 1, 1 << 20, 4, 64, wsb, wsb};
+  EXPECT_THROW(matmul(xw, 1, affine, xw), Error);
+  EXPECT_THROW(matmul(xw, 1, Mat{WeightType::BF16, wide.data(), 1, 1 << 20}, xw), Error);
 }
 
 }  // namespace

@@ -113,13 +113,15 @@ TEST(CudaRoute, IdsMatchCpuExactly) {
     // A layer's table of records: distinct made-up addresses, only copied.
     std::vector<uintptr_t> table(size_t(c.E));
     for (size_t e = 0; e < table.size(); ++e) table[e] = 0x10000 + 4096 * e;
-    DeviceBuffer dl = dev(logits), dp(probs.size() * 4), di(ids.size() * 4), dw(weights.size() * 4),
-                 dt = DeviceBuffer::from(table), dr(ids.size() * sizeof(uintptr_t));
-    route_topk(dl.as<float>(), c.T, c.E, c.K, c.norm, dp.as<float>(), di.as<int>(), dw.as<float>(),
-               dt.as<const uint8_t* const>(), dr.as<const uint8_t*>());
+    DeviceArray<float> dl = dev(logits), dp(probs.size(), DeviceAlloc::Now), dw(weights.size(), DeviceAlloc::Now);
+    DeviceArray<int> di(ids.size(), DeviceAlloc::Now);
+    // The table and the records are addresses, kept as the integers the test made them.
+    DeviceArray<uintptr_t> dt = DeviceArray<uintptr_t>::from(table, DeviceAlloc::Now), dr(ids.size(), DeviceAlloc::Now);
+    route_topk(dl.data(), c.T, c.E, c.K, c.norm, dp.data(), di.data(), dw.data(),
+               reinterpret_cast<const uint8_t* const*>(dt.data()), reinterpret_cast<const uint8_t**>(dr.data()));
     const Vec gp = host(dp), gw = host(dw);
-    const std::vector<int> gi = di.to_vector<int>();
-    const std::vector<uintptr_t> records = dr.to_vector<uintptr_t>();
+    const std::vector<int> gi = di.to_vector();
+    const std::vector<uintptr_t> records = dr.to_vector();
     for (size_t i = 0; i < gi.size(); ++i) EXPECT_EQ(records[i], table[size_t(gi[i])]) << name(c) << " record " << i;
 
     int mismatched = 0;
@@ -139,9 +141,9 @@ TEST(CudaRoute, IdsMatchCpuExactly) {
 
 TEST(CudaRoute, RejectsWhatItCannotRun) {
   MS_REQUIRE_CUDA();
-  DeviceBuffer buf(1 << 20);
-  float* f = buf.as<float>();
-  int* i = buf.as<int>();
+  const DeviceArray<unsigned char> buf(1 << 20, DeviceAlloc::Now);  // untyped: read as floats and ints
+  float* f = reinterpret_cast<float*>(buf.data());
+  int* i = reinterpret_cast<int*>(buf.data());
   EXPECT_THROW(route_topk(f, 1, 9000, 8, true, f, i, f), Error);  // too many experts
   EXPECT_THROW(route_topk(f, 1, 8, 9, true, f, i, f), Error);     // k > E
   EXPECT_THROW(route_topk(f, 1, 8, 0, true, f, i, f), Error);     // k = 0
@@ -263,7 +265,7 @@ RecordMat record_mat(const ProjLayout& p) {
 // The experts on the device and moe_experts on them.
 struct DeviceExperts {
   explicit DeviceExperts(const ExpertSet& s)
-      : blob(DeviceBuffer::from(s.blob)),
+      : blob(DeviceArray<uint8_t>::from(s.blob, DeviceAlloc::Now)),
         proj{record_mat(s.layout.proj[0]), record_mat(s.layout.proj[1]), record_mat(s.layout.proj[2])},
         stride(s.layout.stride) {}
 
@@ -272,16 +274,17 @@ struct DeviceExperts {
           const Vec& shared_logit = {}) const {
     const int H = proj[0].cols;
     std::vector<const uint8_t*> records;
-    for (int e : ids) records.push_back(blob.as<uint8_t>() + size_t(e) * stride);
+    for (int e : ids) records.push_back(blob.data() + size_t(e) * stride);
     // out starts as NaN: every output must be written.
-    DeviceBuffer dr = DeviceBuffer::from(records), dx = dev(x), dw = dev(wt), dout = dev(Vec(size_t(T) * H, NAN)),
-                 scratch(moe_scratch_floats(T, K, proj) * 4), ds = dev(shared), dl = dev(shared_logit);
-    moe_experts(dx.as<float>(), T, K, dr.as<const uint8_t*>(), dw.as<float>(), proj, dout.as<float>(),
-                scratch.as<float>(), shared.empty() ? nullptr : ds.as<float>(), dl.as<float>());
+    const DeviceArray<const uint8_t*> dr = DeviceArray<const uint8_t*>::from(records, DeviceAlloc::Now);
+    DeviceArray<float> dx = dev(x), dw = dev(wt), dout = dev(Vec(size_t(T) * H, NAN)),
+                       scratch(moe_scratch_floats(T, K, proj), DeviceAlloc::Now), ds = dev(shared), dl = dev(shared_logit);
+    moe_experts(dx.data(), T, K, dr.data(), dw.data(), proj, dout.data(),
+                scratch.data(), shared.empty() ? nullptr : ds.data(), dl.data());
     return host(dout);
   }
 
-  DeviceBuffer blob;
+  DeviceArray<uint8_t> blob;
   RecordMat proj[3];
   size_t stride;
 };
@@ -414,37 +417,43 @@ TEST(CudaMoe, RoutingInGateUpIsRouteTopkThenExperts) {
     const ExpertSet s = random_experts(rng, c.E, c.H, c.I, c.bits, c.bits, c.group);
     const DeviceExperts d(s);
     std::vector<const uint8_t*> table;
-    for (int e = 0; e < c.E; ++e) table.push_back(d.blob.as<uint8_t>() + size_t(e) * d.stride);
+    for (int e = 0; e < c.E; ++e) table.push_back(d.blob.data() + size_t(e) * d.stride);
     const Vec logits = route_logits(rng, RouteCase{1, c.E, c.K, c.norm, c.kind});
     const Vec x = rng.normals(size_t(c.H)), shared = rng.normals(size_t(c.H)), shared_logit = rng.normals(1, 3.0f);
-    DeviceBuffer dt = DeviceBuffer::from(table), dl = dev(logits), dx = dev(x), dsh = dev(shared), dsl = dev(shared_logit);
+    const DeviceArray<const uint8_t*> dt = DeviceArray<const uint8_t*>::from(table, DeviceAlloc::Now);
+    DeviceArray<float> dl = dev(logits), dx = dev(x), dsh = dev(shared), dsl = dev(shared_logit);
     struct Run {
-      DeviceBuffer probs, ids, weights, records, h, out;
+      DeviceArray<float> probs;
+      DeviceArray<int> ids;
+      DeviceArray<float> weights;
+      DeviceArray<const uint8_t*> records;
+      DeviceArray<float> h, out;
     };
     auto buffers = [&] {
-      return Run{DeviceBuffer(size_t(c.E) * 4), DeviceBuffer(size_t(c.K) * 4), DeviceBuffer(size_t(c.K) * 4),
-                 DeviceBuffer(size_t(c.K) * sizeof(void*)), DeviceBuffer(moe_scratch_floats(1, c.K, d.proj) * 4),
-                 dev(Vec(size_t(c.H), NAN))};
+      return Run{DeviceArray<float>(size_t(c.E), DeviceAlloc::Now), DeviceArray<int>(size_t(c.K), DeviceAlloc::Now),
+                 DeviceArray<float>(size_t(c.K), DeviceAlloc::Now),
+                 DeviceArray<const uint8_t*>(size_t(c.K), DeviceAlloc::Now),
+                 DeviceArray<float>(moe_scratch_floats(1, c.K, d.proj), DeviceAlloc::Now), dev(Vec(size_t(c.H), NAN))};
     };
     Run a = buffers(), b = buffers();
-    const auto* tab = dt.as<const uint8_t* const>();
-    route_topk(dl.as<float>(), 1, c.E, c.K, c.norm, a.probs.as<float>(), a.ids.as<int>(), a.weights.as<float>(), tab,
-               a.records.as<const uint8_t*>());
-    moe_experts(dx.as<float>(), 1, c.K, a.records.as<const uint8_t*>(), a.weights.as<float>(), d.proj,
-                a.out.as<float>(), a.h.as<float>(), dsh.as<float>(), dsl.as<float>());
-    const InlineRoute r{dl.as<float>(),      c.E, c.norm, b.probs.as<float>(), b.ids.as<int>(), b.weights.as<float>(),
-                        tab, b.records.as<const uint8_t*>()};
+    const auto* tab = dt.data();
+    route_topk(dl.data(), 1, c.E, c.K, c.norm, a.probs.data(), a.ids.data(), a.weights.data(), tab,
+               a.records.data());
+    moe_experts(dx.data(), 1, c.K, a.records.data(), a.weights.data(), d.proj,
+                a.out.data(), a.h.data(), dsh.data(), dsl.data());
+    const InlineRoute r{dl.data(), c.E, c.norm, b.probs.data(), b.ids.data(), b.weights.data(),
+                        tab, b.records.data()};
     ASSERT_TRUE(routes_in_gate_up(r, c.K, d.proj)) << what;
-    moe_gate_up_routed(dx.as<float>(), c.K, r, d.proj, b.h.as<float>());
-    moe_down(b.h.as<float>(), 1, c.K, b.records.as<const uint8_t*>(), b.weights.as<float>(), d.proj, b.out.as<float>(),
-             dsh.as<float>(), dsl.as<float>());
+    moe_gate_up_routed(dx.data(), c.K, r, d.proj, b.h.data());
+    moe_down(b.h.data(), 1, c.K, b.records.data(), b.weights.data(), d.proj, b.out.data(),
+             dsh.data(), dsl.data());
     synchronize();
-    EXPECT_EQ(a.probs.to_vector<uint32_t>(), b.probs.to_vector<uint32_t>()) << what;
-    EXPECT_EQ(a.ids.to_vector<int>(), b.ids.to_vector<int>()) << what;
-    EXPECT_EQ(a.weights.to_vector<uint32_t>(), b.weights.to_vector<uint32_t>()) << what;
-    EXPECT_EQ(a.records.to_vector<uintptr_t>(), b.records.to_vector<uintptr_t>()) << what;
-    EXPECT_EQ(a.h.to_vector<uint32_t>(), b.h.to_vector<uint32_t>()) << what;
-    EXPECT_EQ(a.out.to_vector<uint32_t>(), b.out.to_vector<uint32_t>()) << what;
+    EXPECT_EQ(bits(a.probs), bits(b.probs)) << what;
+    EXPECT_EQ(a.ids.to_vector(), b.ids.to_vector()) << what;
+    EXPECT_EQ(bits(a.weights), bits(b.weights)) << what;
+    EXPECT_EQ(a.records.to_vector(), b.records.to_vector()) << what;
+    EXPECT_EQ(bits(a.h), bits(b.h)) << what;
+    EXPECT_EQ(bits(a.out), bits(b.out)) << what;
   }
 }
 
@@ -452,14 +461,15 @@ TEST(CudaMoe, RoutingInGateUpIsRouteTopkThenExperts) {
 // K past a warp, bf16 gate and up.
 TEST(CudaMoe, RoutingInGateUpRefusesWhatItCannotRun) {
   MS_REQUIRE_CUDA();
-  DeviceBuffer buf(1 << 20);
-  float* f = buf.as<float>();
-  const auto* tab = buf.as<const uint8_t* const>();
+  const DeviceArray<unsigned char> buf(1 << 20, DeviceAlloc::Now);  // untyped: read as floats, ints and addresses
+  float* f = reinterpret_cast<float*>(buf.data());
+  const auto* tab = reinterpret_cast<const uint8_t* const*>(buf.data());
   const RecordMat gate{4, 64, 64, 256, 0, 8192, 9216}, down{4, 64, 256, 64, 0, 8192, 9216};
   const RecordMat q4[3] = {gate, gate, down};
   RecordMat bf16[3] = {gate, gate, down};
   bf16[0].bits = bf16[1].bits = 16;
-  const InlineRoute ok{f, 512, true, f, buf.as<int>(), f, tab, buf.as<const uint8_t*>()};
+  const InlineRoute ok{f, 512, true, f, reinterpret_cast<int*>(buf.data()), f, tab,
+                       reinterpret_cast<const uint8_t**>(buf.data())};
   EXPECT_TRUE(routes_in_gate_up(ok, 10, q4));
   InlineRoute no_table = ok, many = ok;
   no_table.table = nullptr;
@@ -476,10 +486,10 @@ TEST(CudaMoe, RoutingInGateUpRefusesWhatItCannotRun) {
 
 TEST(CudaMoe, RejectsWhatItCannotRun) {
   MS_REQUIRE_CUDA();
-  DeviceBuffer buf(1 << 20);
-  const float* x = buf.as<float>();
-  float* y = buf.as<float>();
-  const auto* rec = buf.as<const uint8_t*>();
+  const DeviceArray<unsigned char> buf(1 << 20, DeviceAlloc::Now);  // untyped: read as floats and addresses
+  const float* x = reinterpret_cast<const float*>(buf.data());
+  float* y = reinterpret_cast<float*>(buf.data());
+  const auto* rec = reinterpret_cast<const uint8_t**>(buf.data());
   const RecordMat gate{4, 64, 64, 256, 0, 8192, 9216}, down{4, 64, 256, 64, 0, 8192, 9216};
   RecordMat p[3] = {gate, gate, down};
   p[1].bits = 8;  // gate and up at different widths

@@ -31,8 +31,8 @@ TEST(CudaOps, RmsNormBothOffsets) {
       const Vec x = rng.normals(size_t(rows) * dim), w = rng.normals(size_t(dim), 0.3f);
       Vec want(x.size());
       cpu::rmsnorm(x.data(), rows, dim, w.data(), offset, 1e-6f, want.data());
-      DeviceBuffer dx = dev(x), dw = dev(w), dout(x.size() * sizeof(float));
-      rmsnorm(dx.as<float>(), rows, dim, dw.as<float>(), offset, 1e-6f, dout.as<float>());
+      DeviceArray<float> dx = dev(x), dw = dev(w), dout(x.size(), DeviceAlloc::Now);
+      rmsnorm(dx.data(), rows, dim, dw.data(), offset, 1e-6f, dout.data());
       const double err = rel_diff(host(dout), want, 1e-30);
       const std::string what = "offset " + std::to_string(int(offset)) + " " + std::to_string(rows) + "x" +
                                std::to_string(dim);
@@ -50,10 +50,10 @@ TEST(CudaOps, AddRmsNorm) {
     for (auto [rows, dim] : {std::pair{1, 2048}, {5, 100}, {9, 5120}}) {
       Vec x = rng.normals(size_t(rows) * dim), want(x.size());
       const Vec y = rng.normals(x.size()), w = rng.normals(size_t(dim), 0.3f);
-      DeviceBuffer dx = dev(x), dy = dev(y), dw = dev(w), dout(x.size() * sizeof(float));
+      DeviceArray<float> dx = dev(x), dy = dev(y), dw = dev(w), dout(x.size(), DeviceAlloc::Now);
       for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
       cpu::rmsnorm(x.data(), rows, dim, w.data(), offset, 1e-6f, want.data());
-      add_rmsnorm(dx.as<float>(), dy.as<float>(), rows, dim, dw.as<float>(), offset, 1e-6f, dout.as<float>());
+      add_rmsnorm(dx.data(), dy.data(), rows, dim, dw.data(), offset, 1e-6f, dout.data());
       const std::string what = "offset " + std::to_string(int(offset)) + " " + std::to_string(rows) + "x" +
                                std::to_string(dim);
       EXPECT_EQ(host(dx), x) << what;
@@ -79,29 +79,30 @@ TEST(CudaOps, AttentionGqaDecodeAndPrefill) {
               v = rng.normals(size_t(len) * c.n_kv * c.hd);
     Vec want(q.size());
     cpu::attention(q.data(), k.data(), v.data(), c.T, c.pos0, c.n_heads, c.n_kv, c.hd, want.data());
-    DeviceBuffer dq = dev(q), dk = dev(k), dv = dev(v), dout(q.size() * sizeof(float));
+    DeviceArray<float> dq = dev(q), dk = dev(k), dv = dev(v), dout(q.size(), DeviceAlloc::Now);
     // Positions bound by the cache's rows, as a captured step's: more chunk blocks than the rows use.
     const int positions = len + 100;
-    DeviceBuffer scratch(attention_scratch_floats(c.T, c.n_heads, c.hd, positions) * sizeof(float));
-    attention(dq.as<float>(), dk.as<float>(), dv.as<float>(), c.T, c.pos0, c.n_heads, c.n_kv, c.hd,
-              dout.as<float>(), scratch.as<float>(), positions);
+    DeviceArray<float> scratch(attention_scratch_floats(c.T, c.n_heads, c.hd, positions), DeviceAlloc::Now);
+    attention(dq.data(), dk.data(), dv.data(), c.T, c.pos0, c.n_heads, c.n_kv, c.hd,
+              dout.data(), scratch.data(), positions);
     const double err = max_abs_diff(host(dout), want) / max_abs(v);
     const std::string what = "T=" + std::to_string(c.T) + " pos0=" + std::to_string(c.pos0) + " heads " +
                              std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv) + " hd=" +
                              std::to_string(c.hd);
     record("attention", what, err, kTol);
     EXPECT_LE(err, kTol) << what;
-    DeviceBuffer dpos = DeviceBuffer::from(std::vector<int>{c.pos0}), dout_at(q.size() * sizeof(float));
-    attention(dq.as<float>(), dk.as<float>(), dv.as<float>(), c.T, -1, c.n_heads, c.n_kv, c.hd, dout_at.as<float>(),
-              scratch.as<float>(), positions, dpos.as<int>());
+    const DeviceArray<int> dpos = DeviceArray<int>::from(std::vector<int>{c.pos0}, DeviceAlloc::Now);
+    DeviceArray<float> dout_at(q.size(), DeviceAlloc::Now);
+    attention(dq.data(), dk.data(), dv.data(), c.T, -1, c.n_heads, c.n_kv, c.hd, dout_at.data(),
+              scratch.data(), positions, dpos.data());
     EXPECT_EQ(host(dout_at), host(dout)) << what << ", position on the device";
     // Gated (Qwen3-Next): the same output times sigmoid(gate), applied as it is stored.
     const Vec gate = rng.normals(q.size(), 3.0f);
     Vec want_gated = want;
     for (size_t i = 0; i < gate.size(); ++i) want_gated[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
-    DeviceBuffer dgate = dev(gate), dout_gated(q.size() * sizeof(float));
-    attention(dq.as<float>(), dk.as<float>(), dv.as<float>(), c.T, c.pos0, c.n_heads, c.n_kv, c.hd,
-              dout_gated.as<float>(), scratch.as<float>(), positions, nullptr, dgate.as<float>());
+    DeviceArray<float> dgate = dev(gate), dout_gated(q.size(), DeviceAlloc::Now);
+    attention(dq.data(), dk.data(), dv.data(), c.T, c.pos0, c.n_heads, c.n_kv, c.hd,
+              dout_gated.data(), scratch.data(), positions, nullptr, dgate.data());
     const double err_gated = max_abs_diff(host(dout_gated), want_gated) / max_abs(v);
     record("attention", what + " gated", err_gated, kTol);
     EXPECT_LE(err_gated, kTol) << what << ", gated";
@@ -116,17 +117,17 @@ TEST(CudaOps, AttentionTokensAreTheSameBitsWhateverT) {
   Rng rng(8);
   const Vec q = rng.normals(size_t(T) * nh * hd), k = rng.normals(size_t(len) * nkv * hd, 2.0f),
             v = rng.normals(size_t(len) * nkv * hd);
-  DeviceBuffer dq = dev(q), dk = dev(k), dv = dev(v), dall(q.size() * sizeof(float));
+  DeviceArray<float> dq = dev(q), dk = dev(k), dv = dev(v), dall(q.size(), DeviceAlloc::Now);
   ASSERT_EQ(attention_scratch_floats(T, nh, hd, len), 0u) << "192 rows: a block each";
-  attention(dq.as<float>(), dk.as<float>(), dv.as<float>(), T, pos0, nh, nkv, hd, dall.as<float>(), nullptr, len);
+  attention(dq.data(), dk.data(), dv.data(), T, pos0, nh, nkv, hd, dall.data(), nullptr, len);
   const Vec all = host(dall);
   const size_t row = size_t(nh) * hd;
   for (int t = 0; t < T; ++t) {
     const int positions = pos0 + t + 1;
     ASSERT_GT(attention_scratch_floats(1, nh, hd, positions), 0u) << "16 rows: a block per chunk";
-    DeviceBuffer scratch(attention_scratch_floats(1, nh, hd, positions) * sizeof(float)), done(row * sizeof(float));
-    attention(dq.as<float>() + t * row, dk.as<float>(), dv.as<float>(), 1, pos0 + t, nh, nkv, hd, done.as<float>(),
-              scratch.as<float>(), positions);
+    DeviceArray<float> scratch(attention_scratch_floats(1, nh, hd, positions), DeviceAlloc::Now), done(row, DeviceAlloc::Now);
+    attention(dq.data() + t * row, dk.data(), dv.data(), 1, pos0 + t, nh, nkv, hd, done.data(),
+              scratch.data(), positions);
     EXPECT_EQ(host(done), Vec(all.begin() + long(t * row), all.begin() + long((t + 1) * row))) << "token " << t;
   }
 }
@@ -134,8 +135,8 @@ TEST(CudaOps, AttentionTokensAreTheSameBitsWhateverT) {
 TEST(CudaOps, AttentionRefusesWhatItCannotRun) {
   MS_REQUIRE_CUDA();
   ASSERT_GT(attention_scratch_floats(1, 4, 64, 100), 0u);  // a decode token's few rows: a block per chunk
-  DeviceBuffer buf(size_t(1) << 20);
-  float* p = buf.as<float>();
+  DeviceArray<float> buf(size_t(1) << 18, DeviceAlloc::Now);  // 1 MiB
+  float* p = buf.data();
   EXPECT_THROW(attention(p, p, p, 1, 99, 4, 4, 64, p, nullptr, 100), Error);  // no scratch
   EXPECT_THROW(attention(p, p, p, 1, 99, 4, 4, 64, p, p, 50), Error);         // positions short of pos0 + T
 }
@@ -149,8 +150,9 @@ TEST(CudaOps, EmbedRowIsTheHostsRow) {
   const Vec w = rng.normals(size_t(kRows) * kCols);
   auto check = [&](const Mat& table, const std::string& what, auto&& host_row) {
     for (int row : {0, 3, kRows - 1}) {
-      DeviceBuffer id = DeviceBuffer::from(std::vector<int>{row}), out(size_t(kCols) * sizeof(float));
-      embed_row(table, id.as<int>(), out.as<float>());
+      const DeviceArray<int> id = DeviceArray<int>::from(std::vector<int>{row}, DeviceAlloc::Now);
+      DeviceArray<float> out(size_t(kCols), DeviceAlloc::Now);
+      embed_row(table, id.data(), out.data());
       Vec want(kCols);
       host_row(row, want.data());
       EXPECT_EQ(host(out), want) << what << " row " << row;
@@ -158,20 +160,22 @@ TEST(CudaOps, EmbedRowIsTheHostsRow) {
   };
   std::vector<uint16_t> b16(w.size());
   for (size_t i = 0; i < w.size(); ++i) b16[i] = f32_to_bf16(w[i]);
-  DeviceBuffer db = DeviceBuffer::from(b16);
+  DeviceArray<uint16_t> db = DeviceArray<uint16_t>::from(b16, DeviceAlloc::Now);
   check(Mat{WeightType::BF16, db.data(), kRows, kCols}, "bf16", [&](int r, float* o) {
     for (int c = 0; c < kCols; ++c) o[c] = bf16_to_f32(b16[size_t(r) * kCols + size_t(c)]);
   });
   for (int bits : {2, 3, 4, 8})
     for (int group : {32, 128}) {
       const QuantBuffer qb = quantize(w.data(), kRows, kCols, bits, group);
-      DeviceBuffer dq = DeviceBuffer::from(qb.q), ds = DeviceBuffer::from(qb.scales);
-      DeviceBuffer dbias = DeviceBuffer::from(qb.biases);
-      Mat table{WeightType::Affine, dq.data(), kRows, kCols, bits, group, ds.as<uint16_t>(), dbias.as<uint16_t>()};
+      DeviceArray<uint8_t> dq = DeviceArray<uint8_t>::from(qb.q, DeviceAlloc::Now);
+      DeviceArray<uint16_t> ds = DeviceArray<uint16_t>::from(qb.scales, DeviceAlloc::Now);
+      DeviceArray<uint16_t> dbias = DeviceArray<uint16_t>::from(qb.biases, DeviceAlloc::Now);
+      Mat table{WeightType::Affine, dq.data(), kRows, kCols, bits, group, ds.data(), dbias.data()};
       check(table, std::to_string(bits) + "-bit g" + std::to_string(group),
             [&](int r, float* o) { dequantize_row(qb.view(), r, o); });
     }
-  EXPECT_THROW(embed_row(Mat{WeightType::F32, db.data(), kRows, kCols}, db.as<int>(), nullptr), Error);
+  EXPECT_THROW(embed_row(Mat{WeightType::F32, db.data(), kRows, kCols}, reinterpret_cast<const int*>(db.data()), nullptr),
+               Error);
 }
 
 TEST(CudaOps, SiluMul) {
@@ -183,8 +187,8 @@ TEST(CudaOps, SiluMul) {
     if (n > 2) gate[0] = -120.0f, gate[1] = 95.0f;  // exp(-x) overflowing and underflowing
     Vec want(gate.size());
     cpu::silu_mul(gate.data(), up.data(), want.data(), n);
-    DeviceBuffer dg = dev(gate), du = dev(up), dout(gate.size() * sizeof(float));
-    silu_mul(dg.as<float>(), du.as<float>(), dout.as<float>(), n);
+    DeviceArray<float> dg = dev(gate), du = dev(up), dout(gate.size(), DeviceAlloc::Now);
+    silu_mul(dg.data(), du.data(), dout.data(), n);
     const double err = rel_diff(host(dout), want, 1e-30);
     record("silu_mul", "n=" + std::to_string(n), err, kTol);
     EXPECT_LE(err, kTol) << n;
@@ -199,8 +203,8 @@ TEST(CudaOps, Softmax) {
     const Vec x = rng.normals(size_t(rows) * n, 3.0f);
     Vec want = x;
     cpu::softmax(want.data(), rows, n);
-    DeviceBuffer dx = dev(x);
-    softmax(dx.as<float>(), rows, n);
+    DeviceArray<float> dx = dev(x);
+    softmax(dx.data(), rows, n);
     const double err = rel_diff(host(dx), want, 1e-30);
     const std::string what = std::to_string(rows) + "x" + std::to_string(n);
     record("softmax", what, err, kTol);
@@ -222,12 +226,13 @@ TEST(CudaOps, TopKExactWithTies) {
       for (auto& v : x) v = std::floor(v * 2.0f) / 2.0f;
     std::vector<int> want(size_t(c.rows) * c.k);
     for (int r = 0; r < c.rows; ++r) cpu::top_k(x.data() + size_t(r) * c.n, c.n, c.k, want.data() + size_t(r) * c.k);
-    DeviceBuffer dx = dev(x), didx(want.size() * sizeof(int));
-    top_k(dx.as<float>(), c.rows, c.n, c.k, didx.as<int>());
+    DeviceArray<float> dx = dev(x);
+    DeviceArray<int> didx(want.size(), DeviceAlloc::Now);
+    top_k(dx.data(), c.rows, c.n, c.k, didx.data());
     synchronize();
     const std::string what = std::to_string(c.rows) + "x" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
                              (c.ties ? " ties" : "");
-    const std::vector<int> got = didx.to_vector<int>();
+    const std::vector<int> got = didx.to_vector();
     int mismatches = 0;
     for (size_t i = 0; i < got.size(); ++i) mismatches += got[i] != want[i];
     record("top_k", what + " (mismatched indices)", mismatches, 0);

@@ -90,9 +90,9 @@ void compare(const SamplingParams& p, const Kind& kind, int vocab, int steps, un
   for (int i = 0; i < 40; ++i) seen.push_back(int(rng.uniform(0, float(std::min(vocab, 64)))) % vocab);
   for (int s = 0; s < steps; ++s) {
     const Vec logits = kind.gen(rng, vocab);
-    DeviceBuffer d = dev(logits);
+    DeviceArray<float> d = dev(logits);
     const int want = cpu.sample(logits.data(), vocab, seen);
-    const int got = pick(d.as<float>(), vocab, gpu.next(seen, vocab), ws);
+    const int got = pick(d.data(), vocab, gpu.next(seen, vocab), ws);
     ++tally.draws;
     if (got != want && ++tally.mismatches <= 10)
       ADD_FAILURE() << kind.name << " vocab " << vocab << " step " << s << " " << describe(p) << ": GPU token " << got
@@ -149,11 +149,11 @@ TEST(CudaSampler, TiesGoToTheLowestIndex) {
   MS_REQUIRE_CUDA();
   SamplerWorkspace ws;
   const Vec flat(5000, 0.25f);
-  DeviceBuffer d = dev(flat);
+  DeviceArray<float> d = dev(flat);
   for (SamplingParams p : {SamplingParams{}, SamplingParams{.temperature = 1.0f, .top_k = 1},
                            SamplingParams{.temperature = 1.0f, .top_p = 1e-6f}}) {
     Sampler s(p);
-    EXPECT_EQ(pick(d.as<float>(), 5000, s.next({}, 5000), ws), 0) << describe(p);
+    EXPECT_EQ(pick(d.data(), 5000, s.next({}, 5000), ws), 0) << describe(p);
   }
 }
 
@@ -168,8 +168,8 @@ TEST(CudaSampler, GreedyFindsTheFirstMaximumAcrossBlocks) {
   for (auto [first, second] : {std::pair{kVocab - 1, kVocab - 1}, {150000, 7}, {5, 140000}, {0, 100}, {3000, 3001}}) {
     Vec v = rng.normals(size_t(kVocab));
     v[size_t(first)] = v[size_t(second)] = 50.0f;
-    DeviceBuffer d = dev(v);
-    EXPECT_EQ(pick(d.as<float>(), kVocab, s.next({}, kVocab), ws), std::min(first, second)) << first << ", " << second;
+    DeviceArray<float> d = dev(v);
+    EXPECT_EQ(pick(d.data(), kVocab, s.next({}, kVocab), ws), std::min(first, second)) << first << ", " << second;
   }
 }
 
@@ -184,16 +184,16 @@ TEST(CudaSampler, TimeAtQwenVocabulary) {
   MS_REQUIRE_CUDA();
   constexpr int kVocab = 151936, kCalls = 50;
   Rng rng(9);
-  DeviceBuffer d = dev(normal_logits(rng, kVocab));
+  DeviceArray<float> d = dev(normal_logits(rng, kVocab));
   SamplerWorkspace ws;
   std::vector<int> seen(200);
   for (int& t : seen) t = int(rng.uniform(0, 5000));
   for (SamplingParams p : {SamplingParams{}, SamplingParams{.temperature = 0.7f, .top_p = 0.9f},
                            SamplingParams{.temperature = 0.7f, .top_k = 40, .top_p = 0.9f, .repetition_penalty = 1.1f}}) {
     Sampler s(p);
-    pick(d.as<float>(), kVocab, s.next(seen, kVocab), ws);  // sizes the workspace
+    pick(d.data(), kVocab, s.next(seen, kVocab), ws);  // sizes the workspace
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kCalls; ++i) pick(d.as<float>(), kVocab, s.next(seen, kVocab), ws);
+    for (int i = 0; i < kCalls; ++i) pick(d.data(), kVocab, s.next(seen, kVocab), ws);
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kCalls;
     std::printf("[cuda-sampler] vocab %d %-70s %.1f us per call\n", kVocab, describe(p).c_str(), us);
   }

@@ -1,4 +1,4 @@
-#include "backends/cuda/device_memory.h"
+#include "kernels/cuda/device_memory.h"
 
 #include <cuda_runtime_api.h>
 
@@ -10,8 +10,9 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/stream.h"
+#include "util/error.h"
 
-namespace ms {
+namespace ms::cuda {
 
 namespace {
 // Freed buffers of up to kReusedMaxBytes, by size, for the next device_alloc of that size: a
@@ -92,7 +93,7 @@ void* device_alloc(size_t bytes) {
   }();
   (void)pool_kept;
   void* p = nullptr;
-  CUDA_CHECK(cudaMallocAsync(&p, bytes, cuda::compute_stream()));
+  CUDA_CHECK(cudaMallocAsync(&p, bytes, compute_stream()));
   return p;
 }
 
@@ -107,7 +108,21 @@ void device_free(void* p, size_t bytes) {
       return;
     }
   }
-  cudaFreeAsync(p, cuda::compute_stream());  // no throwing from destructors; a fault shows at the next check
+  cudaFreeAsync(p, compute_stream());  // no throwing from destructors; a fault shows at the next check
+}
+
+void* device_alloc_now(size_t bytes) {
+  void* p = nullptr;
+  if (bytes) CUDA_CHECK(cudaMalloc(&p, bytes));
+  return p;
+}
+
+void device_free_now(void* p) {
+  if (p) cudaFree(p);  // no throwing from destructors; a failure here has nothing to name
+}
+
+void device_range_fail(const char* op, size_t n, size_t at, size_t size) {
+  fail("{}: {} elements at {} past the end of {}", op, n, at, size);
 }
 
 void copy_to_device(void* dst, const void* src, size_t bytes) {
@@ -119,15 +134,15 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 void copy_to_device_async(void* dst, const void* src, size_t bytes) {
-  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda::compute_stream()));
+  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_stream()));
 }
 
 void copy_on_device(void* dst, const void* src, size_t bytes) {
-  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::compute_stream()));
+  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_stream()));
 }
 
 void zero_on_device(void* dst, size_t bytes) {
-  if (bytes) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cuda::compute_stream()));
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, compute_stream()));
 }
 
-}  // namespace ms
+}  // namespace ms::cuda
