@@ -50,7 +50,7 @@ __global__ void sum_slots_kernel(const float* partial, int K, int H, float* out)
   }
 }
 
-// Row *id of an embedding table as Model::embed dequantizes it on the host: bf16 widened, affine
+// Row *id of an embedding table as embed_tokens (model/forward.cpp) dequantizes it on the host: bf16 widened, affine
 // codes (an LSB-first bit stream a row, quant/affine.h) as scale · q + bias, rounded as the host's
 // (unfused) product and sum.
 __global__ void embed_row_kernel(Mat table, const int* id, float* out) {

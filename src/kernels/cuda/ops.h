@@ -43,7 +43,7 @@ struct AttentionPrep {
 // q [T, nh·hd] and k: each head RMS-normalised (x / sqrt(mean(x²) + eps) · (offset + w)) and
 // rotated by RoPE over its first rot_dim dims; k to the k cache, v to the v cache, and the gate
 // halves to gate [T, nh·hd] where gated. The CPU backend's attention_prepare
-// (src/model/attention_block.cpp) is the reference: its split, norms, rope and store in turn.
+// (kernels/cpu/model_ops.h) is the reference: its split, norms, rope and store in turn.
 void attention_prepare(const AttentionPrep& p);
 // pos0 as for attention_prepare. positions: at least as many as any row attends (pos0 + T, or
 // with pos_on_device its bound: the cache's rows). Where gate [T, n_heads·hd] is given (a gated
@@ -65,7 +65,7 @@ void top_k(const float* x, int rows, int n, int k, int* idx);
 // logits [T, E]; ids [T, K] its K largest, largest first, ties to the lower index; weights
 // [T, K] their probabilities, divided by their sum (taken in k order) when norm_topk. The same
 // arithmetic as cpu::softmax (exp correctly rounded, the sum in cpu::warp_order_sum's order),
-// cpu::top_k and src/model/ffn_block.cpp's route(), so that the routed ids are the CPU path's.
+// cpu::top_k and model/moe.h's route(), so that the routed ids are the CPU path's.
 // E ≤ 8192. With a layer's table of expert records (device pointers by expert id), also
 // records[t, k] = table[ids[t, k]]: the routed experts' records, for moe_experts.
 void route_topk(const float* logits, int T, int E, int K, bool norm_topk, float* probs, int* ids, float* weights,
@@ -132,7 +132,7 @@ struct DeltaNetPrep {
 // The gated delta rule's inputs, in one launch: q, k [T, nk·dk] and v [T, nv·dv] the conv's
 // outputs through SiLU, each head of q and k L2-normalised (x / sqrt(Σx² + eps)) and q's then
 // scaled by q_scale; z [T, nv·dv] copied; beta = sigmoid(b), g = −exp(A_log[h])·softplus(a +
-// dt_bias[h]) [T, nv]. The CPU backend's deltanet_prepare (src/model/deltanet_block.cpp) is the
+// dt_bias[h]) [T, nv]. The CPU backend's deltanet_prepare (kernels/cpu/model_ops.h) is the
 // reference: its split, conv, norms and gates in turn.
 void deltanet_prepare(const DeltaNetPrep& p);
 void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
@@ -150,7 +150,7 @@ void scatter_scaled(const float* y, const int* rows, const float* wt, int n, int
 // out[t] = sum over k in order of partial[t, k], rows of H.
 void sum_slots(const float* partial, int T, int K, int H, float* out);
 // out [table.cols] = row *id (a device int) of an embedding table (bf16 or affine), the values
-// Model::embed makes on the host, bit for bit.
+// embed_tokens makes on the host, bit for bit.
 void embed_row(const Mat& table, const int* id, float* out);
 // The end of a decode step whose token feeds the next step on the GPU (device ints): with slot =
 // *position % ring_size, ring[slot] = *token, route_ring[slot][0..n_routes) = routes (the step's

@@ -94,7 +94,7 @@ TEST(CudaRoute, IdsMatchCpuExactly) {
       const Vec row = route_logits(rng, c);
       logits.insert(logits.end(), row.begin(), row.end());
     }
-    // The CPU path: cpu::softmax, cpu::top_k, and the weights as ffn_block.cpp's route().
+    // The CPU path: cpu::softmax, cpu::top_k, and the weights as model/moe.h's route().
     Vec probs = logits;
     cpu::softmax(probs.data(), c.T, c.E);
     std::vector<int> ids(size_t(c.T) * c.K);

@@ -142,7 +142,7 @@ TEST(CudaOps, AttentionRefusesWhatItCannotRun) {
 }
 
 // embed_row: the row a device int names, bf16 widened or affine codes dequantized, the bits the
-// host's Model::embed makes (dequantize_row), at every width the engine stores.
+// host's embed_tokens makes (dequantize_row), at every width the engine stores.
 TEST(CudaOps, EmbedRowIsTheHostsRow) {
   MS_REQUIRE_CUDA();
   Rng rng(53);
