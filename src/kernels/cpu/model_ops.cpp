@@ -71,7 +71,7 @@ void sigmoid_gate(float* out, const float* gate, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] *= sigmoid(gate[i]);
 }
 
-void deltanet_prepare(const DeltaNetPrepareArgs& a) {
+void deltanet_prepare(const DeltaNetPrep& a) {
   const size_t tokens = size_t(a.T), key_dim = size_t(a.nk) * size_t(a.dk), value_dim = size_t(a.nv) * size_t(a.dv);
   const size_t conv_dim = 2 * key_dim + value_dim;
   std::vector<float> qkv(tokens * conv_dim), mixed(qkv.size()), b(tokens * size_t(a.nv)), gate_a(b.size());

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "kernels/deltanet_prep.h"
 #include "kernels/weights.h"
 
 namespace ms::cpu {
@@ -26,18 +27,11 @@ void attention_prepare(const AttentionPrepareArgs& a);
 // out[i] *= sigmoid(gate[i]): a gated attention's output.
 void sigmoid_gate(float* out, const float* gate, size_t n);
 
-// The gated delta rule's inputs from the projections qkvz and ba: their split (the checkpoints
-// group by key head), the causal conv over q, k and v (conv_state updated), the L2 norms of q
-// and k per head, q scaled, and the gates g = -exp(A_log) * softplus(a + dt_bias), beta =
-// sigmoid(b).
-struct DeltaNetPrepareArgs {
-  const float *qkvz, *ba, *conv_w, *A_log, *dt_bias;
-  float* conv_state;
-  float *q, *k, *v, *z, *g, *beta;
-  int T, nk, nv, dk, dv, conv_k;
-  float eps, q_scale;
-};
-void deltanet_prepare(const DeltaNetPrepareArgs& a);
+// The gated delta rule's inputs (kernels/deltanet_prep.h) from the projections qkvz and ba:
+// their split (the checkpoints group by key head), the causal conv over q, k and v (conv_state
+// updated), the L2 norms of q and k per head, q scaled, and the gates g = -exp(A_log) *
+// softplus(a + dt_bias), beta = sigmoid(b).
+void deltanet_prepare(const DeltaNetPrep& a);
 
 // out[t] += sigmoid(gate · x[t]) * s[t]: the shared expert's gated contribution.
 void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate, int T, int H);

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device_memory.h"
+#include "kernels/deltanet_prep.h"
 #include "kernels/sampling.h"
 #include "kernels/weights.h"
 
@@ -118,17 +119,6 @@ void moe_gate_up_routed(const float* x, int K, const InlineRoute& r, const Recor
 
 // Gated DeltaNet (kernels/cpu/deltanet.h). gated_delta_rule runs the recurrent update for a few
 // tokens and the chunked form for longer T (kernels/cuda/deltanet.h).
-// What deltanet_prepare reads and writes for T tokens: Qwen3-Next's in_proj_qkvz output qkvz
-// [T][nk][q(dk), k(dk), v(r·dv), z(r·dv)] (r = nv / nk) and in_proj_ba's ba [T][nk][b(r), a(r)];
-// the conv over the channels (all q, all k, all v) with weights conv_w [channels][conv_k] and its
-// state conv_state [channels][conv_k − 1], carried.
-struct DeltaNetPrep {
-  const float *qkvz, *ba, *conv_w, *A_log, *dt_bias;
-  float* conv_state;
-  float *q, *k, *v, *z, *g, *beta;
-  int T, nk, nv, dk, dv, conv_k;
-  float eps, q_scale;
-};
 // The gated delta rule's inputs, in one launch: q, k [T, nk·dk] and v [T, nv·dv] the conv's
 // outputs through SiLU, each head of q and k L2-normalised (x / sqrt(Σx² + eps)) and q's then
 // scaled by q_scale; z [T, nv·dv] copied; beta = sigmoid(b), g = −exp(A_log[h])·softplus(a +
