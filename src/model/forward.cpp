@@ -8,10 +8,16 @@
 
 namespace ms {
 
+void check_token_ids(const ModelConfig& cfg, const int* ids, int T) {
+  for (int t = 0; t < T; ++t)
+    if (ids[t] < 0 || ids[t] >= cfg.vocab)
+      fail("token id {} at position {} is outside the vocabulary [0, {})", ids[t], t, cfg.vocab);
+}
+
 void embed_tokens(const ModelConfig& cfg, const ModelWeights& w, const int* ids, int T, float* out) {
+  check_token_ids(cfg, ids, T);
   const size_t H = size_t(cfg.hidden);
   for (int t = 0; t < T; ++t) {
-    if (ids[t] < 0 || ids[t] >= cfg.vocab) fail("token id {} at position {} is outside the vocabulary [0, {})", ids[t], t, cfg.vocab);
     const size_t row = size_t(ids[t]) * H;
     float* o = out + size_t(t) * H;
     if (w.embed.type == WeightType::Affine) {

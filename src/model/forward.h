@@ -12,7 +12,9 @@
 
 namespace ms {
 
-// Rows [T, hidden] of the embedding table for ids (each checked to be in the vocabulary).
+// Fails naming the first of ids outside the vocabulary and its position.
+void check_token_ids(const ModelConfig& cfg, const int* ids, int T);
+// Rows [T, hidden] of the embedding table for ids (checked first: check_token_ids).
 void embed_tokens(const ModelConfig& cfg, const ModelWeights& w, const int* ids, int T, float* out);
 
 template <Backend B>

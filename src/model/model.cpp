@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "model/forward.h"
 #include "util/error.h"
 
 namespace ms {
@@ -40,11 +41,7 @@ std::unique_ptr<Model> Model::open(const std::string& dir, const ModelOptions& o
 
 void Model::attach(std::unique_ptr<Executor> executor) { executor_ = std::move(executor); }
 
-void Model::check_ids(const int* ids, int T) const {
-  for (int t = 0; t < T; ++t)
-    if (ids[t] < 0 || ids[t] >= cfg_.vocab)
-      fail("token id {} at position {} is outside the vocabulary [0, {})", ids[t], t, cfg_.vocab);
-}
+void Model::check_ids(const int* ids, int T) const { check_token_ids(cfg_, ids, T); }
 
 int Model::next_chunk(int remaining) const {
   if (remaining <= prefill_chunk_) return remaining;

@@ -8,6 +8,11 @@ namespace ms {
 
 namespace {
 
+// "1.50 GiB" / "12.0 MiB".
+std::string gib(uint64_t b) {
+  return b >= (1ull << 30) ? fmt::format("{:.2f} GiB", double(b) / double(1ull << 30)) : fmt::format("{:.1f} MiB", double(b) / double(1ull << 20));
+}
+
 uint64_t per_slot_row(const EngineIndex& index) {  // one slot in every MoE layer
   uint64_t b = 0;
   for (const auto& l : index.layers) b += l.stride;
@@ -102,10 +107,6 @@ StoreOptions host_tier_options(const std::string& dir, const ModelConfig& cfg, c
 }
 
 }  // namespace
-
-std::string gib(uint64_t b) {
-  return b >= (1ull << 30) ? fmt::format("{:.2f} GiB", double(b) / double(1ull << 30)) : fmt::format("{:.1f} MiB", double(b) / double(1ull << 20));
-}
 
 std::string describe(const MemoryPlan& p, Device device) {
   if (p.slots == 0) return {};

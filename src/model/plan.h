@@ -69,7 +69,4 @@ MemoryPlan plan_checkpoint(const std::string& dir, const ModelConfig& cfg, uint6
 StoreOptions vram_store_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
                                 uint64_t dense_bytes, uint64_t free_vram, const ModelOptions& opt, MemoryPlan& plan);
 
-// "1.5 GiB" / "12.0 MiB".
-std::string gib(uint64_t bytes);
-
 }  // namespace ms

@@ -17,7 +17,7 @@ void CpuBackend::moe(const ModelConfig& cfg, const FfnWeights& w, const float* x
 }
 
 int CpuBackend::pick(const float* logits, int vocab, const PickInputs& in) const {
-  cpu::SampleScratch scratch;
+  thread_local cpu::SampleScratch scratch;  // a pick's vocabulary-sized buffers, kept between picks
   return cpu::sample(logits, vocab, in, scratch);
 }
 

@@ -71,10 +71,8 @@ class CudaExecutor final : public Executor {
     return Forward(cfg_, w_, backend(state)).mtp(hidden, next_ids, T, pos0);
   }
 
-  std::vector<LayerStats> pool_stats() const override {
-    if (pool_) return pool_->stats();
-    return m_.experts() ? m_.experts()->stats() : std::vector<LayerStats>{};
-  }
+  // The VRAM pool's: every engine directory has one here, and a checkpoint streams nothing.
+  std::vector<LayerStats> pool_stats() const override { return pool_ ? pool_->stats() : std::vector<LayerStats>{}; }
   size_t pool_bytes() const override { return pool_ ? pool_->resident_bytes() : 0; }
   std::vector<PoolTier> pool_tiers() const override {
     const ExpertStore* host = m_.experts();
