@@ -103,6 +103,20 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   cmd->add_option("--host-cache", a.host_cache, "cuda: host RAM caching experts between SSD and VRAM (e.g. 8G; default: none)")
       ->check(byte_size());
   cmd->add_option("--host-policy", a.host_policy, "cuda: eviction policy of the host cache")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
+  cmd->add_option("--prefetch", a.prefetch,
+                  "Read the experts that a later layer's router, applied to this layer's input, predicts, while this "
+                  "layer computes: on, off, or auto (on where the pools cannot hold every expert)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  cmd->add_option("--prefetch-ahead", a.prefetch_ahead,
+                  "Layers ahead a prediction reaches: A, or E,A@C (E layers ahead below layer C, A from it)")
+      ->capture_default_str();
+  cmd->add_option("--prefetch-width", a.prefetch_width,
+                  "Experts a prediction names: N, or auto (adapted between top_k/2 and 2 top_k to the disk's spare "
+                  "bandwidth)")
+      ->capture_default_str();
+  cmd->add_option("--prefetch-staging", a.prefetch_staging,
+                  "Buffers prefetch reads land in (default: 2 x the widest width x the layers ahead); in the memory plan")
+      ->check(int_in(1, 1 << 16));
   cmd->add_flag("--no-cuda-graphs", a.no_cuda_graphs,
                 "cuda: launch each kernel of a decode step from the host instead of replaying the step as a CUDA graph");
 }
@@ -124,6 +138,11 @@ ModelOptions model_options(const ModelArgs& a) {
   if (!a.vram.empty()) o.vram_budget = parse_bytes(a.vram);
   if (!a.host_cache.empty()) o.host_cache = parse_bytes(a.host_cache);
   o.host_policy = parse_policy(a.host_policy);
+  PrefetchOptions& p = o.experts.prefetch;
+  p.mode = parse_prefetch_mode(a.prefetch);
+  parse_prefetch_ahead(a.prefetch_ahead, p);
+  p.width = parse_prefetch_width(a.prefetch_width);
+  p.staging = a.prefetch_staging;
   return o;
 }
 
@@ -148,6 +167,25 @@ PoolStats print_pool(const std::vector<LayerStats>& layers, const char* bytes_wh
 
 double gb_per_s(uint64_t bytes, double s) { return s > 0 ? double(bytes) / s / 1e9 : 0.0; }
 
+// One line: the prefetcher's width and staging, its counters, recall and waste.
+void print_prefetch_stats(const Model& model, std::FILE* out) {
+  const ExpertStore* store = model.experts();
+  if (!store || !store->prefetching()) return;
+  PrefetchStats p;
+  PoolStats pool;
+  for (const LayerStats& l : store->stats()) {
+    p += l.prefetch;
+    pool += l.pool;
+  }
+  const PrefetchSummary s = summarize(p, pool.misses);
+  fmt::print(out,
+             "prefetch: width {} (mean {:.1f}), staging {} buffers ({:.1f} MiB); predicted {}, read ahead {}, used {}, "
+             "wasted {}, no buffer {}; recall {:.3f}, waste {:.3f}, demand misses left {}\n",
+             store->prefetch_width(), store->mean_prefetch_width(), store->staging_buffers(),
+             double(store->staging_bytes()) / (1 << 20), p.predicted, p.issued, p.used, p.wasted, p.no_buffer, s.recall,
+             s.waste, s.demand_misses);
+}
+
 }  // namespace
 
 void print_expert_stats(const Model& model, std::FILE* out) {
@@ -165,12 +203,20 @@ void print_expert_stats(const Model& model, std::FILE* out) {
                "stall {:.3f} s\n",
                gb_per_s(h.bytes_read, h.read_s), double(h.bytes_read) / (1 << 20), h.read_s, gb_per_s(v.bytes_read, v.read_s),
                double(v.bytes_read) / (1 << 20), v.read_s, v.stall_s);
+    print_prefetch_stats(model, out);
     return;
   }
-  uint64_t all_miss_bytes = 0;
-  for (const LayerStats& l : tiers[0].layers) all_miss_bytes += (l.pool.hits + l.pool.misses) * l.slot_bytes;
-  const double ratio = all_miss_bytes ? double(totals[0].bytes_read) / double(all_miss_bytes) : 0.0;
-  fmt::print(out, "disk_load_ratio {:.3f}  read {:.2f} GB/s\n", ratio, gb_per_s(totals[0].bytes_read, totals[0].read_s));
+  uint64_t all_miss_bytes = 0, prefetch_bytes = 0;
+  for (const LayerStats& l : tiers[0].layers) {
+    all_miss_bytes += (l.pool.hits + l.pool.misses) * l.slot_bytes;
+    prefetch_bytes += l.prefetch.bytes;
+  }
+  // Every byte the disk read, demand and prefetch, over what the routed experts weigh.
+  const double ratio = all_miss_bytes ? double(totals[0].bytes_read + prefetch_bytes) / double(all_miss_bytes) : 0.0;
+  const IoCounters io = model.experts()->io_counters();
+  fmt::print(out, "disk_load_ratio {:.3f}  read {:.2f} GB/s (disk busy {:.3f} s)\n", ratio, gb_per_s(io.bytes, io.busy_s), io.busy_s);
+  print_prefetch_stats(model, out);
 }
+
 
 }  // namespace ms::cli

@@ -17,6 +17,8 @@ struct ModelArgs {
   bool no_direct_io = false, verify = false;
   std::string device = "auto", vram, host_cache, host_policy = "lru";
   bool no_cuda_graphs = false;
+  std::string prefetch = "auto", prefetch_ahead = "1", prefetch_width = "auto";
+  int prefetch_staging = 0;
 };
 
 // --model defaults to the embedded pycoder-moe-q4 when `default_model` is set.

@@ -48,26 +48,33 @@ ExpertFiles::~ExpertFiles() {
   for (int fd : fds_) ::close(fd);
 }
 
-ReadResult ExpertFiles::read(int layer, const std::vector<int>& experts, const std::vector<uint8_t*>& dsts) {
+ReadOp ExpertFiles::read_op(int layer, int expert, uint8_t* dst) const {
   const ExpertLayer& l = index_.layers[size_t(layer)];
+  return {fds_[size_t(layer)], uint64_t(expert) * l.stride, l.stride, dst};
+}
+
+void ExpertFiles::check(int layer, int expert, const ReadOp& op) const {
+  const ExpertLayer& l = index_.layers[size_t(layer)];
+  const std::string path = (fs::path(dir_) / l.file).string();
+  auto where = [&] { return fmt::format("{}: layer {}, expert {}", path, l.name, expert); };
+  if (op.result < 0) fail("{}: read failed: {}", where(), std::strerror(int(-op.result)));
+  if (uint64_t(op.result) < l.record_bytes)
+    fail("{}: short read ({} of {} bytes): the blob is truncated", where(), op.result, l.record_bytes);
+  const auto* rec = static_cast<const uint8_t*>(op.dst);
+  check_record_header(index_, l, expert, rec, path);
+  if (verify_ && record_checksum(rec, l.record_bytes) != l.checksums[size_t(expert)])
+    fail("{}: checksum mismatch: the record is corrupt", where());
+}
+
+ReadResult ExpertFiles::read(int layer, const std::vector<int>& experts, const std::vector<uint8_t*>& dsts) {
   std::vector<ReadOp> ops;
-  for (size_t i = 0; i < experts.size(); ++i)
-    ops.push_back({fds_[size_t(layer)], uint64_t(experts[i]) * l.stride, l.stride, dsts[i]});
+  for (size_t i = 0; i < experts.size(); ++i) ops.push_back(read_op(layer, experts[i], dsts[i]));
   const auto start = std::chrono::steady_clock::now();
-  {
-    std::lock_guard lk(io_mu_);
-    io_->read_all(ops);
-  }
+  io_->read_all(ops);
   ReadResult r;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (size_t i = 0; i < ops.size(); ++i) {
-    auto where = [&] { return fmt::format("{}: layer {}, expert {}", (fs::path(dir_) / l.file).string(), l.name, experts[i]); };
-    if (ops[i].result < 0) fail("{}: read failed: {}", where(), std::strerror(int(-ops[i].result)));
-    if (uint64_t(ops[i].result) < l.record_bytes)
-      fail("{}: short read ({} of {} bytes): the blob is truncated", where(), ops[i].result, l.record_bytes);
-    check_record_header(index_, l, experts[i], dsts[i], (fs::path(dir_) / l.file).string());
-    if (verify_ && record_checksum(dsts[i], l.record_bytes) != l.checksums[size_t(experts[i])])
-      fail("{}: checksum mismatch: the record is corrupt", where());
+    check(layer, experts[i], ops[i]);
     r.bytes += uint64_t(ops[i].result);
   }
   return r;

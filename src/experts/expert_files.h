@@ -5,7 +5,6 @@
 // checksum; a failure names the file, layer and expert.
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,13 +33,19 @@ class ExpertFiles {
   // in one batch; throws naming the first record that failed. Safe from several threads.
   ReadResult read(int layer, const std::vector<int>& experts, const std::vector<uint8_t*>& dsts);
 
+  // The read of record `expert` of `layer` into dst (4 KiB aligned, stride bytes), for engine().
+  ReadOp read_op(int layer, int expert, uint8_t* dst) const;
+  // Checks a completed read_op: throws naming the file, layer and expert where the read failed,
+  // came up short, or the record's header (or, with verify, its checksum) is not this expert's.
+  void check(int layer, int expert, const ReadOp& op) const;
+  IoEngine& engine() const { return *io_; }
+
  private:
   std::string dir_;
   EngineIndex index_;
   bool verify_;
   std::vector<int> fds_;
   std::unique_ptr<IoEngine> io_;
-  std::mutex io_mu_;  // one batch at a time through the engine
 };
 
 }  // namespace ms

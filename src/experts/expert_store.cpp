@@ -1,11 +1,19 @@
 #include "experts/expert_store.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 
 #include "util/error.h"
 
 namespace ms {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
 
 int model_layer_of(const std::string& name) {
   const std::string prefix = "model.layers.";
@@ -26,9 +34,40 @@ ExpertStore::ExpertStore(const std::string& dir, const EngineIndex& index, const
   for (const auto& [layer, experts] : opt.pins)
     for (size_t i = 0; i < index.layers.size(); ++i)
       if (model_layer_of(index.layers[i].name) == layer) pin(int(i), experts);
+  setup_prefetch();
 }
 
-ExpertStore::~ExpertStore() = default;
+ExpertStore::~ExpertStore() {
+  if (!staging_) return;
+  // Prefetch reads may still be landing in staging: they finish before its memory goes.
+  files_.engine().wait_until([&] {
+    for (const auto& e : staging_->entries())
+      if (!e->read.done()) return false;
+    return true;
+  });
+}
+
+void ExpertStore::setup_prefetch() {
+  const PrefetchOptions& p = opt_.prefetch;
+  prefetch_stats_.assign(pools_.size(), {});
+  bool streams = false;
+  for (size_t i = 0; i < pools_.size(); ++i) streams |= pools_[i]->capacity() < pools_[i]->n_experts();
+  const bool on = p.mode == PrefetchMode::On || (p.mode == PrefetchMode::Auto && streams && opt_.cache);
+  if (!on || pools_.empty()) return;
+  size_t widest = 0;
+  for (const ExpertLayer& l : index().layers) widest = std::max(widest, size_t(l.stride));
+  staging_ = std::make_unique<Staging>(ms::staging_buffers(p, opt_.top_k), widest);
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    const int layer = model_layer_of(index().layers[i].name);
+    const int source = layer - p.ahead_of(layer);
+    if (layer < 0 || source < 0) continue;  // the MTP head's, or a layer with none before it
+    if (size_t(source) >= targets_.size()) targets_.resize(size_t(source) + 1);
+    targets_[size_t(source)].push_back(int(i));
+  }
+  const int w = p.width > 0 ? p.width : opt_.top_k;
+  width_ = p.width > 0 ? std::make_unique<WidthController>(w, w, w)
+                       : std::make_unique<WidthController>(w, min_prefetch_width(opt_.top_k), max_prefetch_width(opt_.top_k));
+}
 
 int ExpertStore::layer_of(const std::string& name) const {
   for (size_t i = 0; i < index().layers.size(); ++i)
@@ -36,29 +75,129 @@ int ExpertStore::layer_of(const std::string& name) const {
   fail("{}: no expert layer '{}' in {}", files_.dir(), name, kEngineIndexFile);
 }
 
-std::vector<const uint8_t*> ExpertStore::acquire(int layer, const std::vector<int>& experts) {
+Acquired ExpertStore::start_acquire(int layer, const std::vector<int>& experts) {
   ExpertPool& pool = *pools_[size_t(layer)];
   std::vector<ExpertPool::Miss> misses;
-  std::vector<int> slots = pool.acquire(experts, &misses);
-  if (!misses.empty()) {
-    std::vector<int> ids;
-    std::vector<uint8_t*> dsts;
-    for (auto m : misses) ids.push_back(m.expert), dsts.push_back(pool.slot_data(m.slot));
-    ReadResult r;
-    try {
-      r = files_.read(layer, ids, dsts);
-    } catch (...) {
-      for (auto m : misses) pool.abandon(m.expert, m.slot);
-      pool.release();
-      throw;
+  const std::vector<int> slots = pool.acquire(experts, &misses);
+  Acquired a(this, layer);
+  std::vector<char> missed(experts.size(), 0);
+  for (size_t i = 0; i < experts.size(); ++i) a.records.push_back(pool.slot_data(slots[i]));
+  std::vector<AsyncRead*> demand;
+  {
+    std::unique_lock lk(prefetch_mu_, std::defer_lock);
+    if (staging_) lk.lock();
+    for (const ExpertPool::Miss& m : misses) {
+      const int i = int(std::find(experts.begin(), experts.end(), m.expert) - experts.begin());
+      missed[size_t(i)] = 1;
+      Staging::Entry* s = staging_ ? staging_->find(layer, m.expert) : nullptr;
+      if (s && !s->claimed) {  // predicted: promoted from staging, no read of its own
+        s->claimed = true;
+        ++prefetch_stats_[size_t(layer)].used;
+        a.pending_.push_back({i, m.expert, m.slot, nullptr, s});
+        continue;
+      }
+      auto r = std::make_unique<AsyncRead>();
+      r->op = files_.read_op(layer, m.expert, pool.slot_data(m.slot));
+      demand.push_back(r.get());
+      a.pending_.push_back({i, m.expert, m.slot, std::move(r), nullptr});
+      ++window_misses_;
     }
-    // The compute thread waits for the whole batch: read time and stall are the same here.
-    pool.add_io(r.bytes, r.seconds, r.seconds);
-    for (auto m : misses) pool.publish(m.expert, m.slot);
   }
-  std::vector<const uint8_t*> records;
-  for (int s : slots) records.push_back(pool.slot_data(s));
-  return records;
+  for (size_t i = 0; i < experts.size(); ++i)
+    if (!missed[i]) a.ready_.push_back(int(i));
+  std::reverse(a.ready_.begin(), a.ready_.end());  // next() takes from the back: routing's order
+  a.demand_reads_ = int(demand.size());
+  a.submitted_ = std::chrono::steady_clock::now();
+  files_.engine().submit(demand.data(), demand.size());
+  return a;
+}
+
+int Acquired::next() {
+  if (!ready_.empty()) {
+    const int i = ready_.back();
+    ready_.pop_back();
+    return i;
+  }
+  if (pending_.empty()) return -1;
+  ExpertPool& pool = *store_->pools_[size_t(layer_)];
+  auto find_done = [&] {
+    for (size_t k = 0; k < pending_.size(); ++k)
+      if (pending_[k].done()) return int(k);
+    return -1;
+  };
+  int k = find_done();
+  if (k < 0) {  // the compute waits for a read: stall
+    const auto start = std::chrono::steady_clock::now();
+    store_->files_.engine().wait_until([&] { return find_done() >= 0; });
+    pool.add_io(0, 0, seconds_since(start));
+    k = find_done();
+  }
+  Pending p = std::move(pending_[size_t(k)]);
+  pending_.erase(pending_.begin() + k);
+  const ExpertLayer& l = store_->index().layers[size_t(layer_)];
+  try {
+    if (p.staged) {
+      store_->files_.check(layer_, p.expert, p.staged->read.op);
+      std::memcpy(const_cast<uint8_t*>(records[size_t(p.index)]), p.staged->data, l.record_bytes);
+    } else {
+      store_->files_.check(layer_, p.expert, p.demand->op);
+      const bool last = --demand_reads_ == 0;
+      pool.add_io(uint64_t(p.demand->op.result), last ? seconds_since(submitted_) : 0.0, 0);
+    }
+  } catch (...) {
+    if (p.staged) {
+      std::lock_guard lk(store_->prefetch_mu_);
+      store_->staging_->free(p.staged);  // a bad record never reaches the pool
+    }
+    pool.abandon(p.expert, p.slot);
+    abandon_all();
+    pool.release();
+    throw;
+  }
+  if (p.staged) {
+    std::lock_guard lk(store_->prefetch_mu_);
+    store_->staging_->free(p.staged);
+  }
+  pool.publish(p.expert, p.slot);
+  return p.index;
+}
+
+void Acquired::abandon_all() {
+  // Reads in flight write into slots (or staging): they land before the slots go back.
+  store_->files_.engine().wait_until([&] {
+    for (const Pending& p : pending_)
+      if (!p.done()) return false;
+    return true;
+  });
+  ExpertPool& pool = *store_->pools_[size_t(layer_)];
+  for (Pending& p : pending_) {
+    pool.abandon(p.expert, p.slot);
+    if (p.staged) {
+      std::lock_guard lk(store_->prefetch_mu_);
+      p.staged->claimed = false;  // still a good prediction for a later acquire
+    }
+  }
+  pending_.clear();
+  ready_.clear();
+}
+
+Acquired::~Acquired() {
+  if (pending_.empty()) return;
+  abandon_all();
+  store_->pools_[size_t(layer_)]->release();
+}
+
+std::vector<const uint8_t*> ExpertStore::acquire(int layer, const std::vector<int>& experts) {
+  Acquired a = start_acquire(layer, experts);
+  // Every read landed first: a failure is then the first failed expert in the order asked.
+  files_.engine().wait_until([&] {
+    for (const Acquired::Pending& p : a.pending_)
+      if (!p.done()) return false;
+    return true;
+  });
+  while (a.next() >= 0) {
+  }
+  return a.records;
 }
 
 void ExpertStore::release(int layer) { pools_[size_t(layer)]->release(); }
@@ -74,15 +213,81 @@ void ExpertStore::pin(int layer, const std::vector<int>& experts) {
   release(layer);
 }
 
+const std::vector<int>& ExpertStore::prefetch_targets(int source) const {
+  static const std::vector<int> none;
+  return source >= 0 && size_t(source) < targets_.size() ? targets_[size_t(source)] : none;
+}
+
+int ExpertStore::prefetch_width() const {
+  std::lock_guard lk(prefetch_mu_);
+  return width_ ? width_->width() : 0;
+}
+
+double ExpertStore::mean_prefetch_width() const {
+  std::lock_guard lk(prefetch_mu_);
+  return width_ ? width_->mean() : 0.0;
+}
+
+void ExpertStore::prefetch(int layer, const std::vector<int>& experts, int tokens) {
+  if (!staging_) return;
+  ExpertPool& pool = *pools_[size_t(layer)];
+  const ExpertLayer& l = index().layers[size_t(layer)];
+  std::vector<AsyncRead*> reads;
+  {
+    std::lock_guard lk(prefetch_mu_);
+    PrefetchStats& st = prefetch_stats_[size_t(layer)];
+    const size_t w = std::min(experts.size(), size_t(width_->width()) * size_t(std::max(1, tokens)));
+    for (size_t i = 0; i < w; ++i) {
+      const int e = experts[i];
+      ++st.predicted;
+      if (pool.slot_of(e) >= 0 || staging_->find(layer, e)) continue;
+      int dropped = -1;
+      Staging::Entry* s = staging_->take(layer, e, &dropped);
+      if (!s) {
+        ++st.no_buffer;
+        continue;
+      }
+      if (dropped >= 0) ++prefetch_stats_[size_t(dropped)].wasted;
+      s->read.op = files_.read_op(layer, e, s->data);
+      s->read.priority = ReadPriority::Prefetch;
+      reads.push_back(&s->read);
+      ++st.issued;
+      st.bytes += l.stride;
+    }
+    size_t targets = 0;
+    for (const auto& t : targets_) targets += t.size();
+    if (size_t(++predictions_) >= targets) adapt_width_locked();
+  }
+  files_.engine().submit(reads.data(), reads.size());
+}
+
+void ExpertStore::adapt_width_locked() {
+  predictions_ = 0;
+  PrefetchStats total;
+  for (const PrefetchStats& s : prefetch_stats_) total += s;
+  const uint64_t behind = files_.engine().counters().demand_behind_prefetch;
+  width_->update(total.issued - window_start_.issued, total.used - window_start_.used, window_misses_,
+                 behind - window_behind_);
+  window_start_ = total;
+  window_misses_ = 0;
+  window_behind_ = behind;
+}
+
 std::vector<LayerStats> ExpertStore::stats() const {
   std::vector<LayerStats> r;
+  std::lock_guard lk(prefetch_mu_);
   for (size_t i = 0; i < pools_.size(); ++i)
-    r.push_back({index().layers[i].name, pools_[i]->capacity(), pools_[i]->resident(), pools_[i]->slot_bytes(), pools_[i]->stats()});
+    r.push_back({index().layers[i].name, pools_[i]->capacity(), pools_[i]->resident(), pools_[i]->slot_bytes(),
+                 pools_[i]->stats(), prefetch_stats_[i]});
   return r;
 }
 
 void ExpertStore::reset_stats() {
   for (auto& p : pools_) p->reset_stats();
+  std::lock_guard lk(prefetch_mu_);
+  for (auto& s : prefetch_stats_) s = {};
+  window_start_ = {};
+  window_misses_ = 0;
 }
 
 size_t ExpertStore::resident_bytes() const {

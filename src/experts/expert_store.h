@@ -1,14 +1,19 @@
 #pragma once
-// The experts of an engine model directory, streamed: each MoE layer has a resident pool; a
-// routed expert that is not resident is read from its blob into a slot (all misses of a layer
-// in one batch), optionally checksummed, and only then published.
+// The experts of an engine directory, streamed: each MoE layer has a resident pool; a routed
+// expert that is not resident is read from its blob into a slot (all misses of a layer in one
+// batch, in the background while the experts already resident compute), checked, and only then
+// published. With prefetch, experts predicted for a later layer are read ahead into staging and
+// promoted into the pool only when routing asks for them (experts/prefetch.h).
+#include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "experts/expert_files.h"
 #include "experts/pool.h"
+#include "experts/prefetch.h"
 
 namespace ms {
 
@@ -22,6 +27,7 @@ struct StoreOptions {
   bool verify = false;                 // checksum every record read
   int top_k = 1;                       // one token's experts: slots that pins must leave free
   bool cache = true;                   // false: the slots are staging and forget an expert at release
+  PrefetchOptions prefetch;            // Auto resolves against the pools (prefetching())
 };
 
 struct LayerStats {
@@ -29,6 +35,41 @@ struct LayerStats {
   int capacity = 0, resident = 0;
   size_t slot_bytes = 0;
   PoolStats pool;
+  PrefetchStats prefetch;
+};
+
+class ExpertStore;
+
+// The experts of one ExpertStore::start_acquire: each one's record in its pool slot, usable once
+// next() has returned its index. Hits come first, then misses in the order their reads complete.
+class Acquired {
+ public:
+  Acquired(Acquired&&) = default;
+  ~Acquired();  // an early end (an exception) waits for the reads in flight and frees their slots
+
+  std::vector<const uint8_t*> records;  // [i]: expert i's record (valid once next() gave i)
+  // The index of an expert that is ready and not returned before, waiting for a read if none
+  // is; -1 once every one was returned. A failed read throws its error naming the file, layer
+  // and expert, after the layer's pool was put back as it was.
+  int next();
+
+ private:
+  friend class ExpertStore;
+  struct Pending {
+    int index, expert, slot;
+    std::unique_ptr<AsyncRead> demand;  // or:
+    Staging::Entry* staged = nullptr;
+    bool done() const { return demand ? demand->done() : staged->read.done(); }
+  };
+  Acquired(ExpertStore* store, int layer) : store_(store), layer_(layer) {}
+  void abandon_all();
+
+  ExpertStore* store_;
+  int layer_;
+  std::vector<int> ready_;  // indices ready now (hits), the next one last
+  std::vector<Pending> pending_;
+  int demand_reads_ = 0;  // not yet returned
+  std::chrono::steady_clock::time_point submitted_;
 };
 
 class ExpertStore {
@@ -44,26 +85,57 @@ class ExpertStore {
   // Slots not pinned: the most distinct unpinned experts one acquire() can take.
   int free_capacity(int layer) const { return pools_[size_t(layer)]->capacity() - pools_[size_t(layer)]->pinned(); }
 
-  // Makes `experts` (distinct, at most capacity(layer)) resident and returns their records.
-  // They stay resident until release(layer). A failed read or checksum throws naming the
+  // Makes `experts` (distinct, at most free_capacity(layer)) resident: hits now, staged experts
+  // promoted, the rest read in one batch ahead of every prefetch read. They stay resident until
+  // release(layer).
+  Acquired start_acquire(int layer, const std::vector<int>& experts);
+  // start_acquire, waiting for all: their records. A failed read or checksum throws naming the
   // layer, expert and file; the pool stays consistent.
   std::vector<const uint8_t*> acquire(int layer, const std::vector<int>& experts);
   void release(int layer);
   // Reads `experts` of `layer` now and keeps them resident for good.
   void pin(int layer, const std::vector<int>& experts);
 
+  // Prefetch (options().prefetch). Whether it runs: On, or Auto where some pool streams.
+  bool prefetching() const { return staging_ != nullptr; }
+  // Expert layers whose experts are predicted from model layer `source`'s FFN input.
+  const std::vector<int>& prefetch_targets(int source) const;
+  int prefetch_width() const;
+  // Reads the first experts named (best first, at most the width for each of `tokens` tokens)
+  // that are neither resident nor staged into staging, in the background, behind every demand
+  // read. Adapts the width once every prefetch target has had a prediction.
+  void prefetch(int layer, const std::vector<int>& experts, int tokens = 1);
+
   std::vector<LayerStats> stats() const;
   void reset_stats();
   size_t resident_bytes() const;  // the slots' memory
+  size_t staging_bytes() const { return staging_ ? staging_->bytes() : 0; }
+  int staging_buffers() const { return staging_ ? staging_->buffers() : 0; }
+  double mean_prefetch_width() const;
+  IoCounters io_counters() const { return files_.engine().counters(); }
   // Where the slots of `layer` live (capacity x stride bytes): to register them with a GPU.
   uint8_t* slot_memory(int layer) const { return pools_[size_t(layer)]->slot_data(0); }
   const char* io_name() const { return files_.io_name(); }
   bool caches() const { return opt_.cache; }
 
  private:
+  friend class Acquired;
+  void setup_prefetch();
+  void adapt_width_locked();
+
   ExpertFiles files_;
   StoreOptions opt_;
   std::vector<std::unique_ptr<ExpertPool>> pools_;
+  // Prefetch: null staging_ = off.
+  std::unique_ptr<Staging> staging_;
+  mutable std::mutex prefetch_mu_;  // staging_, the counters below, the width
+  std::vector<std::vector<int>> targets_;  // [model layer]: expert layers predicted from it
+  std::vector<PrefetchStats> prefetch_stats_;  // [expert layer]
+  std::unique_ptr<WidthController> width_;
+  int predictions_ = 0;  // since the last adaptation
+  PrefetchStats window_start_;
+  uint64_t window_misses_ = 0;  // demand reads since the last adaptation
+  uint64_t window_behind_ = 0;  // the engine's demand_behind_prefetch then
 };
 
 // The model layer a MoE block belongs to ("model.layers.12.mlp" -> 12), or -1 (MTP).

@@ -28,14 +28,12 @@ ExpertPool::ExpertPool(int n_experts, int capacity, size_t slot_bytes, PolicyKin
       held_(size_t(capacity), 0),
       pinned_(size_t(capacity), 0) {
   if (capacity <= 0) fail("an expert pool needs at least one slot, got {}", capacity);
-  if (slot_bytes > 0) {
-    // 4 KiB-aligned slots: O_DIRECT reads land in them directly.
-    memory_ = static_cast<uint8_t*>(std::aligned_alloc(4096, size_t(capacity) * slot_bytes));
-    if (!memory_) fail("cannot allocate an expert pool of {} slots x {} bytes", capacity, slot_bytes);
-  }
+  // 4 KiB-aligned slots, faulted in now: O_DIRECT reads land in them directly, and never pay
+  // for first-touch page faults in the middle of a decode.
+  if (slot_bytes > 0) memory_ = ResidentMemory(size_t(capacity) * slot_bytes, "an expert pool");
 }
 
-ExpertPool::~ExpertPool() { std::free(memory_); }
+ExpertPool::~ExpertPool() = default;
 
 int ExpertPool::pick_slot_locked(uint64_t now) {
   int best = -1;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "experts/policy.h"
+#include "util/memory.h"
 
 namespace ms {
 
@@ -33,7 +34,7 @@ class ExpertPool {
   int capacity() const { return capacity_; }
   int n_experts() const { return n_experts_; }
   size_t slot_bytes() const { return slot_bytes_; }
-  uint8_t* slot_data(int slot) const { return memory_ + size_t(slot) * slot_bytes_; }
+  uint8_t* slot_data(int slot) const { return memory_.data() + size_t(slot) * slot_bytes_; }
 
   struct Miss {
     int expert, slot;
@@ -67,7 +68,7 @@ class ExpertPool {
   const int n_experts_, capacity_;
   const size_t slot_bytes_;
   const bool keep_;
-  uint8_t* memory_ = nullptr;
+  ResidentMemory memory_;
   std::unique_ptr<EvictionPolicy> policy_;
   mutable std::mutex mu_;
   std::vector<int> slot_of_;        // expert -> published slot or -1

@@ -102,7 +102,7 @@ std::vector<float> TensorView::to_f32() const {
   return out;
 }
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
+MappedFile::MappedFile(const std::string& path, Residence residence) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
   struct stat st {};
@@ -112,7 +112,22 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     fail("{}: cannot stat: {}", path, std::strerror(e));
   }
   size_ = size_t(st.st_size);
-  if (size_ > 0) {
+  if (size_ > 0 && residence == Residence::Memory) {
+    try {
+      memory_ = ResidentMemory(size_, "resident weights");
+      for (size_t done = 0; done < size_;) {
+        const ssize_t n = ::pread(fd, memory_.data() + done, size_ - done, off_t(done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) fail("{}: cannot read: {}", path, n < 0 ? std::strerror(errno) : "the file shrank while it was read");
+        done += size_t(n);
+      }
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // the page cache's copy is not needed again
+    data_ = memory_.data();
+  } else if (size_ > 0) {
     void* p = mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       int e = errno;
@@ -125,7 +140,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
 }
 
 MappedFile::~MappedFile() {
-  if (data_) munmap(const_cast<uint8_t*>(data_), size_);
+  if (data_ && !memory_.data()) munmap(const_cast<uint8_t*>(data_), size_);
 }
 
 namespace {
@@ -184,7 +199,7 @@ void check_tiling(const std::string& path, std::vector<std::pair<size_t, const T
 
 }  // namespace
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
+SafetensorsFile::SafetensorsFile(const std::string& path, Residence residence) : map_(path, residence) {
   const size_t size = map_.size();
   if (size < 8) fail("{}: truncated safetensors file ({} bytes, the header length alone needs 8)", path, size);
   uint64_t header_len;
@@ -215,7 +230,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
   check_tiling(path, std::move(extents), data_size);
 }
 
-TensorStore TensorStore::open(const std::string& path) {
+TensorStore TensorStore::open(const std::string& path, Residence residence) {
   TensorStore s;
   s.where_ = path;
   std::vector<std::string> files;
@@ -246,7 +261,7 @@ TensorStore TensorStore::open(const std::string& path) {
     files.push_back(path);
   }
   for (auto& f : files) {
-    s.files_.push_back(std::make_unique<SafetensorsFile>(f));
+    s.files_.push_back(std::make_unique<SafetensorsFile>(f, residence));
     for (auto& [name, t] : s.files_.back()->tensors()) {
       if (s.index_.count(name)) fail("{}: tensor '{}' appears in two shards ({} and {})", path, name, s.index_[name]->file, f);
       s.index_[name] = &t;

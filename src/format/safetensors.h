@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "util/memory.h"
+
 namespace ms {
 
 enum class DType { BF16, F16, F32, I8, I16, I32, I64, U8, U32 };
@@ -34,10 +36,14 @@ struct TensorView {
   const T* as() const { return static_cast<const T*>(data); }
 };
 
-// A read-only memory map of a whole file.
+// Where a file's bytes live once open: a read-only map of the file (the page cache, which a
+// memory cap may evict and re-read), or the process's own memory, read in whole at open.
+enum class Residence { Mapped, Memory };
+
+// A whole file's bytes, read-only.
 class MappedFile {
  public:
-  explicit MappedFile(const std::string& path);
+  explicit MappedFile(const std::string& path, Residence residence = Residence::Mapped);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
@@ -49,11 +55,12 @@ class MappedFile {
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  ResidentMemory memory_;  // Residence::Memory: the bytes
 };
 
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);
+  explicit SafetensorsFile(const std::string& path, Residence residence = Residence::Mapped);
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return map_.path(); }
@@ -71,7 +78,7 @@ class SafetensorsFile {
 // `model.safetensors.index.json` names, or a single file given directly.
 class TensorStore {
  public:
-  static TensorStore open(const std::string& path);
+  static TensorStore open(const std::string& path, Residence residence = Residence::Mapped);
   bool has(const std::string& name) const { return index_.count(name) != 0; }
   const TensorView& get(const std::string& name) const;  // throws: missing tensor, naming where
   std::vector<std::string> names() const;

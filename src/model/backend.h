@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "experts/expert_store.h"
 #include "format/config.h"
 #include "kernels/sampling.h"
 #include "model/weights.h"
@@ -54,6 +55,8 @@ concept Backend = requires(const B& be, const Mat& m, const MlpWeights& mlp, con
   // ids and router probabilities to host memory where given.
   be.mlp(mlp, x, n, y);
   be.moe(cfg, ffn, x, n, y, static_cast<int*>(nullptr), static_cast<float*>(nullptr));
+  // The host's expert store where it prefetches (model/predict.h), else null.
+  { be.prefetch_store() } -> std::same_as<ExpertStore*>;
   // The next token from logits [vocab] where they are; all queued work done.
   { be.pick(x, n, pick) } -> std::same_as<int>;
   be.finish();

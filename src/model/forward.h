@@ -8,6 +8,7 @@
 #include "model/backend.h"
 #include "model/blocks.h"
 #include "model/executor.h"
+#include "model/predict.h"
 #include "model/weights.h"
 
 namespace ms {
@@ -61,7 +62,7 @@ class Forward {
       const auto [ids, probs] = routes ? route_rows(r, l, T) : std::pair<int*, float*>{};
       typename B::Linear* lin = lw.type == LayerType::LinearAttention ? &be_.linear(l) : nullptr;
       const std::vector<float>& next = l + 1 < cfg_.n_layers ? layers[size_t(l) + 1].input_norm : w_.final_norm;
-      decoder_layer(lw, T, be_.kv(l), lin, pos0, x, xn, next, ids, probs);
+      decoder_layer(lw, l, T, be_.kv(l), lin, pos0, x, xn, next, ids, probs);
     }
   }
 
@@ -100,7 +101,7 @@ class Forward {
     be_.matmul(cat.data(), T, be_.mat(m.fc), x.data());
     typename B::Buf xn = be_.alloc(n);
     be_.rmsnorm(x.data(), T, H, be_.vec(m.layer.input_norm), offset, cfg_.rms_eps, xn.data());
-    decoder_layer(m.layer, T, be_.mtp_kv(), nullptr, pos0, x.data(), xn.data(), m.norm, nullptr, nullptr);
+    decoder_layer(m.layer, -1, T, be_.mtp_kv(), nullptr, pos0, x.data(), xn.data(), m.norm, nullptr, nullptr);
     typename B::Buf logits = be_.alloc(size_t(T) * size_t(cfg_.vocab));
     be_.matmul(xn.data(), T, be_.mat(w_.lm_head), logits.data());
     return be_.to_host(std::move(logits));
@@ -110,15 +111,18 @@ class Forward {
   float norm_offset() const { return cfg_.zero_centred_norms() ? 1.f : 0.f; }  // what the norms' weights add to
 
   // x += attention(h); x += ffn(norm(x)); h = next_norm(x). h enters as the layer's input norm of
-  // x, so that each residual add and the norm after it are one add_rmsnorm.
-  void decoder_layer(const LayerWeights& lw, int T, typename B::KV& kv, typename B::Linear* lin, int pos0, float* x,
-                     float* h, const std::vector<float>& next_norm, int* routes, float* router_probs) const {
+  // x, so that each residual add and the norm after it are one add_rmsnorm. Where experts are
+  // prefetched, norm(x) also predicts the experts of the layers ahead (model layer `layer`; -1
+  // for the MTP head's, which predicts none).
+  void decoder_layer(const LayerWeights& lw, int layer, int T, typename B::KV& kv, typename B::Linear* lin, int pos0,
+                     float* x, float* h, const std::vector<float>& next_norm, int* routes, float* router_probs) const {
     const size_t n = size_t(T) * size_t(cfg_.hidden);
     const float offset = norm_offset();
     typename B::Buf y = be_.alloc(n);
     if (lw.type == LayerType::FullAttention) attention_block(be_, cfg_, lw.attn, h, T, kv, pos0, y.data());
     else deltanet_block(be_, cfg_, lw.linear, h, T, *lin, y.data());
     be_.add_rmsnorm(x, y.data(), T, cfg_.hidden, be_.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h);
+    if (ExpertStore* store = be_.prefetch_store(); store && layer >= 0) predict_experts(be_, cfg_, w_, *store, layer, h, T);
     ffn_block(be_, cfg_, lw.ffn, lw.moe, h, T, y.data(), routes, router_probs);
     be_.add_rmsnorm(x, y.data(), T, cfg_.hidden, be_.vec(next_norm), offset, cfg_.rms_eps, h);
   }

@@ -31,7 +31,10 @@ std::unique_ptr<Model> Model::open(const std::string& dir, const ModelOptions& o
   EngineIndex index = read_engine_index(dir, cfg);
   if (opt.experts.verify) verify_dense(dir, index);  // the expert records are checked as they are read
   const std::string dense_path = dir + "/" + kEngineDenseFile;
-  TensorStore dense = TensorStore::open(dense_path);
+  // On the CPU the dense weights are read into the process's memory: under a memory cap the
+  // page cache would evict them and read them again, token after token. (The GPU copies them to
+  // VRAM and reads the map once.)
+  TensorStore dense = TensorStore::open(dense_path, opt.device == Device::Cpu ? Residence::Memory : Residence::Mapped);
   MemoryPlan plan;
   const StoreOptions store_opt = host_store_options(dir, cfg, index, std::filesystem::file_size(dense_path), opt, plan);
   auto experts = std::make_unique<ExpertStore>(dir, index, store_opt);

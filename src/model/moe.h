@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -59,12 +60,18 @@ Routing route(const B& be, const ModelConfig& cfg, const Mat& router, const floa
   return r;
 }
 
+// Whether B's expert store reads in the background (ExpertStore::start_acquire): the host then
+// computes while a layer's misses are read.
+template <class B>
+concept AsyncExperts = requires(const B& be) { be.experts->start_acquire(0, std::vector<int>{}).next(); };
+
 // Runs each routed expert once over the tokens that chose it. Per-(token, slot) results are
 // summed in top-k order afterwards, so the answer depends neither on the order experts run in
-// nor on how they are split into waves.
+// nor on how they are split into waves. `while_reading` (may be empty) runs once, while the
+// first wave's misses are read where the store reads in the background, else before.
 template <GroupedMoe B>
 void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, const Routing& r, const float* x, int T,
-                    float* out) {
+                    float* out, const std::function<void()>& while_reading = {}) {
   const int H = cfg.hidden, K = cfg.top_k;
   std::vector<std::vector<int>> users(size_t(cfg.n_experts));  // (token * K + slot) per expert
   std::vector<int> order;                                       // distinct experts, first use first
@@ -83,18 +90,35 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
     be.mlp(mlp, xb.data(), int(users[size_t(e)].size()), yb.data());
     be.scatter_users(groups, e, yb.data(), H, partial.data());
   };
+  bool pending = bool(while_reading);
+  auto overlap = [&] {
+    if (pending) while_reading();
+    pending = false;
+  };
   if (w.store_layer < 0) {
+    overlap();
     for (int e : order) run(e, be.mlp_weights(w.experts[size_t(e)]));
   } else {
     auto* store = be.experts;
     const size_t cap = size_t(store->free_capacity(w.store_layer));
     for (size_t b = 0; b < order.size(); b += cap) {
       const std::vector<int> wave(order.begin() + std::ptrdiff_t(b), order.begin() + std::ptrdiff_t(std::min(order.size(), b + cap)));
-      std::vector<const uint8_t*> records = store->acquire(w.store_layer, wave);
-      for (size_t j = 0; j < wave.size(); ++j) run(wave[j], expert_weights(*w.record_layout, records[j]));
+      if constexpr (AsyncExperts<B>) {
+        // Each expert runs as soon as it is resident: hits while the misses are read, then each
+        // miss as its read completes.
+        auto acquired = store->start_acquire(w.store_layer, wave);
+        overlap();
+        for (int j; (j = acquired.next()) >= 0;)
+          run(wave[size_t(j)], expert_weights(*w.record_layout, acquired.records[size_t(j)]));
+      } else {
+        overlap();
+        const std::vector<const uint8_t*> records = store->acquire(w.store_layer, wave);
+        for (size_t j = 0; j < wave.size(); ++j) run(wave[j], expert_weights(*w.record_layout, records[j]));
+      }
       store->release(w.store_layer);
     }
   }
+  overlap();
   be.sum_slots(partial.data(), T, K, H, out);
 }
 
@@ -102,16 +126,19 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
 template <GroupedMoe B>
 void grouped_moe(const B& be, const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out,
                  int* routes, float* router_probs) {
-  // The shared expert before the routed ones: on the GPU it runs while the host reads the
-  // layer's missing experts.
   typename B::Buf shared;
-  if (cfg.shared_inter > 0) {
+  auto shared_expert = [&] {
     shared = be.alloc(size_t(T) * size_t(cfg.hidden));
     be.mlp(be.mlp_weights(w.shared_expert), x, T, shared.data());
-  }
+  };
+  // The shared expert runs while the layer's missing experts are read: on the host after the
+  // routing has issued the reads; on the GPU first, queued while the host routes and reads.
+  const bool after_routing = AsyncExperts<B> && w.store_layer >= 0;
+  if (cfg.shared_inter > 0 && !after_routing) shared_expert();
   Routing r = route(be, cfg, w.router, x, T, router_probs);
   if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
-  routed_experts(be, cfg, w, r, x, T, out);
+  routed_experts(be, cfg, w, r, x, T, out,
+                 cfg.shared_inter > 0 && after_routing ? std::function<void()>(shared_expert) : std::function<void()>());
   if (cfg.shared_inter > 0) be.shared_gate_add(out, shared.data(), x, be.mat(w.shared_expert_gate), T, cfg.hidden);
 }
 

@@ -44,10 +44,11 @@ uint64_t activation_floats_per_token(const ModelConfig& c) {
 }
 
 // Splits a budget (`what`: "memory budget", "VRAM budget"): dense weights, KV and recurrent
-// state for `context` tokens, activations of a prefill chunk, and the rest as equal pools. A
-// model without routed experts (an empty index) needs only the first three.
+// state for `context` tokens, activations of a prefill chunk, with host_staging the host's
+// prefetch staging, and the rest as equal pools. A model without routed experts (an empty
+// index) needs only the first three.
 MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, uint64_t budget,
-                       const ModelOptions& opt, const char* what) {
+                       const ModelOptions& opt, const char* what, bool host_staging = false) {
   const int context = opt.context;
   MemoryPlan p;
   p.dense = dense_bytes;
@@ -63,14 +64,29 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
   const uint64_t chunk = uint64_t(std::min(opt.prefill_chunk, context));
   p.activations = (chunk * activation_floats_per_token(cfg) + uint64_t(cfg.vocab)) * sizeof(float);
   const uint64_t per_slot = per_slot_row(index);
+  // Staging where prefetch will run: always with On; with Auto where the pools stream, which
+  // they do unless the budget holds every expert beside the staging too.
+  if (const PrefetchOptions& pf = opt.experts.prefetch; host_staging && pf.mode != PrefetchMode::Off && per_slot > 0) {
+    const uint64_t all = p.fixed() + per_slot * uint64_t(cfg.n_experts);
+    if (pf.mode == PrefetchMode::On || budget < all) {
+      const uint64_t widest = staging_bytes(PrefetchOptions{.mode = PrefetchMode::On, .staging = 1}, cfg, index, 0);
+      p.staging_buffers = staging_buffers(pf, cfg.top_k);
+      // Unasked, staging takes at most a quarter of what the dense weights, KV and activations
+      // leave: a tight budget's pools matter more than a deep prefetch.
+      if (pf.staging == 0 && budget > p.fixed())
+        p.staging_buffers = int(std::clamp<uint64_t>((budget - p.fixed()) / 4 / widest, 1, uint64_t(p.staging_buffers)));
+      p.staging = uint64_t(p.staging_buffers) * widest;
+    }
+  }
   const uint64_t floor = p.fixed() + per_slot * uint64_t(cfg.top_k);
   if (budget < floor) {
     const std::string pools =
         per_slot ? fmt::format(", and {} expert slots per layer x {} layers ({} per slot row)", cfg.top_k,
                                index.layers.size(), gib(per_slot))
                  : std::string();
-    fail("{} {} is below the floor of {}: dense weights {}, KV/state for {} tokens {}, activations {}{}", what,
-         gib(budget), gib(floor), gib(p.dense), context, gib(p.kv), gib(p.activations), pools);
+    const std::string staging = p.staging ? fmt::format(", prefetch staging {} (--prefetch-staging)", gib(p.staging)) : std::string();
+    fail("{} {} is below the floor of {}: dense weights {}, KV/state for {} tokens {}, activations {}{}{}", what,
+         gib(budget), gib(floor), gib(p.dense), context, gib(p.kv), gib(p.activations), staging, pools);
   }
   if (per_slot == 0) return p;
   p.slots = int(std::min<uint64_t>((budget - p.fixed()) / per_slot, uint64_t(cfg.n_experts)));
@@ -96,12 +112,16 @@ StoreOptions host_tier_options(const std::string& dir, const ModelConfig& cfg, c
   h.policy = opt.host_policy;
   h.slots = cfg.top_k;
   h.cache = opt.host_cache > 0;
+  h.prefetch = opt.experts.prefetch;
   if (h.cache) {
     const uint64_t row = per_slot_row(index);
-    if (opt.host_cache < row * uint64_t(cfg.top_k))
-      fail("{}: --host-cache {} cannot hold one token's {} experts in every layer ({} per slot row)", dir,
-           gib(opt.host_cache), cfg.top_k, gib(row));
-    h.slots = int(std::min<uint64_t>(opt.host_cache / row, uint64_t(cfg.n_experts)));
+    // Prefetch staging comes out of the host cache (Auto: where it cannot hold every expert).
+    const uint64_t staging = staging_bytes(h.prefetch, cfg, index, int(std::min<uint64_t>(opt.host_cache / row, uint64_t(cfg.n_experts))));
+    if (opt.host_cache < staging + row * uint64_t(cfg.top_k))
+      fail("{}: --host-cache {} cannot hold one token's {} experts in every layer ({} per slot row){}", dir,
+           gib(opt.host_cache), cfg.top_k, gib(row),
+           staging ? fmt::format(" beside the prefetch staging ({})", gib(staging)) : std::string());
+    h.slots = int(std::min<uint64_t>((opt.host_cache - staging) / row, uint64_t(cfg.n_experts)));
   }
   return h;
 }
@@ -111,9 +131,18 @@ StoreOptions host_tier_options(const std::string& dir, const ModelConfig& cfg, c
 std::string describe(const MemoryPlan& p, Device device) {
   if (p.slots == 0) return {};
   auto mib = [](uint64_t b) { return double(b) / (1 << 20); };
-  return fmt::format("{} budget: dense {:.1f} MiB, KV/state {:.1f} MiB, activations {:.1f} MiB, pools {:.1f} MiB ({} slots a layer)",
+  return fmt::format("{} budget: dense {:.1f} MiB, KV/state {:.1f} MiB, activations {:.1f} MiB, prefetch staging {:.1f} MiB, "
+                     "pools {:.1f} MiB ({} slots a layer)",
                      device == Device::Cuda ? "VRAM" : "memory", mib(p.dense), mib(p.kv), mib(p.activations),
-                     mib(p.pool), p.slots);
+                     mib(p.staging), mib(p.pool), p.slots);
+}
+
+uint64_t staging_bytes(const PrefetchOptions& p, const ModelConfig& cfg, const EngineIndex& index, int slots) {
+  if (p.mode == PrefetchMode::Off || index.layers.empty()) return 0;
+  if (p.mode == PrefetchMode::Auto && slots >= cfg.n_experts) return 0;
+  uint64_t widest = 0;
+  for (const auto& l : index.layers) widest = std::max<uint64_t>(widest, l.stride);
+  return uint64_t(staging_buffers(p, cfg.top_k)) * widest;
 }
 
 // A chunk the DeltaNet kernels split as a whole prefill does, with room to move one alignment back.
@@ -129,8 +158,9 @@ StoreOptions host_store_options(const std::string& dir, const ModelConfig& cfg, 
   if (opt.device == Device::Cuda) {
     store_opt = host_tier_options(dir, cfg, index, opt);
   } else if (opt.memory_budget > 0) {
-    plan = plan_memory(cfg, index, dense_bytes, opt.memory_budget, opt, "memory budget");
+    plan = plan_memory(cfg, index, dense_bytes, opt.memory_budget, opt, "memory budget", true);
     store_opt.slots = plan.slots;
+    store_opt.prefetch.staging = plan.staging_buffers;
     store_opt.layer_caps.clear();
   }
   check_floor(dir, store_opt, index, cfg.top_k, opt.device == Device::Cuda ? "host " : "");

@@ -39,9 +39,10 @@ struct ModelOptions {
 
 // Where a memory budget goes (docs/ARCHITECTURE.md, invariant 5): host memory on Cpu, VRAM on Cuda.
 struct MemoryPlan {
-  uint64_t dense = 0, kv = 0, activations = 0, pool = 0;
-  int slots = 0;  // per MoE layer
-  uint64_t fixed() const { return dense + kv + activations; }  // all but the pool
+  uint64_t dense = 0, kv = 0, activations = 0, staging = 0, pool = 0;  // staging: prefetch reads land there
+  int slots = 0;            // per MoE layer
+  int staging_buffers = 0;  // of `staging`
+  uint64_t fixed() const { return dense + kv + activations + staging; }  // all but the pool
   uint64_t total() const { return fixed() + pool; }
 };
 
@@ -55,6 +56,10 @@ void check_prefill_chunk(int chunk);
 // The options of the host's expert store of an engine directory, and the plan of a --memory
 // budget (CPU; a plan with no slots where there is no budget): the pools' slots from the budget,
 // or the host tier under the VRAM pool on Cuda (--host-cache's slots, or staging for one token).
+// The bytes of the staging area prefetch reads land in where prefetch runs with `slots` a layer
+// (model/predict.h; off, or auto where every expert is resident: none).
+uint64_t staging_bytes(const PrefetchOptions& p, const ModelConfig& cfg, const EngineIndex& index, int slots);
+
 StoreOptions host_store_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
                                 uint64_t dense_bytes, const ModelOptions& opt, MemoryPlan& plan);
 

@@ -60,9 +60,54 @@ StatsSnapshot EngineStats::snapshot() const {
   if (model_ && model_->experts()) {
     out.pool = model_->pool_stats();
     out.resident.experts = model_->pool_bytes();
+    out.prefetch = prefetch_report(*model_);
   }
   return out;
 }
+
+PrefetchReport prefetch_report(const Model& model) {
+  PrefetchReport r;
+  const ExpertStore* store = model.experts();
+  if (!store) return r;
+  r.io = store->io_counters();
+  if (!store->prefetching()) return r;
+  r.on = true;
+  r.width = store->prefetch_width();
+  r.mean_width = store->mean_prefetch_width();
+  r.staging_buffers = store->staging_buffers();
+  r.staging_bytes = store->staging_bytes();
+  PoolStats pool;
+  for (const LayerStats& l : store->stats()) {
+    r.counts += l.prefetch;
+    pool += l.pool;
+  }
+  r.summary = summarize(r.counts, pool.misses);
+  r.stall_s = pool.stall_s;
+  return r;
+}
+
+namespace {
+ojson prefetch_json(const PrefetchReport& p) {
+  if (!p.on) return {{"on", false}};
+  return {{"on", true},
+          {"width", p.width},
+          {"mean_width", p.mean_width},
+          {"staging_buffers", p.staging_buffers},
+          {"staging_bytes", p.staging_bytes},
+          {"predicted", p.counts.predicted},
+          {"read_ahead", p.counts.issued},
+          {"used", p.counts.used},
+          {"wasted", p.counts.wasted},
+          {"no_buffer", p.counts.no_buffer},
+          {"bytes_read", p.counts.bytes},
+          {"recall", p.summary.recall},
+          {"waste", p.summary.waste},
+          {"demand_misses_left", p.summary.demand_misses},
+          {"stall_s", p.stall_s},
+          {"disk_busy_s", p.io.busy_s},
+          {"demand_reads_behind_prefetch", p.io.demand_behind_prefetch}};
+}
+}  // namespace
 
 ojson to_json(const StatsSnapshot& s) {
   ojson layers = ojson::array();
@@ -113,7 +158,8 @@ ojson to_json(const StatsSnapshot& s) {
             {"bytes_read", total.bytes_read},
             {"read_s", total.read_s},
             {"stall_s", total.stall_s},
-            {"disk_load_ratio", all_miss_bytes ? double(total.bytes_read) / double(all_miss_bytes) : 0.0}}}};
+            {"disk_load_ratio", all_miss_bytes ? double(total.bytes_read) / double(all_miss_bytes) : 0.0}}},
+          {"prefetch", prefetch_json(s.prefetch)}};
 }
 
 }  // namespace ms

@@ -37,6 +37,21 @@ struct RequestRecord {
   std::string finish_reason;
 };
 
+// The prefetcher of the host's expert store (experts/prefetch.h), where it runs.
+struct PrefetchReport {
+  bool on = false;
+  int width = 0;
+  double mean_width = 0;
+  int staging_buffers = 0;
+  size_t staging_bytes = 0;
+  PrefetchStats counts;     // summed over layers
+  PrefetchSummary summary;  // against the host pool's misses
+  double stall_s = 0;       // the host pool's: compute waiting on reads
+  IoCounters io;            // the disk engine: reads, bytes, busy time
+};
+// The prefetch report of a model's host store (off where there is none, or it does not prefetch).
+PrefetchReport prefetch_report(const Model& model);
+
 struct StatsSnapshot {
   double uptime_s = 0;
   uint64_t requests_served = 0;  // finished, whatever the reason
@@ -45,6 +60,7 @@ struct StatsSnapshot {
   ResidentBytes resident;
   std::vector<LayerUsage> layers;
   std::vector<LayerStats> pool;  // per MoE block of a streamed model; empty otherwise
+  PrefetchReport prefetch;
   std::vector<RequestRecord> recent;  // the last few requests, oldest first
 };
 

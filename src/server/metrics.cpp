@@ -85,6 +85,17 @@ std::string prometheus_text(const StatsSnapshot& s, const QueueState& q, const H
   for (const LayerStats& l : s.pool) w.sample("pool_bytes_read_total", double(l.pool.bytes_read), fmt::format("layer=\"{}\"", l.name));
   w.family("pool_stall_seconds_total", "counter", "Time the compute waited for expert reads.");
   for (const LayerStats& l : s.pool) w.sample("pool_stall_seconds_total", l.pool.stall_s, fmt::format("layer=\"{}\"", l.name));
+  if (const PrefetchReport& p = s.prefetch; p.on) {
+    w.metric("prefetch_width", "gauge", "Experts a prediction names now.", double(p.width));
+    w.metric("prefetch_staging_bytes", "gauge", "Bytes of the staging area prefetch reads land in.", double(p.staging_bytes));
+    w.metric("prefetch_predicted_total", "counter", "Experts named by predictions.", double(p.counts.predicted));
+    w.metric("prefetch_read_ahead_total", "counter", "Predicted experts read into staging.", double(p.counts.issued));
+    w.metric("prefetch_used_total", "counter", "Staged experts that routing asked for (misses avoided).", double(p.counts.used));
+    w.metric("prefetch_wasted_total", "counter", "Staged experts dropped without use.", double(p.counts.wasted));
+    w.metric("prefetch_recall", "gauge", "Misses avoided over misses without prefetch.", p.summary.recall);
+    w.metric("prefetch_demand_misses_total", "counter", "Misses left to demand reads.", double(p.summary.demand_misses));
+    w.metric("prefetch_stall_seconds_total", "counter", "Time the compute waited on expert reads.", p.stall_s);
+  }
   return w.take();
 }
 

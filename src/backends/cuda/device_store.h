@@ -35,6 +35,7 @@ class DeviceExpertStore {
   std::vector<LayerStats> stats() const;  // the VRAM pools; bytes_read/read_s count the copies
   size_t resident_bytes() const;  // VRAM slots
   const ExpertStore& host() const { return host_; }
+  ExpertStore& host_store() const { return host_; }
 
  private:
   void pin(int layer, const std::vector<int>& experts, int top_k);

@@ -1,0 +1,30 @@
+#pragma once
+// Large, 4 KiB-aligned anonymous memory that is resident from the start: transparent huge pages
+// are asked for, and every page is faulted in at allocation (MADV_POPULATE_WRITE, else a write
+// to each page), so that the first read into a never-used expert slot does not pay for page
+// faults and a cgroup charges the whole buffer when it is made, not in the middle of a decode.
+#include <cstddef>
+#include <cstdint>
+
+namespace ms {
+
+class ResidentMemory {
+ public:
+  ResidentMemory() = default;
+  // Fails naming `what` where the memory cannot be had.
+  ResidentMemory(size_t bytes, const char* what);
+  ~ResidentMemory();
+  ResidentMemory(ResidentMemory&& o) noexcept;
+  ResidentMemory& operator=(ResidentMemory&& o) noexcept;
+  ResidentMemory(const ResidentMemory&) = delete;
+  ResidentMemory& operator=(const ResidentMemory&) = delete;
+
+  uint8_t* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace ms
