@@ -12,7 +12,8 @@
 # Environment: MOESTREAM (binary, default build/moestream), MATVEC (bench_cuda_matvec binary,
 # default build/bench/bench_cuda_matvec), BENCH_DIR (where the model is written, default
 # /var/tmp/moestream-bench), LAYERS (16), TOKENS (decode tokens, 64), HOST_CACHE (the host tier
-# when on, 32G), KEEP=1 keeps the model.
+# when on, 32G), VRAMS (the 80B cases' budgets, "4G 8G 16G"), PREFETCH (the --prefetch modes of
+# the 80B cases, "off on"), PYCODER_CASES (0 leaves pycoder out), KEEP=1 keeps the model.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,6 +23,8 @@ WORK=${BENCH_DIR:-/var/tmp/moestream-bench}
 LAYERS=${LAYERS:-16}
 TOKENS=${TOKENS:-64}
 HOST_CACHE=${HOST_CACHE:-32G}
+VRAMS=${VRAMS:-4G 8G 16G}
+PREFETCH=${PREFETCH:-off on}
 IDS=1000,2000,3000,4000,5000,6000,7000,8000,9000,10000,11000,12000,13000,14000,15000,16000
 PY_IDS=500,1000,1500,2000,2500,3000,3500,4000,4500,5000,5500,6000,6500,7000,7500,8000  # pycoder: 8192 ids
 PYCODER=$ROOT/models/pycoder-moe-q4
@@ -67,20 +70,26 @@ run_case() {  # name model ids args...
   stages=$(sed -n 's/^stages: ssd->host \([0-9.]*\) GB\/s.*host->vram \([0-9.]*\) GB\/s.*/\1 \2/p' "$err")
   local share
   share=$(awk -v s="${stall:-0}" -v t="${total:-0}" 'BEGIN {printf "%.3f", (t > 0 ? s / t : 0)}')
-  RESULTS+=("$(printf '%-22s %4d %9s %7s %7s %8s %8s %8s' "$name" "$rc" "${decode:--}" "${vhit:--}" "${hhit:--}" \
-    "$share" ${stages:-- -})")
+  local recall
+  recall=$(sed -n 's/^prefetch: .* recall \([0-9.]*\),.*/\1/p' "$err")
+  RESULTS+=("$(printf '%-28s %4d %9s %7s %7s %8s %8s %8s %7s' "$name" "$rc" "${decode:--}" "${vhit:--}" "${hhit:--}" \
+    "$share" ${stages:-- -} "${recall:--}")")
   log "== $name (exit $rc)"
   cat "$err" >&2
 }
-for vram in 4G 8G 16G; do
-  run_case "80b-vram$vram" "$MODEL" "$IDS" --vram "$vram"
-  run_case "80b-vram$vram-host$HOST_CACHE" "$MODEL" "$IDS" --vram "$vram" --host-cache "$HOST_CACHE"
+for vram in $VRAMS; do
+  for pf in $PREFETCH; do
+    run_case "80b-vram$vram-pf$pf" "$MODEL" "$IDS" --vram "$vram" --prefetch "$pf"
+    run_case "80b-vram$vram-host$HOST_CACHE-pf$pf" "$MODEL" "$IDS" --vram "$vram" --host-cache "$HOST_CACHE" --prefetch "$pf"
+  done
 done
-run_case "pycoder-all-in-vram" "$PYCODER" "$PY_IDS"
-for slots in 8 16; do
-  run_case "pycoder-slots$slots" "$PYCODER" "$PY_IDS" --expert-slots "$slots"
-  run_case "pycoder-slots$slots-host" "$PYCODER" "$PY_IDS" --expert-slots "$slots" --host-cache 1G
-done
+if [[ ${PYCODER_CASES:-1} == 1 ]]; then
+  run_case "pycoder-all-in-vram" "$PYCODER" "$PY_IDS"
+  for slots in 8 16; do
+    run_case "pycoder-slots$slots" "$PYCODER" "$PY_IDS" --expert-slots "$slots"
+    run_case "pycoder-slots$slots-host" "$PYCODER" "$PY_IDS" --expert-slots "$slots" --host-cache 1G
+  done
+fi
 
 echo
 echo "moestream GPU streaming benchmark: Qwen3-Next-80B-A3B shape, $LAYERS layers, random weights, 4-bit experts ($STRIDE-byte records); pycoder-moe-q4"
@@ -88,6 +97,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || tr
 echo "disk: O_DIRECT sequential reads of $STRIDE-byte records (dd): ${DISK:-?}"
 echo "HBM: ${HBM:-bench_cuda_matvec not found}"
 echo "decode/s: decode tok/s over $TOKENS tokens after a 16-token prompt; vram_hit, host_hit: hit rates;"
-echo "stall_sh: time waiting on expert reads+copies over prefill+decode; ssd_GBs, h2d_GBs: achieved stage rates"
-printf '%-22s %4s %9s %7s %7s %8s %8s %8s\n' case exit "decode/s" vram_hit host_hit stall_sh ssd_GBs h2d_GBs
+echo "stall_sh: time waiting on expert reads+copies over prefill+decode; ssd_GBs, h2d_GBs: achieved stage rates;"
+echo "recall: host-tier misses avoided by prefetch (pf on)"
+printf '%-28s %4s %9s %7s %7s %8s %8s %8s %7s\n' case exit "decode/s" vram_hit host_hit stall_sh ssd_GBs h2d_GBs recall
 printf '%s\n' "${RESULTS[@]}"

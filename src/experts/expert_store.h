@@ -98,7 +98,7 @@ class ExpertStore {
 
   // Prefetch (options().prefetch). Whether it runs: On, or Auto where some pool streams.
   bool prefetching() const { return staging_ != nullptr; }
-  // Expert layers whose experts are predicted from model layer `source`'s FFN input.
+  // Expert layers whose experts are predicted from the residual stream after model layer `source`.
   const std::vector<int>& prefetch_targets(int source) const;
   int prefetch_width() const;
   // Reads the first experts named (best first, at most the width for each of `tokens` tokens)

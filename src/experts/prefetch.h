@@ -2,7 +2,7 @@
 // Predictive expert streaming's knobs and parts that know nothing of the model: which layer
 // predicts which (the schedule), how many experts a prediction names (the width, adapted to
 // what the disk has to spare), the staging buffers prefetch reads land in, and the counters
-// --stats reports. The prediction itself (a later layer's router on this layer's FFN input) is
+// --stats reports. The prediction itself (a later layer's router on this layer's output) is
 // model/predict.h; ExpertStore issues the reads and promotes staged experts.
 #include <cstddef>
 #include <cstdint>
@@ -19,8 +19,8 @@ enum class PrefetchMode { Off, On, Auto };  // Auto: on where a pool streams (ho
 
 struct PrefetchOptions {
   PrefetchMode mode = PrefetchMode::Auto;
-  // Layer L's experts are predicted from layer L - a's FFN input: a = ahead_early for L below
-  // `cutoff`, else ahead (the seed's ahead_hi / ahead_lo / cutoff).
+  // Layer L's experts are predicted from the residual stream after layer L - a: a = ahead_early
+  // for L below `cutoff`, else ahead (the seed's ahead_hi / ahead_lo / cutoff).
   int ahead = 1, ahead_early = 1, cutoff = 0;
   int width = 0;    // experts a prediction names; 0 = adaptive, starting at top_k
   int staging = 0;  // staging buffers; 0 = 2 x the widest width x the largest ahead

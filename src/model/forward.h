@@ -112,8 +112,8 @@ class Forward {
 
   // x += attention(h); x += ffn(norm(x)); h = next_norm(x). h enters as the layer's input norm of
   // x, so that each residual add and the norm after it are one add_rmsnorm. Where experts are
-  // prefetched, norm(x) also predicts the experts of the layers ahead (model layer `layer`; -1
-  // for the MTP head's, which predicts none).
+  // prefetched, x after the layer also predicts the experts of the layers ahead (model layer
+  // `layer`; -1 for the MTP head's, which predicts none).
   void decoder_layer(const LayerWeights& lw, int layer, int T, typename B::KV& kv, typename B::Linear* lin, int pos0,
                      float* x, float* h, const std::vector<float>& next_norm, int* routes, float* router_probs) const {
     const size_t n = size_t(T) * size_t(cfg_.hidden);
@@ -122,9 +122,9 @@ class Forward {
     if (lw.type == LayerType::FullAttention) attention_block(be_, cfg_, lw.attn, h, T, kv, pos0, y.data());
     else deltanet_block(be_, cfg_, lw.linear, h, T, *lin, y.data());
     be_.add_rmsnorm(x, y.data(), T, cfg_.hidden, be_.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h);
-    if (ExpertStore* store = be_.prefetch_store(); store && layer >= 0) predict_experts(be_, cfg_, w_, *store, layer, h, T);
     ffn_block(be_, cfg_, lw.ffn, lw.moe, h, T, y.data(), routes, router_probs);
     be_.add_rmsnorm(x, y.data(), T, cfg_.hidden, be_.vec(next_norm), offset, cfg_.rms_eps, h);
+    if (ExpertStore* store = be_.prefetch_store(); store && layer >= 0) predict_experts(be_, cfg_, w_, *store, layer, x, T);
   }
 
   const ModelConfig& cfg_;

@@ -1,10 +1,12 @@
 #pragma once
 // Cross-layer expert prediction (../shared/DESIGN.md): the residual stream changes little from
-// one layer to the next, so layer L+a's router applied to layer L's FFN input names most of the
-// experts L+a will route to. While layer L computes, each target layer's top experts are handed
-// to the expert store, which reads those not resident into staging in the background and
-// promotes one into its pool only when routing asks for it. Prediction changes timing only:
-// which experts are computed, and how, is routing's alone.
+// one layer to the next, so layer L+a's router, applied to the residual stream as layer L leaves
+// it (normed as L+a's FFN norms its input), names most of the experts L+a will route to. Each
+// target layer's top experts are handed to the expert store, which reads those not resident
+// into staging in the background while layers L+1.. compute, and promotes one into its pool
+// only when routing asks for it. Prediction changes timing only: which experts are computed,
+// and how, is routing's alone. (Layer L's FFN input, a half layer earlier, recovers fewer
+// misses on pycoder-moe: docs/PERFORMANCE.md.)
 #include <algorithm>
 #include <vector>
 
@@ -33,19 +35,24 @@ inline std::vector<int> predicted_experts(const std::vector<float>& logits, int 
   return out;
 }
 
-// Predicts, from h [T, hidden] (model layer `source`'s FFN input, where B keeps activations),
-// the experts of every layer the store predicts from `source`, and has the store read them ahead.
+// Predicts, from x [T, hidden] (the residual stream after model layer `source`, where B keeps
+// activations), the experts of every layer the store predicts from `source`, and has the store
+// read them ahead. Each target's router sees x as the target's own FFN norm makes it.
 template <Backend B>
 void predict_experts(const B& be, const ModelConfig& cfg, const ModelWeights& w, ExpertStore& store, int source,
-                     const float* h, int T) {
+                     const float* x, int T) {
   if (T > kPredictMaxTokens) return;
   const std::vector<int>& targets = store.prefetch_targets(source);
   if (targets.empty()) return;
-  const int E = cfg.n_experts, width = store.prefetch_width();
+  const int E = cfg.n_experts, H = cfg.hidden, width = store.prefetch_width();
+  const float offset = cfg.zero_centred_norms() ? 1.f : 0.f;
+  typename B::Buf h = be.alloc(size_t(T) * size_t(H));
   for (int target : targets) {
     const int layer = model_layer_of(store.index().layers[size_t(target)].name);
+    const LayerWeights& lw = w.layers[size_t(layer)];
+    be.rmsnorm(x, T, H, be.vec(lw.post_attention_norm), offset, cfg.rms_eps, h.data());
     typename B::Buf logits = be.alloc(size_t(T) * size_t(E));
-    be.matmul(h, T, be.mat(w.layers[size_t(layer)].ffn.router), logits.data());
+    be.matmul(h.data(), T, be.mat(lw.ffn.router), logits.data());
     store.prefetch(target, predicted_experts(be.to_host(std::move(logits)), T, E, width), T);
   }
 }

@@ -100,9 +100,10 @@ struct CudaBackend {
   int pick(const float* logits, int vocab, const PickInputs& in) const;
   // Copies what moe_decode left for the host: state.route_ids and route_probs in one copy each.
   void finish() const;
-  // The host tier prefetches from SSD into its staging (model/predict.h).
+  // The host tier prefetches from SSD into its staging (model/predict.h) where the VRAM pools
+  // stream: a step whose experts are all in VRAM never asks the host tier (and is a graph).
   ExpertStore* prefetch_store() const {
-    return experts && experts->host_store().prefetching() ? &experts->host_store() : nullptr;
+    return experts && experts->streams() && experts->host_store().prefetching() ? &experts->host_store() : nullptr;
   }
   struct PendingRoutes {
     int* ids;      // host, top_k of them, or null

@@ -36,6 +36,12 @@ class DeviceExpertStore {
   size_t resident_bytes() const;  // VRAM slots
   const ExpertStore& host() const { return host_; }
   ExpertStore& host_store() const { return host_; }
+  // Whether some layer's VRAM pool holds fewer than all its experts (reads them as routed).
+  bool streams() const {
+    for (const auto& t : tables_)
+      if (t.size() == 0) return true;
+    return false;
+  }
 
  private:
   void pin(int layer, const std::vector<int>& experts, int top_k);
