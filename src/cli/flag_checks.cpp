@@ -79,17 +79,21 @@ CLI::Validator int_in(long long lo, long long hi) {
       fmt::format("INT in [{}, {}]", lo, hi));
 }
 
-CLI::Validator byte_size() {
+CLI::Validator parses_with(void (*parse)(const std::string&), const char* what) {
   return CLI::Validator(
-      [](std::string& text) -> std::string {
+      [parse](std::string& text) -> std::string {
         try {
-          parse_bytes(text);
+          parse(text);
         } catch (const Error& e) {
           return e.what();
         }
         return "";
       },
-      "SIZE");
+      what);
+}
+
+CLI::Validator byte_size() {
+  return parses_with([](const std::string& text) { parse_bytes(text); }, "SIZE");
 }
 
 CLI::Validator non_empty() {

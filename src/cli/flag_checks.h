@@ -15,6 +15,8 @@ CLI::Validator real_in(double lo, double hi, bool open_low = false);
 CLI::Validator int_in(long long lo, long long hi);
 // A size parse_bytes reads ("8G", "512M", "1000000"): at least one byte.
 CLI::Validator byte_size();
+// Text that `parse` (a function that throws ms::Error naming the text) accepts.
+CLI::Validator parses_with(void (*parse)(const std::string&), const char* what);
 // Anything but the empty string.
 CLI::Validator non_empty();
 // KEY<sep>BITS[,KEY<sep>BITS...] with each KEY one of `keys` (none given: a layer number or

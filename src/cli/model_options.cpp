@@ -109,11 +109,13 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--prefetch-ahead", a.prefetch_ahead,
                   "Layers ahead a prediction reaches: A, or E,A@C (E layers ahead below layer C, A from it)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(parses_with([](const std::string& s) { PrefetchOptions o; parse_prefetch_ahead(s, o); }, "A|E,A@C"));
   cmd->add_option("--prefetch-width", a.prefetch_width,
                   "Experts a prediction names: N, or auto (adapted between top_k/2 and 2 top_k to the disk's spare "
                   "bandwidth)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(parses_with([](const std::string& s) { parse_prefetch_width(s); }, "N|auto"));
   cmd->add_option("--prefetch-staging", a.prefetch_staging,
                   "Buffers prefetch reads land in (default: 2 x the widest width x the layers ahead); in the memory plan")
       ->check(int_in(1, 1 << 16));

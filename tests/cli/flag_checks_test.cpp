@@ -51,6 +51,10 @@ const std::vector<Refused> kModelFlags = {
     {"--expert-slots 2.5", "--expert-slots"}, {"--pool-profile /no/such/profile.json", "--pool-profile"},
     {"--policy fifo", "--policy"},      {"--io mmap", "--io"},             {"--device tpu", "--device"},
     {"--host-policy x", "--host-policy"}, {"--model ''", "--model"},
+    {"--prefetch maybe", "--prefetch"}, {"--prefetch-ahead 0", "--prefetch-ahead"},
+    {"--prefetch-ahead 2,1", "--prefetch-ahead"}, {"--prefetch-ahead x,1@4", "--prefetch-ahead"},
+    {"--prefetch-ahead 2,1@-1", "--prefetch-ahead"}, {"--prefetch-width 0", "--prefetch-width"},
+    {"--prefetch-width lots", "--prefetch-width"}, {"--prefetch-staging 0", "--prefetch-staging"},
 };
 
 const std::vector<Refused> kSamplingFlags = {
@@ -143,7 +147,9 @@ TEST(FlagChecks, ValuesAtTheEdgesAreAccepted) {
   for (const std::string& flags :
        {"--memory 64M", "--memory 1.5GiB", "--memory 1000000", "--context 1", "--expert-slots 1", "--temperature 0",
         "--temperature 100", "--top-p 1", "--top-p 1e-3", "--min-p 0", "--min-p 1", "--top-k 0", "--max-tokens 0",
-        "--repetition-penalty 1e-3", "--presence-penalty -2", "--frequency-penalty 2", "--seed 0", "--stop x --stop y"})
+        "--repetition-penalty 1e-3", "--presence-penalty -2", "--frequency-penalty 2", "--seed 0", "--stop x --stop y",
+        "--prefetch off", "--prefetch on", "--prefetch-ahead 1", "--prefetch-ahead 3,1@0", "--prefetch-width 1",
+        "--prefetch-width auto", "--prefetch-staging 1"})
     expect_accepted("run --prompt x " + m + " " + flags);
   for (const std::string& flags : {"--drain-timeout 0", "--request-timeout 0.5", "--request-timeout 31536000", "--port 0",
                                    "--port 65535", "--queue-limit 1", "--max-body-bytes 1024", "--header-timeout 0.1",

@@ -644,5 +644,39 @@ TEST(ServerPool, StatsReportTheStreamingPool) {
   EXPECT_NE(metrics.find("moestream_pool_misses_total{layer=\"model.layers.0.mlp\"}"), std::string::npos);
 }
 
+// Prefetch on (auto: the pools stream): /api/stats and /metrics report what it predicted, read
+// ahead and used, with recall against the pool's misses, and its width and staging.
+TEST(ServerPool, StatsReportThePrefetcher) {
+  ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4",
+                       {"--expert-slots", "12", "--prefetch-width", "8", "--prefetch-staging", "20"});
+  auto c = server.client();
+  auto r = c.Post("/v1/completions", R"({"prompt": "def f(", "max_tokens": 16})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json p = json::parse(c.Get("/api/stats")->body)["prefetch"];
+  ASSERT_TRUE(p["on"].get<bool>()) << p.dump();
+  EXPECT_EQ(p["width"], 8);
+  EXPECT_EQ(p["staging_buffers"], 20);
+  EXPECT_GT(p["staging_bytes"].get<uint64_t>(), 0u);
+  // 15 decode steps predict: 7 target layers each (layer 0 has none before it), 8 experts each.
+  EXPECT_GE(p["predicted"].get<uint64_t>(), 15u * 7u * 8u);
+  EXPECT_GT(p["read_ahead"].get<uint64_t>(), 0u);
+  EXPECT_LE(p["used"].get<uint64_t>(), p["read_ahead"].get<uint64_t>());
+  EXPECT_GE(p["recall"].get<double>(), 0.0);
+  EXPECT_LE(p["recall"].get<double>(), 1.0);
+  const std::string metrics = c.Get("/metrics")->body;
+  EXPECT_NE(metrics.find("moestream_prefetch_read_ahead_total "), std::string::npos);
+  EXPECT_NE(metrics.find("moestream_prefetch_recall "), std::string::npos);
+}
+
+// Prefetch off: reported as off, no prefetch metrics.
+TEST(ServerPool, StatsSayWhenPrefetchIsOff) {
+  ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", {"--expert-slots", "12", "--prefetch", "off"});
+  auto c = server.client();
+  ASSERT_EQ(c.Post("/v1/completions", R"({"prompt": "def f(", "max_tokens": 4})", "application/json")->status, 200);
+  EXPECT_FALSE(json::parse(c.Get("/api/stats")->body)["prefetch"]["on"].get<bool>());
+  EXPECT_EQ(c.Get("/metrics")->body.find("moestream_prefetch_"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ms
