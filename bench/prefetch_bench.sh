@@ -10,7 +10,8 @@
 # Make the models with `moestream synth --like 80b-a3b --layers 16 --expert-bits 4 --dense-bits 8`
 # and ../shared/peers/synth_gguf.py. Environment: MOESTREAM (default build/moestream), CAPS (GiB,
 # "12 8 4"), TOKENS (128), SLOW_TOKENS (llama.cpp's tokens at 4 GiB and below, 8), REPEAT (3),
-# LOG (where each run's output is kept, /tmp/prefetch-bench). Needs a quiet machine and root.
+# LOG (where each run's output is kept, /tmp/prefetch-bench), BASE (an earlier moestream binary
+# to run beside, without --prefetch). Needs a quiet machine and root.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -93,12 +94,13 @@ log "compute only: ${COMPUTE[*]} tok/s"
 
 ROWS=()
 for cap in $CAPS; do
-  for pf in off on; do
+  for pf in ${BASE:+base} off on; do
     runs=()
     for r in $(seq "$REPEAT"); do
       f=$LOG/ms-$cap-$pf-$r.log
-      in_cap "$cap" "$f" "$BIN" generate --model "$MODEL" --ids "$IDS" --max-tokens "$TOKENS" --ignore-eos --stats \
-        --memory "${cap}G" --prefetch "$pf" || log "moestream cap $cap prefetch $pf run $r failed: $(tail -1 "$f")"
+      if [[ $pf == base ]]; then cmd=("$BASE" generate); else cmd=("$BIN" generate --prefetch "$pf"); fi
+      in_cap "$cap" "$f" "${cmd[@]}" --model "$MODEL" --ids "$IDS" --max-tokens "$TOKENS" --ignore-eos --stats \
+        --memory "${cap}G" || log "moestream cap $cap prefetch $pf run $r failed: $(tail -1 "$f")"
       runs+=("$(ms_fields "$f")")
     done
     med() { printf '%s\n' "${runs[@]}" | awk -v c="$1" '{print $c}' | median; }

@@ -100,7 +100,7 @@ Acquired ExpertStore::start_acquire(int layer, const std::vector<int>& experts) 
       r->op = files_.read_op(layer, m.expert, pool.slot_data(m.slot));
       demand.push_back(r.get());
       a.pending_.push_back({i, m.expert, m.slot, std::move(r), nullptr});
-      ++window_misses_;
+      if (staging_) ++window_misses_;  // the width's window (under prefetch_mu_)
     }
   }
   for (size_t i = 0; i < experts.size(); ++i)

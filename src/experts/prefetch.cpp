@@ -15,14 +15,20 @@ PrefetchMode parse_prefetch_mode(const std::string& s) {
 }
 
 namespace {
-int parse_count(const std::string& s, const std::string& whole, const char* what, int lo) {
+// s as a whole number in [lo, 4096], or -1.
+int whole_number(const std::string& s, int lo) {
   size_t used = 0;
   int v = -1;
   try {
     v = std::stoi(s, &used);
   } catch (const std::exception&) {
   }
-  if (used != s.size() || v < lo || v > 4096) fail("prefetch ahead '{}': {} '{}' is not a number of at least {}", whole, what, s, lo);
+  return used == s.size() && v >= lo && v <= 4096 ? v : -1;
+}
+
+int parse_count(const std::string& s, const std::string& whole, const char* what, int lo) {
+  const int v = whole_number(s, lo);
+  if (v < 0) fail("prefetch ahead '{}': {} '{}' is not a number of at least {}", whole, what, s, lo);
   return v;
 }
 }  // namespace
@@ -43,13 +49,8 @@ void parse_prefetch_ahead(const std::string& s, PrefetchOptions& o) {
 
 int parse_prefetch_width(const std::string& s) {
   if (s == "auto") return 0;
-  size_t used = 0;
-  int v = -1;
-  try {
-    v = std::stoi(s, &used);
-  } catch (const std::exception&) {
-  }
-  if (used != s.size() || v < 1 || v > 4096) fail("prefetch width '{}' is neither auto nor a number of experts >= 1", s);
+  const int v = whole_number(s, 1);
+  if (v < 0) fail("prefetch width '{}' is neither auto nor a number of experts >= 1", s);
   return v;
 }
 
