@@ -92,6 +92,7 @@ Acquired ExpertStore::start_acquire(int layer, const std::vector<int>& experts) 
       Staging::Entry* s = staging_ ? staging_->find(layer, m.expert) : nullptr;
       if (s && !s->claimed) {  // predicted: promoted from staging, no read of its own
         s->claimed = true;
+        files_.engine().expedite(&s->read);  // still queued behind other predictions: needed now
         ++prefetch_stats_[size_t(layer)].used;
         a.pending_.push_back({i, m.expert, m.slot, nullptr, s});
         continue;
@@ -138,7 +139,7 @@ int Acquired::next() {
   try {
     if (p.staged) {
       store_->files_.check(layer_, p.expert, p.staged->read.op);
-      std::memcpy(const_cast<uint8_t*>(records[size_t(p.index)]), p.staged->data, l.record_bytes);
+      promote(pool, p, l);
     } else {
       store_->files_.check(layer_, p.expert, p.demand->op);
       const bool last = --demand_reads_ == 0;
@@ -160,6 +161,18 @@ int Acquired::next() {
   }
   pool.publish(p.expert, p.slot);
   return p.index;
+}
+
+// A staged record into its pool slot: the staging buffer becomes the slot's memory and the
+// slot's old memory the buffer (no copy), where both are of one size; else a copy.
+void Acquired::promote(ExpertPool& pool, Pending& p, const ExpertLayer& l) {
+  std::lock_guard lk(store_->prefetch_mu_);
+  if (store_->staging_->buffer_bytes() == l.stride) {
+    p.staged->data = pool.exchange_memory(p.slot, p.staged->data);
+    records[size_t(p.index)] = pool.slot_data(p.slot);
+  } else {
+    std::memcpy(pool.slot_data(p.slot), p.staged->data, l.record_bytes);
+  }
 }
 
 void Acquired::abandon_all() {

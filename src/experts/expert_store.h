@@ -62,6 +62,7 @@ class Acquired {
     bool done() const { return demand ? demand->done() : staged->read.done(); }
   };
   Acquired(ExpertStore* store, int layer) : store_(store), layer_(layer) {}
+  void promote(ExpertPool& pool, Pending& p, const ExpertLayer& l);
   void abandon_all();
 
   ExpertStore* store_;
@@ -110,11 +111,14 @@ class ExpertStore {
   void reset_stats();
   size_t resident_bytes() const;  // the slots' memory
   size_t staging_bytes() const { return staging_ ? staging_->bytes() : 0; }
+  // Where staging lies (staging_bytes()): a promotion may make part of it a pool slot's memory.
+  uint8_t* staging_memory() const { return staging_ ? staging_->memory() : nullptr; }
   int staging_buffers() const { return staging_ ? staging_->buffers() : 0; }
   double mean_prefetch_width() const;
   IoCounters io_counters() const { return files_.engine().counters(); }
-  // Where the slots of `layer` live (capacity x stride bytes): to register them with a GPU.
-  uint8_t* slot_memory(int layer) const { return pools_[size_t(layer)]->slot_data(0); }
+  // Where the slots of `layer` were made (capacity x stride bytes): to register them with a
+  // GPU, beside staging_memory().
+  uint8_t* slot_memory(int layer) const { return pools_[size_t(layer)]->memory(); }
   const char* io_name() const { return files_.io_name(); }
   bool caches() const { return opt_.cache; }
 

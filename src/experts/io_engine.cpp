@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -115,6 +116,18 @@ void IoEngine::read_all(std::vector<ReadOp>& ops) {
     return true;
   });
   for (size_t i = 0; i < ops.size(); ++i) ops[i].result = reads[i].op.result;
+}
+
+void IoEngine::expedite(AsyncRead* r) {
+  {
+    std::lock_guard lk(mu_);
+    auto it = std::find(prefetch_.begin(), prefetch_.end(), r);
+    if (it == prefetch_.end()) return;
+    prefetch_.erase(it);
+    r->priority = ReadPriority::Demand;
+    demand_.push_back(r);
+  }
+  wake();
 }
 
 void IoEngine::set_prefetch_depth(int n) {

@@ -59,6 +59,9 @@ class IoEngine {
   // Performs every op as a demand read and returns when all have completed; each op's result
   // tells how it went (the caller, who knows which file, layer and expert an op is, reports).
   void read_all(std::vector<ReadOp>& ops);
+  // A queued prefetch read that a forward now waits for becomes a demand read (ahead of every
+  // queued prefetch read); one already in flight or done is left as it is.
+  void expedite(AsyncRead* r);
   // The most prefetch reads in flight at once (at least 1).
   void set_prefetch_depth(int n);
   IoCounters counters() const;

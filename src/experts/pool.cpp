@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <limits>
+#include <utility>
 
 #include "util/error.h"
 
@@ -31,6 +32,14 @@ ExpertPool::ExpertPool(int n_experts, int capacity, size_t slot_bytes, PolicyKin
   // 4 KiB-aligned slots, faulted in now: O_DIRECT reads land in them directly, and never pay
   // for first-touch page faults in the middle of a decode.
   if (slot_bytes > 0) memory_ = ResidentMemory(size_t(capacity) * slot_bytes, "an expert pool");
+  for (int s = 0; s < capacity; ++s) slot_memory_.push_back(memory_.data() + size_t(s) * slot_bytes);
+}
+
+uint8_t* ExpertPool::exchange_memory(int slot, uint8_t* buffer) {
+  std::lock_guard lk(mu_);
+  if (!held_[size_t(slot)] || expert_in_[size_t(slot)] < 0 || slot_of_[size_t(expert_in_[size_t(slot)])] == slot)
+    fail("slot {} is not being filled: its memory cannot be exchanged", slot);
+  return std::exchange(slot_memory_[size_t(slot)], buffer);
 }
 
 ExpertPool::~ExpertPool() = default;

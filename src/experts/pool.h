@@ -34,7 +34,12 @@ class ExpertPool {
   int capacity() const { return capacity_; }
   int n_experts() const { return n_experts_; }
   size_t slot_bytes() const { return slot_bytes_; }
-  uint8_t* slot_data(int slot) const { return memory_.data() + size_t(slot) * slot_bytes_; }
+  uint8_t* slot_data(int slot) const { return slot_memory_[size_t(slot)]; }
+  uint8_t* memory() const { return memory_.data(); }  // the capacity x slot_bytes made at start
+  // Gives a slot being filled (a miss acquire() returned, not yet published) `buffer` as its
+  // memory (slot_bytes, 4 KiB aligned, holding the expert's record already) and returns the
+  // memory the slot had, for the caller to keep: a staged record is promoted without a copy.
+  uint8_t* exchange_memory(int slot, uint8_t* buffer);
 
   struct Miss {
     int expert, slot;
@@ -69,6 +74,7 @@ class ExpertPool {
   const size_t slot_bytes_;
   const bool keep_;
   ResidentMemory memory_;
+  std::vector<uint8_t*> slot_memory_;  // slot -> its bytes: in memory_, or a buffer exchanged in
   std::unique_ptr<EvictionPolicy> policy_;
   mutable std::mutex mu_;
   std::vector<int> slot_of_;        // expert -> published slot or -1

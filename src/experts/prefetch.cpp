@@ -90,7 +90,8 @@ void WidthController::update(uint64_t issued, uint64_t used, uint64_t demand_mis
   ++windows_;
 }
 
-Staging::Staging(int buffers, size_t buffer_bytes) : memory_(size_t(buffers) * buffer_bytes, "the prefetch staging area") {
+Staging::Staging(int buffers, size_t buffer_bytes)
+    : memory_(size_t(buffers) * buffer_bytes, "the prefetch staging area"), buffer_bytes_(buffer_bytes) {
   for (int i = 0; i < buffers; ++i) {
     entries_.push_back(std::make_unique<Entry>());
     entries_.back()->data = memory_.data() + size_t(i) * buffer_bytes;

@@ -88,12 +88,15 @@ class Staging {
     AsyncRead read;
     bool claimed = false;  // an acquire is promoting it: not to be dropped
     uint64_t stamp = 0;    // when it was staged
-    uint8_t* data = nullptr;
+    uint8_t* data = nullptr;  // buffer_bytes(); a promotion may exchange it for a pool slot's
   };
 
   Staging(int buffers, size_t buffer_bytes);
   int buffers() const { return int(entries_.size()); }
+  size_t buffer_bytes() const { return buffer_bytes_; }
   size_t bytes() const { return memory_.bytes(); }
+  // The memory every buffer lies in, an entry's or (exchanged for a staged record) a pool slot's.
+  uint8_t* memory() const { return memory_.data(); }
 
   Entry* find(int layer, int expert);
   // A buffer for a new read of (layer, expert): a free one, else the oldest unclaimed one whose
@@ -107,6 +110,7 @@ class Staging {
 
  private:
   ResidentMemory memory_;
+  size_t buffer_bytes_;
   std::vector<std::unique_ptr<Entry>> entries_;
   uint64_t clock_ = 0;
 };

@@ -17,6 +17,8 @@ DeviceExpertStore::DeviceExpertStore(ExpertStore& host, const StoreOptions& vram
     slots_.emplace_back(size_t(cap) * l.stride, cuda::DeviceAlloc::Now);
     released_.emplace_back();
   }
+  // A promoted prefetch may leave a host slot's record in the staging area.
+  if (host.staging_bytes() > 0) pinned_host_.emplace_back(host.staging_memory(), host.staging_bytes());
   for (const auto& [layer, experts] : vram.pins)
     for (size_t i = 0; i < index.layers.size(); ++i)
       if (model_layer_of(index.layers[i].name) == layer) pin(int(i), experts, vram.top_k);
