@@ -75,30 +75,40 @@ void check_vram_streaming_is_exact(const std::string& dir, const std::vector<int
   const uint64_t row = slot_row_bytes(dir);
   for (int slots : {cfg.top_k, cfg.top_k + 1, (cfg.top_k + cfg.n_experts) / 2})
     for (PolicyKind policy : {PolicyKind::LRU, PolicyKind::LFU})
-      for (uint64_t host_cache : {uint64_t(0), row * uint64_t(cfg.top_k), row * uint64_t(cfg.n_experts)}) {
-        ModelOptions opt = on_gpu(slots, host_cache);
-        opt.experts.policy = policy;
-        const RunResult got = run_model(dir, opt, prompt, n_new);
-        const std::string what = std::to_string(slots) + " VRAM slots, policy " + policy_name(policy) +
-                                 ", host cache " + std::to_string(host_cache / row) + " rows";
-        ASSERT_EQ(got.logits.size(), want.logits.size());
-        ASSERT_EQ(std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * sizeof(float)), 0)
-            << "logits differ at " << what;
-        ASSERT_EQ(got.tokens, want.tokens) << what;
-        const PoolStats v = total(got.vram), h = total(got.host);
-        EXPECT_GT(v.misses, uint64_t(0)) << what;
-        // Every VRAM miss came up from the host tier: one record copied, one host acquire.
-        uint64_t copied = 0;
-        for (const LayerStats& l : got.vram) copied += l.pool.misses * l.slot_bytes;
-        EXPECT_EQ(v.bytes_read, copied) << what;
-        EXPECT_EQ(h.hits + h.misses, v.misses) << what;
-        if (host_cache == 0) {
-          EXPECT_EQ(h.hits, uint64_t(0)) << "staging keeps nothing: " << what;
+      for (uint64_t host_cache : {uint64_t(0), row * uint64_t(cfg.top_k), row * uint64_t(cfg.n_experts)})
+        for (PrefetchMode prefetch : {PrefetchMode::Off, PrefetchMode::On}) {
+          ModelOptions opt = on_gpu(slots, host_cache);
+          opt.experts.policy = policy;
+          // Prefetch into the host tier's staging changes timing only (model/predict.h).
+          opt.experts.prefetch.mode = prefetch;
+          const RunResult got = run_model(dir, opt, prompt, n_new);
+          const std::string what = std::to_string(slots) + " VRAM slots, policy " + policy_name(policy) +
+                                   ", host cache " + std::to_string(host_cache / row) + " rows, prefetch " +
+                                   (prefetch == PrefetchMode::On ? "on" : "off");
+          ASSERT_EQ(got.logits.size(), want.logits.size());
+          ASSERT_EQ(std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * sizeof(float)), 0)
+              << "logits differ at " << what;
+          ASSERT_EQ(got.tokens, want.tokens) << what;
+          const PoolStats v = total(got.vram), h = total(got.host);
+          EXPECT_GT(v.misses, uint64_t(0)) << what;
+          // Every VRAM miss came up from the host tier: one record copied, one host acquire.
+          uint64_t copied = 0;
+          for (const LayerStats& l : got.vram) copied += l.pool.misses * l.slot_bytes;
+          EXPECT_EQ(v.bytes_read, copied) << what;
+          EXPECT_EQ(h.hits + h.misses, v.misses) << what;
+          if (host_cache == 0) {
+            EXPECT_EQ(h.hits, uint64_t(0)) << "staging keeps nothing: " << what;
+          }
+          // The host holds every expert (with prefetch on, staging takes some of its cache): each read once.
+          if (host_cache == row * uint64_t(cfg.n_experts) && prefetch == PrefetchMode::Off) {
+            for (const LayerStats& l : got.host) EXPECT_LE(l.pool.misses, uint64_t(cfg.n_experts)) << l.name << ", " << what;
+          }
+          PrefetchStats p;
+          for (const LayerStats& l : got.host) p += l.prefetch;
+          // The decode steps predict where the VRAM pools stream; a forward of the prompt does not.
+          if (prefetch == PrefetchMode::On) EXPECT_GT(p.predicted, uint64_t(0)) << what;
+          else EXPECT_EQ(p.predicted, uint64_t(0)) << what;
         }
-        if (host_cache == row * uint64_t(cfg.n_experts)) {  // the host holds every expert: each read once
-          for (const LayerStats& l : got.host) EXPECT_LE(l.pool.misses, uint64_t(cfg.n_experts)) << l.name << ", " << what;
-        }
-      }
 }
 
 TEST(CudaStreaming, Qwen3NextTinyBf16RecordsAreBitIdenticalToAllResident) {
