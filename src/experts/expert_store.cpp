@@ -30,7 +30,8 @@ int layer_capacity(const StoreOptions& opt, const ExpertLayer& layer) {
 ExpertStore::ExpertStore(const std::string& dir, const EngineIndex& index, const StoreOptions& opt)
     : files_(dir, index, opt.io, opt.direct_io, opt.verify), opt_(opt) {
   for (const ExpertLayer& l : index.layers)
-    pools_.push_back(std::make_unique<ExpertPool>(l.n_experts, layer_capacity(opt, l), l.stride, opt.policy, opt.cache));
+    pools_.push_back(
+        std::make_unique<ExpertPool>(l.n_experts, layer_capacity(opt, l), l.stride, opt.policy, opt.cache, opt.prefault));
   for (const auto& [layer, experts] : opt.pins)
     for (size_t i = 0; i < index.layers.size(); ++i)
       if (model_layer_of(index.layers[i].name) == layer) pin(int(i), experts);

@@ -28,6 +28,9 @@ struct StoreOptions {
   int top_k = 1;                       // one token's experts: slots that pins must leave free
   bool cache = true;                   // false: the slots are staging and forget an expert at release
   PrefetchOptions prefetch;            // Auto resolves against the pools (prefetching())
+  // Fault the slots' memory in at start: where a budget (--memory, --host-cache) sized the
+  // pools. Unsized pools (every expert by default) may exceed the machine and fill only partly.
+  bool prefault = false;
 };
 
 struct LayerStats {

@@ -18,7 +18,7 @@ PoolStats& PoolStats::operator+=(const PoolStats& o) {
   return *this;
 }
 
-ExpertPool::ExpertPool(int n_experts, int capacity, size_t slot_bytes, PolicyKind policy, bool keep)
+ExpertPool::ExpertPool(int n_experts, int capacity, size_t slot_bytes, PolicyKind policy, bool keep, bool prefault)
     : n_experts_(n_experts),
       capacity_(capacity),
       slot_bytes_(slot_bytes),
@@ -29,9 +29,9 @@ ExpertPool::ExpertPool(int n_experts, int capacity, size_t slot_bytes, PolicyKin
       held_(size_t(capacity), 0),
       pinned_(size_t(capacity), 0) {
   if (capacity <= 0) fail("an expert pool needs at least one slot, got {}", capacity);
-  // 4 KiB-aligned slots, faulted in now: O_DIRECT reads land in them directly, and never pay
-  // for first-touch page faults in the middle of a decode.
-  if (slot_bytes > 0) memory_ = ResidentMemory(size_t(capacity) * slot_bytes, "an expert pool");
+  // 4 KiB-aligned slots: O_DIRECT reads land in them directly; faulted in now where a budget
+  // sized them, so that no decode pays for first-touch page faults.
+  if (slot_bytes > 0) memory_ = ResidentMemory(size_t(capacity) * slot_bytes, "an expert pool", prefault);
   for (int s = 0; s < capacity; ++s) slot_memory_.push_back(memory_.data() + size_t(s) * slot_bytes);
 }
 

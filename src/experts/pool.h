@@ -26,7 +26,8 @@ class ExpertPool {
  public:
   // slot_bytes 0: no memory behind the slots (trace simulation, or memory kept elsewhere).
   // keep false: staging, not a cache: release() forgets the experts of the slots it frees.
-  ExpertPool(int n_experts, int capacity, size_t slot_bytes, PolicyKind policy, bool keep = true);
+  // prefault: the slots' memory is faulted in now (a pool a budget sized), else on first use.
+  ExpertPool(int n_experts, int capacity, size_t slot_bytes, PolicyKind policy, bool keep = true, bool prefault = true);
   ~ExpertPool();
   ExpertPool(const ExpertPool&) = delete;
   ExpertPool& operator=(const ExpertPool&) = delete;

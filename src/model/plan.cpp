@@ -113,6 +113,7 @@ StoreOptions host_tier_options(const std::string& dir, const ModelConfig& cfg, c
   h.slots = cfg.top_k;
   h.cache = opt.host_cache > 0;
   h.prefetch = opt.experts.prefetch;
+  h.prefault = true;  // staging for one token, or the --host-cache budget
   if (h.cache) {
     const uint64_t row = per_slot_row(index);
     // Prefetch staging comes out of the host cache (Auto: where it cannot hold every expert).
@@ -161,6 +162,7 @@ StoreOptions host_store_options(const std::string& dir, const ModelConfig& cfg, 
     plan = plan_memory(cfg, index, dense_bytes, opt.memory_budget, opt, "memory budget", true);
     store_opt.slots = plan.slots;
     store_opt.prefetch.staging = plan.staging_buffers;
+    store_opt.prefault = true;  // the plan fits the budget: its pools are charged at start
     store_opt.layer_caps.clear();
   }
   check_floor(dir, store_opt, index, cfg.top_k, opt.device == Device::Cuda ? "host " : "");

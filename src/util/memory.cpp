@@ -11,7 +11,7 @@
 
 namespace ms {
 
-ResidentMemory::ResidentMemory(size_t bytes, const char* what) : bytes_(bytes) {
+ResidentMemory::ResidentMemory(size_t bytes, const char* what, bool populate) : bytes_(bytes) {
   if (bytes == 0) return;
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) fail("cannot allocate {} of {} bytes: {}", what, bytes, std::strerror(errno));
@@ -19,6 +19,7 @@ ResidentMemory::ResidentMemory(size_t bytes, const char* what) : bytes_(bytes) {
 #ifdef MADV_HUGEPAGE
   madvise(p, bytes, MADV_HUGEPAGE);  // advice only: where THP is off this changes nothing
 #endif
+  if (!populate) return;
 #ifdef MADV_POPULATE_WRITE
   if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
   if (errno == ENOMEM) {

@@ -1,8 +1,9 @@
 #pragma once
-// Large, 4 KiB-aligned anonymous memory that is resident from the start: transparent huge pages
-// are asked for, and every page is faulted in at allocation (MADV_POPULATE_WRITE, else a write
-// to each page), so that the first read into a never-used expert slot does not pay for page
-// faults and a cgroup charges the whole buffer when it is made, not in the middle of a decode.
+// Large, 4 KiB-aligned anonymous memory, transparent huge pages asked for. With `populate` every
+// page is faulted in at allocation (MADV_POPULATE_WRITE, else a write to each page), so that the
+// first read into a never-used expert slot does not pay for page faults and a cgroup charges the
+// whole buffer when it is made, not in the middle of a decode; without, pages come on first use
+// (memory sized by no budget, which may be larger than the machine and only partly used).
 #include <cstddef>
 #include <cstdint>
 
@@ -12,7 +13,7 @@ class ResidentMemory {
  public:
   ResidentMemory() = default;
   // Fails naming `what` where the memory cannot be had.
-  ResidentMemory(size_t bytes, const char* what);
+  ResidentMemory(size_t bytes, const char* what, bool populate = true);
   ~ResidentMemory();
   ResidentMemory(ResidentMemory&& o) noexcept;
   ResidentMemory& operator=(ResidentMemory&& o) noexcept;
