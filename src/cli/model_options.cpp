@@ -8,6 +8,7 @@
 
 #include "backends/load.h"
 #include "cli/flag_checks.h"
+#include "runtime/stats.h"
 #include "util/error.h"
 #include "util/json.h"
 
@@ -171,21 +172,14 @@ double gb_per_s(uint64_t bytes, double s) { return s > 0 ? double(bytes) / s / 1
 
 // One line: the prefetcher's width and staging, its counters, recall and waste.
 void print_prefetch_stats(const Model& model, std::FILE* out) {
-  const ExpertStore* store = model.experts();
-  if (!store || !store->prefetching()) return;
-  PrefetchStats p;
-  PoolStats pool;
-  for (const LayerStats& l : store->stats()) {
-    p += l.prefetch;
-    pool += l.pool;
-  }
-  const PrefetchSummary s = summarize(p, pool.misses);
+  const PrefetchReport r = prefetch_report(model);  // what /api/stats reports too
+  if (!r.on) return;
+  const PrefetchStats& p = r.counts;
   fmt::print(out,
              "prefetch: width {} (mean {:.1f}), staging {} buffers ({:.1f} MiB); predicted {}, read ahead {}, used {}, "
              "wasted {}, no buffer {}; recall {:.3f}, waste {:.3f}, demand misses left {}\n",
-             store->prefetch_width(), store->mean_prefetch_width(), store->staging_buffers(),
-             double(store->staging_bytes()) / (1 << 20), p.predicted, p.issued, p.used, p.wasted, p.no_buffer, s.recall,
-             s.waste, s.demand_misses);
+             r.width, r.mean_width, r.staging_buffers, double(r.staging_bytes) / (1 << 20), p.predicted, p.issued, p.used,
+             p.wasted, p.no_buffer, r.summary.recall, r.summary.waste, r.summary.demand_misses);
 }
 
 }  // namespace

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 
@@ -64,20 +63,6 @@ void ExpertFiles::check(int layer, int expert, const ReadOp& op) const {
   check_record_header(index_, l, expert, rec, path);
   if (verify_ && record_checksum(rec, l.record_bytes) != l.checksums[size_t(expert)])
     fail("{}: checksum mismatch: the record is corrupt", where());
-}
-
-ReadResult ExpertFiles::read(int layer, const std::vector<int>& experts, const std::vector<uint8_t*>& dsts) {
-  std::vector<ReadOp> ops;
-  for (size_t i = 0; i < experts.size(); ++i) ops.push_back(read_op(layer, experts[i], dsts[i]));
-  const auto start = std::chrono::steady_clock::now();
-  io_->read_all(ops);
-  ReadResult r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  for (size_t i = 0; i < ops.size(); ++i) {
-    check(layer, experts[i], ops[i]);
-    r.bytes += uint64_t(ops[i].result);
-  }
-  return r;
 }
 
 }  // namespace ms

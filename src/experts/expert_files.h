@@ -1,6 +1,6 @@
 #pragma once
-// The expert blobs of an engine directory, open for reading records in batches (all misses of a
-// layer together). Every record read is checked: I/O errors, short reads (a truncated blob), its
+// The expert blobs of an engine directory, open for reading records through an asynchronous
+// IoEngine (ExpertStore submits a layer's misses together). Every record read is checked: I/O errors, short reads (a truncated blob), its
 // record header (version 2: the layer and expert it holds) and, with `verify`, the record's
 // checksum; a failure names the file, layer and expert.
 #include <cstdint>
@@ -13,11 +13,6 @@
 
 namespace ms {
 
-struct ReadResult {
-  uint64_t bytes = 0;
-  double seconds = 0;  // wall time the batch was in flight
-};
-
 class ExpertFiles {
  public:
   ExpertFiles(const std::string& dir, const EngineIndex& index, IoKind io, bool direct_io, bool verify);
@@ -28,10 +23,6 @@ class ExpertFiles {
   const std::string& dir() const { return dir_; }
   const EngineIndex& index() const { return index_; }
   const char* io_name() const { return io_->name(); }
-
-  // Reads record experts[i] of expert layer `layer` into dsts[i] (4 KiB aligned, stride bytes)
-  // in one batch; throws naming the first record that failed. Safe from several threads.
-  ReadResult read(int layer, const std::vector<int>& experts, const std::vector<uint8_t*>& dsts);
 
   // The read of record `expert` of `layer` into dst (4 KiB aligned, stride bytes), for engine().
   ReadOp read_op(int layer, int expert, uint8_t* dst) const;

@@ -55,15 +55,14 @@ void ExpertStore::setup_prefetch() {
   for (size_t i = 0; i < pools_.size(); ++i) streams |= pools_[i]->capacity() < pools_[i]->n_experts();
   const bool on = p.mode == PrefetchMode::On || (p.mode == PrefetchMode::Auto && streams && opt_.cache);
   if (!on || pools_.empty()) return;
-  size_t widest = 0;
-  for (const ExpertLayer& l : index().layers) widest = std::max(widest, size_t(l.stride));
-  staging_ = std::make_unique<Staging>(ms::staging_buffers(p, opt_.top_k), widest);
+  staging_ = std::make_unique<Staging>(ms::staging_buffers(p, opt_.top_k), index().widest_stride());
   for (size_t i = 0; i < pools_.size(); ++i) {
     const int layer = model_layer_of(index().layers[i].name);
     const int source = layer - p.ahead_of(layer);
     if (layer < 0 || source < 0) continue;  // the MTP head's, or a layer with none before it
     if (size_t(source) >= targets_.size()) targets_.resize(size_t(source) + 1);
     targets_[size_t(source)].push_back(int(i));
+    ++n_targets_;
   }
   const int w = p.width > 0 ? p.width : opt_.top_k;
   width_ = p.width > 0 ? std::make_unique<WidthController>(w, w, w)
@@ -147,21 +146,29 @@ int Acquired::next() {
       pool.add_io(uint64_t(p.demand->op.result), last ? seconds_since(submitted_) : 0.0, 0);
     }
   } catch (...) {
-    if (p.staged) {
-      std::lock_guard lk(store_->prefetch_mu_);
-      store_->staging_->free(p.staged);  // a bad record never reaches the pool
-    }
+    free_staged(p.staged);  // a bad record never reaches the pool
     pool.abandon(p.expert, p.slot);
     abandon_all();
     pool.release();
     throw;
   }
-  if (p.staged) {
-    std::lock_guard lk(store_->prefetch_mu_);
-    store_->staging_->free(p.staged);
-  }
+  free_staged(p.staged);
   pool.publish(p.expert, p.slot);
   return p.index;
+}
+
+void Acquired::free_staged(Staging::Entry* e) {
+  if (!e) return;
+  std::lock_guard lk(store_->prefetch_mu_);
+  store_->staging_->free(e);
+}
+
+void Acquired::wait_all() {
+  store_->files_.engine().wait_until([&] {
+    for (const Pending& p : pending_)
+      if (!p.done()) return false;
+    return true;
+  });
 }
 
 // A staged record into its pool slot: the staging buffer becomes the slot's memory and the
@@ -177,12 +184,7 @@ void Acquired::promote(ExpertPool& pool, Pending& p, const ExpertLayer& l) {
 }
 
 void Acquired::abandon_all() {
-  // Reads in flight write into slots (or staging): they land before the slots go back.
-  store_->files_.engine().wait_until([&] {
-    for (const Pending& p : pending_)
-      if (!p.done()) return false;
-    return true;
-  });
+  wait_all();  // reads in flight write into slots (or staging): they land before the slots go back
   ExpertPool& pool = *store_->pools_[size_t(layer_)];
   for (Pending& p : pending_) {
     pool.abandon(p.expert, p.slot);
@@ -203,12 +205,7 @@ Acquired::~Acquired() {
 
 std::vector<const uint8_t*> ExpertStore::acquire(int layer, const std::vector<int>& experts) {
   Acquired a = start_acquire(layer, experts);
-  // Every read landed first: a failure is then the first failed expert in the order asked.
-  files_.engine().wait_until([&] {
-    for (const Acquired::Pending& p : a.pending_)
-      if (!p.done()) return false;
-    return true;
-  });
+  a.wait_all();  // every read landed first: a failure is then the first failed one in the order asked
   while (a.next() >= 0) {
   }
   return a.records;
@@ -268,9 +265,7 @@ void ExpertStore::prefetch(int layer, const std::vector<int>& experts, int token
       ++st.issued;
       st.bytes += l.stride;
     }
-    size_t targets = 0;
-    for (const auto& t : targets_) targets += t.size();
-    if (size_t(++predictions_) >= targets) adapt_width_locked();
+    if (++predictions_ >= n_targets_) adapt_width_locked();
   }
   files_.engine().submit(reads.data(), reads.size());
 }

@@ -66,6 +66,8 @@ class Acquired {
   };
   Acquired(ExpertStore* store, int layer) : store_(store), layer_(layer) {}
   void promote(ExpertPool& pool, Pending& p, const ExpertLayer& l);
+  void free_staged(Staging::Entry* e);
+  void wait_all();  // until every pending read has landed
   void abandon_all();
 
   ExpertStore* store_;
@@ -139,7 +141,8 @@ class ExpertStore {
   std::vector<std::vector<int>> targets_;  // [model layer]: expert layers predicted from it
   std::vector<PrefetchStats> prefetch_stats_;  // [expert layer]
   std::unique_ptr<WidthController> width_;
-  int predictions_ = 0;  // since the last adaptation
+  size_t n_targets_ = 0;  // expert layers with a prediction: a window of the width's adaptation
+  size_t predictions_ = 0;  // since the last adaptation
   PrefetchStats window_start_;
   uint64_t window_misses_ = 0;  // demand reads since the last adaptation
   uint64_t window_behind_ = 0;  // the engine's demand_behind_prefetch then

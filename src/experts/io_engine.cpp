@@ -130,14 +130,6 @@ void IoEngine::expedite(AsyncRead* r) {
   wake();
 }
 
-void IoEngine::set_prefetch_depth(int n) {
-  {
-    std::lock_guard lk(mu_);
-    prefetch_depth_ = std::max(1, n);
-  }
-  wake();
-}
-
 IoCounters IoEngine::counters() const {
   std::lock_guard lk(mu_);
   IoCounters c = counters_;

@@ -62,8 +62,6 @@ class IoEngine {
   // A queued prefetch read that a forward now waits for becomes a demand read (ahead of every
   // queued prefetch read); one already in flight or done is left as it is.
   void expedite(AsyncRead* r);
-  // The most prefetch reads in flight at once (at least 1).
-  void set_prefetch_depth(int n);
   IoCounters counters() const;
   virtual const char* name() const = 0;
 
@@ -84,7 +82,8 @@ class IoEngine {
 
  private:
   std::deque<AsyncRead*> demand_, prefetch_;
-  int in_flight_ = 0, prefetch_in_flight_ = 0, prefetch_depth_;
+  int in_flight_ = 0, prefetch_in_flight_ = 0;
+  const int prefetch_depth_;
   double busy_since_ = 0;
   IoCounters counters_;
   std::mutex done_mu_;

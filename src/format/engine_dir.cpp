@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -198,6 +199,12 @@ std::string expert_file_name(const std::string& name) {
 }
 
 uint64_t record_checksum(const void* data, size_t n) { return XXH64(data, n, 0); }
+
+size_t EngineIndex::widest_stride() const {
+  size_t widest = 0;
+  for (const ExpertLayer& l : layers) widest = std::max(widest, size_t(l.stride));
+  return widest;
+}
 
 const ExpertLayer* EngineIndex::find(const std::string& name) const {
   for (auto& l : layers)

@@ -109,6 +109,7 @@ struct EngineIndex {
   DenseChecksums dense_checksums;  // version 2
 
   const ExpertLayer* find(const std::string& name) const;  // null when absent
+  size_t widest_stride() const;  // the largest record stride of any layer (0 without layers)
 };
 
 // The index as moestream.json holds it; dims come from cfg. Keys are sorted and nothing

@@ -69,7 +69,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
   if (const PrefetchOptions& pf = opt.experts.prefetch; host_staging && pf.mode != PrefetchMode::Off && per_slot > 0) {
     const uint64_t all = p.fixed() + per_slot * uint64_t(cfg.n_experts);
     if (pf.mode == PrefetchMode::On || budget < all) {
-      const uint64_t widest = staging_bytes(PrefetchOptions{.mode = PrefetchMode::On, .staging = 1}, cfg, index, 0);
+      const uint64_t widest = index.widest_stride();
       p.staging_buffers = staging_buffers(pf, cfg.top_k);
       // Unasked, staging takes at most a quarter of what the dense weights, KV and activations
       // leave: a tight budget's pools matter more than a deep prefetch.
@@ -141,9 +141,7 @@ std::string describe(const MemoryPlan& p, Device device) {
 uint64_t staging_bytes(const PrefetchOptions& p, const ModelConfig& cfg, const EngineIndex& index, int slots) {
   if (p.mode == PrefetchMode::Off || index.layers.empty()) return 0;
   if (p.mode == PrefetchMode::Auto && slots >= cfg.n_experts) return 0;
-  uint64_t widest = 0;
-  for (const auto& l : index.layers) widest = std::max<uint64_t>(widest, l.stride);
-  return uint64_t(staging_buffers(p, cfg.top_k)) * widest;
+  return uint64_t(staging_buffers(p, cfg.top_k)) * index.widest_stride();
 }
 
 // A chunk the DeltaNet kernels split as a whole prefill does, with room to move one alignment back.
