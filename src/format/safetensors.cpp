@@ -115,17 +115,21 @@ MappedFile::MappedFile(const std::string& path, Residence residence) : path_(pat
   if (size_ > 0 && residence == Residence::Memory) {
     try {
       memory_ = ResidentMemory(size_, "resident weights");
+      // In chunks, each chunk's page cache dropped once copied: under a memory cap the file's
+      // bytes are never held twice (the copy and the page cache) for more than one chunk.
+      constexpr size_t kChunk = size_t(4) << 20;
       for (size_t done = 0; done < size_;) {
-        const ssize_t n = ::pread(fd, memory_.data() + done, size_ - done, off_t(done));
+        const size_t want = std::min(kChunk, size_ - done);
+        const ssize_t n = ::pread(fd, memory_.data() + done, want, off_t(done));
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) fail("{}: cannot read: {}", path, n < 0 ? std::strerror(errno) : "the file shrank while it was read");
+        posix_fadvise(fd, off_t(done), off_t(n), POSIX_FADV_DONTNEED);
         done += size_t(n);
       }
     } catch (...) {
       ::close(fd);
       throw;
     }
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // the page cache's copy is not needed again
     data_ = memory_.data();
   } else if (size_ > 0) {
     void* p = mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);

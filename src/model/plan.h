@@ -40,15 +40,22 @@ struct ModelOptions {
 // Where a memory budget goes (docs/ARCHITECTURE.md, invariant 5): host memory on Cpu, VRAM on Cuda.
 struct MemoryPlan {
   uint64_t dense = 0, kv = 0, activations = 0, staging = 0, pool = 0;  // staging: prefetch reads land there
+  // Host budgets: what the process holds beside the rest (code and library pages, thread stacks,
+  // the tokenizer, allocator slack); see process_reserve.
+  uint64_t process = 0;
   int slots = 0;            // per MoE layer
   int staging_buffers = 0;  // of `staging`
-  uint64_t fixed() const { return dense + kv + activations + staging; }  // all but the pool
+  uint64_t fixed() const { return process + dense + kv + activations + staging; }  // all but the pool
   uint64_t total() const { return fixed() + pool; }
 };
 
 // The plan in one line, for --stats: "memory budget: dense 12.0 MiB, KV/state ..." ("VRAM
 // budget" on Cuda); empty where no budget split anything into pools.
 std::string describe(const MemoryPlan& plan, Device device);
+
+// The process's share of a host budget for a model directory: a fixed reserve for code pages,
+// stacks, I/O rings and allocator slack, and the tokenizer file's size for its parsed tables.
+uint64_t process_reserve(const std::string& dir);
 
 // Fails unless chunk is a multiple of kPrefillChunkAlign and at least twice it.
 void check_prefill_chunk(int chunk);
