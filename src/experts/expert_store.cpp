@@ -36,6 +36,17 @@ ExpertStore::ExpertStore(const std::string& dir, const EngineIndex& index, const
     for (size_t i = 0; i < index.layers.size(); ++i)
       if (model_layer_of(index.layers[i].name) == layer) pin(int(i), experts);
   setup_prefetch();
+  if (opt.prefault) register_memory();
+}
+
+// Pools a budget sized are faulted in at start anyway: registering them and the staging (so
+// that io_uring pins their pages once, not on every read) costs no memory they would not take.
+void ExpertStore::register_memory() {
+  std::vector<MemoryRegion> regions;
+  for (const auto& p : pools_)
+    if (p->memory()) regions.push_back({p->memory(), size_t(p->capacity()) * p->slot_bytes()});
+  if (staging_) regions.push_back({staging_->memory(), staging_->bytes()});
+  files_.engine().register_memory(regions);
 }
 
 ExpertStore::~ExpertStore() {
@@ -297,6 +308,11 @@ void ExpertStore::reset_stats() {
   for (auto& s : prefetch_stats_) s = {};
   window_start_ = {};
   window_misses_ = 0;
+}
+
+std::string ExpertStore::io_description() const {
+  const uint64_t reg = registered_bytes();
+  return reg ? fmt::format("{}, {} MiB registered", io_name(), reg >> 20) : std::string(io_name());
 }
 
 size_t ExpertStore::resident_bytes() const {

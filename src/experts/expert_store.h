@@ -115,6 +115,7 @@ class ExpertStore {
   std::vector<LayerStats> stats() const;
   void reset_stats();
   size_t resident_bytes() const;  // the slots' memory
+  uint64_t registered_bytes() const { return files_.engine().registered_bytes(); }  // IoEngine::register_memory
   size_t staging_bytes() const { return staging_ ? staging_->bytes() : 0; }
   // Where staging lies (staging_bytes()): a promotion may make part of it a pool slot's memory.
   uint8_t* staging_memory() const { return staging_ ? staging_->memory() : nullptr; }
@@ -125,11 +126,14 @@ class ExpertStore {
   // GPU, beside staging_memory().
   uint8_t* slot_memory(int layer) const { return pools_[size_t(layer)]->memory(); }
   const char* io_name() const { return files_.io_name(); }
+  // The engine and its registered memory, for --stats: "io_uring, 17 MiB registered".
+  std::string io_description() const;
   bool caches() const { return opt_.cache; }
 
  private:
   friend class Acquired;
   void setup_prefetch();
+  void register_memory();
   void adapt_width_locked();
 
   ExpertFiles files_;

@@ -44,6 +44,13 @@ struct IoCounters {
   // Demand reads submitted while prefetch reads were in flight: prefetching took bandwidth then.
   uint64_t demand_behind_prefetch = 0;
   double busy_s = 0;  // wall time with at least one read in flight
+  uint64_t fixed_reads = 0;  // reads into registered memory (register_memory)
+};
+
+// Memory that reads land in, for IoEngine::register_memory.
+struct MemoryRegion {
+  void* data = nullptr;
+  size_t bytes = 0;
 };
 
 class IoEngine {
@@ -64,6 +71,15 @@ class IoEngine {
   void expedite(AsyncRead* r);
   IoCounters counters() const;
   virtual const char* name() const = 0;
+  // Registers the memory reads will land in, once, where the engine can make such reads cheaper
+  // (io_uring fixed buffers: the pages are pinned once, not on every read). Reads into other
+  // memory work as before. Returns the bytes registered: 0 where the engine has no use for it or
+  // the kernel refused (RLIMIT_MEMLOCK without CAP_IPC_LOCK); registered_bytes() tells later.
+  virtual uint64_t register_memory(const std::vector<MemoryRegion>& regions) {
+    (void)regions;
+    return 0;
+  }
+  virtual uint64_t registered_bytes() const { return 0; }
 
  protected:
   explicit IoEngine(int prefetch_depth) : prefetch_depth_(prefetch_depth) {}
@@ -71,6 +87,7 @@ class IoEngine {
   AsyncRead* take_locked();
   // Records the result of a read taken with take_locked(), and wakes its waiters.
   void complete(AsyncRead* r, int64_t result);
+  void count_fixed_read_locked() { ++counters_.fixed_reads; }
   // Tells the engine's thread(s) that reads were queued (or that it is stopping).
   virtual void wake() = 0;
   // Blocks until nothing is queued or in flight: before an engine stops its threads.

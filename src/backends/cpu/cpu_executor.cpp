@@ -51,7 +51,7 @@ class CpuExecutor final : public Executor {
   std::vector<PoolTier> pool_tiers() const override {
     const ExpertStore* store = m_.experts();
     if (!store) return {};
-    return {{fmt::format("expert pool ({}, {} MiB resident)", store->io_name(), store->resident_bytes() >> 20),
+    return {{fmt::format("expert pool ({}, {} MiB resident)", store->io_description(), store->resident_bytes() >> 20),
              store->stats(), "read"}};
   }
 

@@ -80,7 +80,7 @@ class CudaExecutor final : public Executor {
     return {{fmt::format("VRAM expert pool ({} MiB; misses come from the host tier by the copy stream)",
                          pool_->resident_bytes() >> 20),
              pool_->stats(), "copy"},
-            {fmt::format("host tier ({}, {} MiB of pinned slots, {})", host->io_name(), host->resident_bytes() >> 20,
+            {fmt::format("host tier ({}, {} MiB of pinned slots, {})", host->io_description(), host->resident_bytes() >> 20,
                          host->caches() ? "a cache" : "staging only"),
              host->stats(), "read"}};
   }
