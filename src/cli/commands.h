@@ -12,6 +12,7 @@ void register_expert_commands(CLI::App& app);  // simulate, profile
 void register_convert_commands(CLI::App& app);  // convert
 void register_synth_commands(CLI::App& app);  // synth
 void register_serve_commands(CLI::App& app);  // serve
+void register_bench_commands(CLI::App& app);  // bench
 
 // --out and the routed experts' --expert-bits/--expert-group: what convert and synth both write.
 void add_engine_output_options(CLI::App* cmd, std::string& out, int& expert_bits, int& expert_group);

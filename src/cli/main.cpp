@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   ms::cli::register_convert_commands(app);
   ms::cli::register_synth_commands(app);
   ms::cli::register_serve_commands(app);
+  ms::cli::register_bench_commands(app);
   try {
     app.parse(argc, argv);
     if (app.get_subcommands().empty()) {

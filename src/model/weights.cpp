@@ -6,6 +6,8 @@ namespace ms {
 
 namespace {
 
+bool is_mtp(const std::string& name) { return name.rfind("mtp.", 0) == 0; }
+
 class Loader {
  public:
   Loader(const ModelConfig& cfg, const TensorStore& store, const ExpertStore* experts, ModelWeights& w)
@@ -29,6 +31,7 @@ class Loader {
         fail("{}: tensor '{}' has dtype {}, expected BF16, F16 or F32", t.file, name, dtype_name(t.dtype));
     }
     (expert ? w_.expert_bytes : w_.dense_bytes) += t.nbytes;
+    if (!expert && is_mtp(name)) w_.mtp_bytes += t.nbytes;
     (expert ? w_.expert_params : w_.dense_params) += size_t(rows) * size_t(cols);
     return m;
   }
@@ -50,6 +53,7 @@ class Loader {
                      int(cols / groups)};
     check_quant_shape(rows, cols, m.bits, m.group, (q.file + ": " + name).c_str());
     w_.dense_bytes += q.nbytes + s.nbytes + b.nbytes;
+    if (is_mtp(name)) w_.mtp_bytes += q.nbytes + s.nbytes + b.nbytes;
     w_.dense_params += size_t(rows) * size_t(cols);
     return Mat::affine(m);
   }

@@ -66,6 +66,7 @@ struct ModelWeights {
 
   // Bytes of matrices, split by what streams (routed experts) and what stays resident.
   size_t dense_bytes = 0, expert_bytes = 0;
+  size_t mtp_bytes = 0;  // of dense_bytes, the MTP head's (decode without speculation reads none)
   size_t dense_params = 0, expert_params = 0;
 
   std::deque<std::vector<float>> owned;  // float32 copies of f16 matrices

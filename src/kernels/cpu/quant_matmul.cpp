@@ -145,6 +145,44 @@ float RowDot(RowRef row, int groups, const float* HWY_RESTRICT xp, const float* 
   return hn::GetLane(hn::SumOfLanes(df, total)) + bias_part;
 }
 
+// Rows the decode matvec computes together: their FMA chains are independent, so the core
+// overlaps them, and the memory system sees that many streams at once.
+constexpr size_t kDecodeRows = 4;
+// How far ahead of its decode each row's stream is prefetched, in bytes.
+constexpr size_t kPrefetchAhead = 1024;
+
+// RowDot for kR rows at once, each row's arithmetic exactly RowDot's (the same bits).
+template <int kBits, int kGroup, size_t kR>
+void RowDots(const RowRef* HWY_RESTRICT row, int groups, const float* HWY_RESTRICT xp0, const float* HWY_RESTRICT gsum,
+             float* HWY_RESTRICT y) {
+  const GroupTag<kBits, kGroup> df;
+  const size_t N = hn::Lanes(df), step = N * ValuesPerLane(kBits);
+  constexpr size_t kGroupBytes = size_t(kGroup) * BytesPerLane(kBits) / ValuesPerLane(kBits);
+  const uint8_t* q[kR];
+  hn::Vec<decltype(df)> total[kR];
+  float bias_part[kR];
+  for (size_t r = 0; r < kR; ++r) q[r] = row[r].q, total[r] = hn::Zero(df), bias_part[r] = 0;
+  const float* xp = xp0;
+  for (int g = 0; g < groups; ++g) {
+    for (size_t r = 0; r < kR; ++r) __builtin_prefetch(q[r] + kPrefetchAhead);
+    hn::Vec<decltype(df)> acc[kR];
+    for (size_t r = 0; r < kR; ++r) acc[r] = hn::Zero(df);
+    for (size_t i = 0; i < size_t(kGroup); i += step) {
+      for (size_t r = 0; r < kR; ++r) {
+        DecodeStep<kBits>(df, q[r], [&](size_t j, auto qf) { acc[r] = hn::MulAdd(qf, hn::LoadU(df, xp + j * N), acc[r]); });
+        q[r] += N * BytesPerLane(kBits);
+      }
+      xp += step;
+    }
+    for (size_t r = 0; r < kR; ++r) {
+      total[r] = hn::MulAdd(hn::Set(df, bf16_to_f32(row[r].scales[g])), acc[r], total[r]);
+      bias_part[r] = std::fma(bf16_to_f32(row[r].biases[g]), gsum[g], bias_part[r]);
+    }
+  }
+  (void)kGroupBytes;
+  for (size_t r = 0; r < kR; ++r) y[r] = hn::GetLane(hn::SumOfLanes(df, total[r])) + bias_part[r];
+}
+
 // tile[c] = q[c] as float, in decode order.
 template <int kBits, int kGroup>
 void UnpackRow(RowRef row, int cols, float* HWY_RESTRICT tile) {
@@ -242,7 +280,13 @@ void MatmulQuantTyped(const float* x, int T, const QuantMat& W, float* y) {
       return row;
     };
     if (T == 1) {
-      for (size_t r = r0; r < r1; ++r) y[r] = RowDot<kBits, kGroup>(row_at(r), groups, xs, sums);
+      size_t r = r0;
+      for (; r + kDecodeRows <= r1; r += kDecodeRows) {
+        RowRef block[kDecodeRows];
+        for (size_t i = 0; i < kDecodeRows; ++i) block[i] = row_at(r + i);
+        RowDots<kBits, kGroup, kDecodeRows>(block, groups, xs, sums, y + r);
+      }
+      for (; r < r1; ++r) y[r] = RowDot<kBits, kGroup>(row_at(r), groups, xs, sums);
       return;
     }
     const GroupTag<kBits, kGroup> df;

@@ -1,0 +1,162 @@
+// bench: prompt processing and decode speed of one loaded model, in the manner of llama-bench,
+// beside the machine's memory bandwidth measured in the same run: decode reads every dense
+// weight and top_k experts a layer per token, so its GB/s against that bound says how far the
+// kernels are from the memory.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/load.h"
+#include "cli/commands.h"
+#include "cli/flag_checks.h"
+#include "cli/model_options.h"
+#include "kernels/cpu/bandwidth.h"
+#include "kernels/cpu/quant_matmul.h"
+#include "model/model.h"
+#include "runtime/generate.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace ms::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Bytes of weights one decode step reads: the dense weights but the embedding (one row) and the
+// MTP head, and top_k experts of every MoE layer.
+double decode_bytes(const Model& m) {
+  const ModelWeights& w = m.weights();
+  const ModelConfig& c = m.config();
+  double b = double(w.dense_bytes - w.mtp_bytes);
+  if (w.lm_head.data != w.embed.data) {
+    const Mat& e = w.embed;
+    b -= e.type == WeightType::Affine
+             ? double(size_t(e.rows) * e.quant().row_bytes() + size_t(e.rows) * size_t(e.cols / e.group) * 4)
+             : double(size_t(e.rows) * size_t(e.cols) * (e.type == WeightType::BF16 ? 2 : 4));
+  }
+  if (const ExpertStore* s = m.experts()) {
+    for (const ExpertLayer& l : s->index().layers)
+      if (model_layer_of(l.name) >= 0) b += double(c.top_k) * double(l.stride);
+  } else if (c.n_experts > 0) {  // a checkpoint: its experts are in expert_bytes, the MTP head's too
+    const double moe_layers = double(c.n_layers + (w.mtp ? 1 : 0));
+    b += double(w.expert_bytes) / (double(c.n_experts) * moe_layers) * double(c.top_k) * double(c.n_layers);
+  }
+  return b;
+}
+
+// Reads every routed expert into its pool where the pools hold them all, as a long-running
+// server's would be: the speed measured is then compute's, not the disk's. Returns the seconds.
+double load_every_expert(const Model& m) {
+  ExpertStore* s = m.experts();
+  if (!s) return 0;
+  const auto start = Clock::now();
+  for (size_t l = 0; l < s->index().layers.size(); ++l) {
+    const int n = s->index().layers[l].n_experts;
+    if (s->capacity(int(l)) < n) return -1;
+    std::vector<int> all(static_cast<size_t>(n));
+    std::iota(all.begin(), all.end(), 0);
+    s->acquire(int(l), all);  // a pool that holds every expert never evicts one
+    s->release(int(l));
+  }
+  return seconds(start, Clock::now());
+}
+
+std::vector<int> random_ids(int n, int vocab, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> id(0, vocab - 1);
+  std::vector<int> ids(static_cast<size_t>(n));
+  for (int& i : ids) i = id(gen);
+  return ids;
+}
+
+// Seconds of one prompt of n tokens from an empty state.
+double time_prompt(const Model& m, int n, unsigned seed) {
+  const std::vector<int> ids = random_ids(n, m.config().vocab, seed);
+  State state = m.new_state();
+  const auto start = Clock::now();
+  m.forward(ids.data(), n, state, {});
+  return seconds(start, Clock::now());
+}
+
+// Seconds of n decode steps after a one-token prompt, greedy, past any end-of-sequence token.
+double time_decode(const Model& m, int n, unsigned seed) {
+  State state = m.new_state();
+  Clock::time_point first;
+  generate_greedy(m, state, random_ids(1, m.config().vocab, seed), {.max_tokens = n + 1, .stop_at_eos = false},
+                  [&](int) {
+                    if (first == Clock::time_point{}) first = Clock::now();
+                  });
+  return seconds(first, Clock::now());
+}
+
+void add_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Prompt and decode speed of a model beside the machine's memory bandwidth");
+  struct Args {
+    ModelArgs m;
+    std::vector<int> prompts{16, 128, 512};
+    int tokens = 64, repeat = 3;
+    bool no_preload = false;
+  };
+  auto a = std::make_shared<Args>();
+  add_model_options(cmd, a->m);
+  cmd->add_option("--prompt", a->prompts, "Prompt lengths to time (pp<N>), comma-separated; 0 for none")
+      ->delimiter(',')
+      ->check(int_in(0, 1 << 20));
+  cmd->add_option("--tokens", a->tokens, "Decode steps to time (tg<N>); 0 for none")->check(int_in(0, 1 << 20));
+  cmd->add_option("--repeat", a->repeat, "Runs of each test; the median is reported")->check(int_in(1, 1000));
+  cmd->add_flag("--no-preload", a->no_preload,
+                "Do not read every expert before timing where the pools hold them all (times the disk too)");
+  cmd->callback([a] {
+    auto model = load_model(a->m.model, model_options(a->m));
+    const Model& m = *model;
+    std::printf("model %s, %s, %d threads, matmul target %s\n", a->m.model.c_str(),
+                m.device() == Device::Cuda ? "cuda" : "cpu", ThreadPool::global().size(), cpu::matmul_quant_target());
+    const cpu::Bandwidth bw = cpu::measure_bandwidth();
+    std::printf("memory: read %.1f GB/s (%d threads, widest loads, prefetch %d B), copy %.1f GB/s (read + write)\n",
+                bw.read_gbs, bw.threads, bw.prefetch, bw.copy_gbs);
+    if (!a->no_preload) {
+      const double s = load_every_expert(m);
+      if (s > 0) std::printf("every routed expert read into its pool first: %.1f s\n", s);
+      if (s < 0) std::printf("the pools cannot hold every expert: decode streams them\n");
+    }
+    const double step_bytes = decode_bytes(m);
+    std::printf("a decode step reads %.2f GB of weights\n\n%-8s %10s %10s %8s\n", step_bytes / 1e9, "test", "tok/s",
+                "GB/s", "of read");
+    // A short warm-up of each path: first-touch allocations stay out of the timings.
+    time_prompt(m, 16, 0);
+    if (a->tokens > 0) time_decode(m, 4, 0);
+    for (const int n : a->prompts) {
+      if (n <= 0) continue;
+      std::vector<double> t;
+      for (int r = 0; r < a->repeat; ++r) t.push_back(time_prompt(m, n, unsigned(r + 1)));
+      std::printf("%-8s %10.2f\n", fmt::format("pp{}", n).c_str(), double(n) / median(t));
+    }
+    if (a->tokens > 0) {
+      std::vector<double> t;
+      for (int r = 0; r < a->repeat; ++r) t.push_back(time_decode(m, a->tokens, unsigned(r + 1)));
+      const double tps = double(a->tokens) / median(t), gbs = tps * step_bytes / 1e9;
+      std::printf("%-8s %10.2f %10.2f %8.2f\n", fmt::format("tg{}", a->tokens).c_str(), tps, gbs, gbs / bw.read_gbs);
+    }
+    std::fflush(stdout);
+  });
+}
+
+}  // namespace
+
+void register_bench_commands(CLI::App& app) { add_bench(app); }
+
+}  // namespace ms::cli
