@@ -124,6 +124,19 @@ Acquired ExpertStore::start_acquire(int layer, const std::vector<int>& experts) 
   return a;
 }
 
+bool Acquired::any_ready() const {
+  if (!ready_.empty()) return true;
+  for (const Pending& p : pending_)
+    if (p.done()) return true;
+  return false;
+}
+
+std::vector<int> Acquired::next_batch() {
+  std::vector<int> out;
+  for (int i; (out.empty() || any_ready()) && (i = next()) >= 0;) out.push_back(i);
+  return out;
+}
+
 int Acquired::next() {
   if (!ready_.empty()) {
     const int i = ready_.back();

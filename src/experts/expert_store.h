@@ -55,6 +55,9 @@ class Acquired {
   // is; -1 once every one was returned. A failed read throws its error naming the file, layer
   // and expert, after the layer's pool was put back as it was.
   int next();
+  // next(), then every other expert ready by now without waiting: the experts a caller can run
+  // together. Empty once every one was returned.
+  std::vector<int> next_batch();
 
  private:
   friend class ExpertStore;
@@ -67,6 +70,7 @@ class Acquired {
   Acquired(ExpertStore* store, int layer) : store_(store), layer_(layer) {}
   void promote(ExpertPool& pool, Pending& p, const ExpertLayer& l);
   void free_staged(Staging::Entry* e);
+  bool any_ready() const;  // next() would not wait
   void wait_all();  // until every pending read has landed
   void abandon_all();
 

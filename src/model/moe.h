@@ -63,15 +63,31 @@ Routing route(const B& be, const ModelConfig& cfg, const Mat& router, const floa
 // Whether B's expert store reads in the background (ExpertStore::start_acquire): the host then
 // computes while a layer's misses are read.
 template <class B>
-concept AsyncExperts = requires(const B& be) { be.experts->start_acquire(0, std::vector<int>{}).next(); };
+concept AsyncExperts = requires(const B& be) { be.experts->start_acquire(0, std::vector<int>{}).next_batch(); };
+
+// Runs the MLPs together where B can (one parallel region for all of them on the CPU), else one
+// after another; the results are the same bits either way.
+template <class B>
+void run_mlps(const B& be, const std::vector<MlpCall>& calls) {
+  if constexpr (requires { be.mlps(calls); }) {
+    be.mlps(calls);
+  } else {
+    for (const MlpCall& c : calls) be.mlp(c.w, c.x, c.n, c.y);
+  }
+}
+
+// Forwards of at most this many (token, slot) pairs run the experts that are ready together;
+// longer ones (prompt chunks) give each expert enough rows to amortise its own barriers.
+constexpr int kBatchedExpertRows = 64;
 
 // Runs each routed expert once over the tokens that chose it. Per-(token, slot) results are
 // summed in top-k order afterwards, so the answer depends neither on the order experts run in
-// nor on how they are split into waves. `while_reading` (may be empty) runs once, while the
-// first wave's misses are read where the store reads in the background, else before.
+// nor on how they are split into waves or batches. `first` (the shared expert, may be null) runs
+// with the first experts ready: while the first wave's misses are read where the store reads in
+// the background, else before the routed experts.
 template <GroupedMoe B>
 void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, const Routing& r, const float* x, int T,
-                    float* out, const std::function<void()>& while_reading = {}) {
+                    float* out, const MlpCall* first = nullptr) {
   const int H = cfg.hidden, K = cfg.top_k;
   std::vector<std::vector<int>> users(size_t(cfg.n_experts));  // (token * K + slot) per expert
   std::vector<int> order;                                       // distinct experts, first use first
@@ -82,43 +98,61 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
   }
   const auto groups = be.expert_groups(users, r.weights, K);
 
-  // An expert serves each token at most once: T rows are enough for any of them.
+  // Batched, the experts' gathered rows lie side by side (T·K rows in all); one at a time, an
+  // expert serves each token at most once: T rows are enough.
+  const bool batched = T * K <= kBatchedExpertRows;
+  const size_t rows = size_t(batched ? T * K : T) * size_t(H);
   typename B::Buf partial = be.alloc(size_t(T) * size_t(K) * size_t(H));
-  typename B::Buf xb = be.alloc(size_t(T) * size_t(H)), yb = be.alloc(size_t(T) * size_t(H));
-  auto run = [&](int e, const MlpWeights& mlp) {
-    be.gather_users(groups, e, x, H, xb.data());
-    be.mlp(mlp, xb.data(), int(users[size_t(e)].size()), yb.data());
-    be.scatter_users(groups, e, yb.data(), H, partial.data());
+  typename B::Buf xb = be.alloc(rows), yb = be.alloc(rows);
+  std::vector<MlpCall> calls;
+  std::vector<int> experts;  // calls[i] runs experts[i] (-1: `first`)
+  size_t at = 0;             // rows of xb in use by the calls
+  auto flush = [&] {
+    run_mlps(be, calls);
+    for (size_t i = 0; i < calls.size(); ++i)
+      if (experts[i] >= 0) be.scatter_users(groups, experts[i], calls[i].y, H, partial.data());
+    calls.clear(), experts.clear(), at = 0;
   };
-  bool pending = bool(while_reading);
-  auto overlap = [&] {
-    if (pending) while_reading();
-    pending = false;
+  auto add_first = [&] {
+    if (first) calls.push_back(*first), experts.push_back(-1), first = nullptr;
+  };
+  auto add = [&](int e, const MlpWeights& mlp) {
+    const int n = int(users[size_t(e)].size());
+    be.gather_users(groups, e, x, H, xb.data() + at);
+    calls.push_back({mlp, xb.data() + at, n, yb.data() + at});
+    experts.push_back(e);
+    at += size_t(n) * size_t(H);
+    if (!batched) flush();
   };
   if (w.store_layer < 0) {
-    overlap();
-    for (int e : order) run(e, be.mlp_weights(w.experts[size_t(e)]));
+    add_first();
+    for (int e : order) add(e, be.mlp_weights(w.experts[size_t(e)]));
+    flush();
   } else {
     auto* store = be.experts;
     const size_t cap = size_t(store->free_capacity(w.store_layer));
     for (size_t b = 0; b < order.size(); b += cap) {
       const std::vector<int> wave(order.begin() + std::ptrdiff_t(b), order.begin() + std::ptrdiff_t(std::min(order.size(), b + cap)));
       if constexpr (AsyncExperts<B>) {
-        // Each expert runs as soon as it is resident: hits while the misses are read, then each
-        // miss as its read completes.
+        // The experts resident now run (together) while the misses are read, then each batch of
+        // misses as its reads complete.
         auto acquired = store->start_acquire(w.store_layer, wave);
-        overlap();
-        for (int j; (j = acquired.next()) >= 0;)
-          run(wave[size_t(j)], expert_weights(*w.record_layout, acquired.records[size_t(j)]));
+        add_first();
+        for (std::vector<int> ready; !(ready = acquired.next_batch()).empty();) {
+          for (int j : ready) add(wave[size_t(j)], expert_weights(*w.record_layout, acquired.records[size_t(j)]));
+          flush();
+        }
       } else {
-        overlap();
+        add_first();
         const std::vector<const uint8_t*> records = store->acquire(w.store_layer, wave);
-        for (size_t j = 0; j < wave.size(); ++j) run(wave[j], expert_weights(*w.record_layout, records[j]));
+        for (size_t j = 0; j < wave.size(); ++j) add(wave[j], expert_weights(*w.record_layout, records[j]));
+        flush();
       }
       store->release(w.store_layer);
     }
   }
-  overlap();
+  add_first();
+  flush();
   be.sum_slots(partial.data(), T, K, H, out);
 }
 
@@ -127,18 +161,16 @@ template <GroupedMoe B>
 void grouped_moe(const B& be, const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out,
                  int* routes, float* router_probs) {
   typename B::Buf shared;
-  auto shared_expert = [&] {
-    shared = be.alloc(size_t(T) * size_t(cfg.hidden));
-    be.mlp(be.mlp_weights(w.shared_expert), x, T, shared.data());
-  };
-  // The shared expert runs while the layer's missing experts are read: on the host after the
-  // routing has issued the reads; on the GPU first, queued while the host routes and reads.
+  if (cfg.shared_inter > 0) shared = be.alloc(size_t(T) * size_t(cfg.hidden));
+  const MlpCall shared_call{be.mlp_weights(w.shared_expert), x, T, shared.data()};
+  // The shared expert runs while the layer's missing experts are read: on the host with the
+  // resident routed experts, after the routing has issued the reads; on the GPU first, queued
+  // while the host routes and reads.
   const bool after_routing = AsyncExperts<B> && w.store_layer >= 0;
-  if (cfg.shared_inter > 0 && !after_routing) shared_expert();
+  if (cfg.shared_inter > 0 && !after_routing) be.mlp(shared_call.w, x, T, shared.data());
   Routing r = route(be, cfg, w.router, x, T, router_probs);
   if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
-  routed_experts(be, cfg, w, r, x, T, out,
-                 cfg.shared_inter > 0 && after_routing ? std::function<void()>(shared_expert) : std::function<void()>());
+  routed_experts(be, cfg, w, r, x, T, out, cfg.shared_inter > 0 && after_routing ? &shared_call : nullptr);
   if (cfg.shared_inter > 0) be.shared_gate_add(out, shared.data(), x, be.mat(w.shared_expert_gate), T, cfg.hidden);
 }
 

@@ -20,6 +20,14 @@ struct MlpWeights {  // SwiGLU: down(silu(gate x) * up x)
   Mat gate, up, down;
 };
 
+// One MLP of a batch a backend may run together (a layer's experts): y [n, hidden] = mlp(x [n, hidden]).
+struct MlpCall {
+  MlpWeights w;
+  const float* x;
+  int n;
+  float* y;
+};
+
 struct AttentionWeights {
   Mat q_proj, k_proj, v_proj, o_proj;  // Qwen3-Next: q_proj yields query and gate per head
   std::vector<float> q_norm, k_norm;   // per-head RMSNorm over head_dim

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -515,6 +516,32 @@ TEST_P(StorePrefetchIo, PrefetchedExpertsArePromotedByteIdenticalAndThePoolIsUnt
 
 // Random predictions (some right, most not) before random routed sets, on tiny pools and tiny
 // staging, every policy: the records and the pools are exactly those of a store without prefetch.
+// next_batch(): the hits come in the first batch, every expert once in all, then nothing; the
+// records are the demand path's.
+TEST_P(StorePrefetchIo, NextBatchHandsTheHitsFirstAndEveryExpertOnce) {
+  const std::string& dir = tiny_dir();
+  const EngineIndex index = read_engine_index(dir, load_config(dir));
+  const int L = 1;
+  ExpertStore store(dir, index, store_options(GetParam(), PrefetchMode::Off, 8, 0, 4));
+  ExpertStore ref(dir, index, store_options(GetParam(), PrefetchMode::Off, 8, 0, 4));
+  store.acquire(L, {3, 5, 7});
+  store.release(L);
+  const std::vector<int> experts{5, 0, 3, 1, 7, 2};
+  const std::vector<const uint8_t*> want = ref.acquire(L, experts);
+  Acquired a = store.start_acquire(L, experts);
+  std::vector<int> seen(experts.size(), 0);
+  std::vector<int> first = a.next_batch();
+  for (int hit : {0, 2, 4}) EXPECT_NE(std::find(first.begin(), first.end(), hit), first.end()) << hit;
+  for (std::vector<int> b = first; !b.empty(); b = a.next_batch())
+    for (int i : b) {
+      ++seen[size_t(i)];
+      EXPECT_EQ(0, std::memcmp(a.records[size_t(i)], want[size_t(i)], index.layers[L].stride)) << "expert " << experts[size_t(i)];
+    }
+  EXPECT_EQ(seen, std::vector<int>(experts.size(), 1));
+  EXPECT_TRUE(a.next_batch().empty());
+  store.release(L);
+}
+
 TEST_P(StorePrefetchIo, RandomPredictionsNeverChangeRecordsOrPools) {
   const std::string& dir = tiny_dir();
   const EngineIndex index = read_engine_index(dir, load_config(dir));

@@ -89,6 +89,10 @@ struct CpuBackend {
     cpu::silu_mul(h.data(), u.data(), h.data(), int64_t(n));
     matmul(h.data(), T, w.down, out);
   }
+  // Several MLPs (a layer's ready experts, the shared expert) in two parallel regions where
+  // their matrices are all quantized, gate and up together then down: one barrier for all of
+  // them rather than three each. The same bits as mlp() on each.
+  void mlps(const std::vector<MlpCall>& calls) const;
   // Every batch's MoE as model/moe.h groups it.
   void moe(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
            float* router_probs) const;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "backends/cpu/cpu_backend.h"
+#include "kernels/cpu/quant_matmul.h"
 #include "model/forward.h"
 #include "model/moe.h"
 
@@ -14,6 +15,31 @@ static_assert(GroupedMoe<CpuBackend>);
 void CpuBackend::moe(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
                      float* router_probs) const {
   grouped_moe(*this, cfg, w, x, T, out, routes, router_probs);
+}
+
+void CpuBackend::mlps(const std::vector<MlpCall>& calls) const {
+  for (const MlpCall& c : calls)
+    for (const Mat* m : {&c.w.gate, &c.w.up, &c.w.down})
+      if (m->type != WeightType::Affine) {
+        for (const MlpCall& one : calls) mlp(one.w, one.x, one.n, one.y);
+        return;
+      }
+  std::vector<Buf> h(calls.size()), u(calls.size());
+  std::vector<cpu::QuantJob> jobs;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const MlpCall& c = calls[i];
+    h[i].resize(size_t(c.n) * size_t(c.w.gate.rows));
+    u[i].resize(h[i].size());
+    jobs.push_back({c.x, c.n, c.w.gate.quant(), h[i].data()});
+    jobs.push_back({c.x, c.n, c.w.up.quant(), u[i].data()});
+  }
+  cpu::matmul_quant_batch(jobs.data(), jobs.size());
+  jobs.clear();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    cpu::silu_mul(h[i].data(), u[i].data(), h[i].data(), int64_t(h[i].size()));
+    jobs.push_back({h[i].data(), calls[i].n, calls[i].w.down.quant(), calls[i].y});
+  }
+  cpu::matmul_quant_batch(jobs.data(), jobs.size());
 }
 
 int CpuBackend::pick(const float* logits, int vocab, const PickInputs& in) const {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -256,78 +257,137 @@ void TokenBlocks(DF df, const float* tile, const RowRef* row, int cols, const fl
   }
 }
 
+// x permuted into a weight layout's decode order, and its sums per group (PermuteTokens).
+struct PermutedInput {
+  std::vector<float> xp, gsum;
+};
+
 template <int kBits, int kGroup>
-void MatmulQuantTyped(const float* x, int T, const QuantMat& W, float* y) {
+void PermuteTyped(const float* x, int T, int cols, PermutedInput& in) {
+  in.xp.resize(size_t(T) * size_t(cols));
+  in.gsum.resize(size_t(T) * size_t(cols / kGroup));
+  PermuteTokens<kBits, kGroup>(x, T, cols, in.xp.data(), in.gsum.data());
+}
+
+// y rows [r0, r1) of one matmul, x permuted: the work of one thread's chunk.
+template <int kBits, int kGroup>
+void RowsTyped(const PermutedInput& in, int T, const QuantMat& W, float* y, size_t r0, size_t r1) {
   const int cols = W.cols, groups = W.groups_per_row();
   const size_t rows = size_t(W.rows), row_bytes = W.row_bytes();
-  thread_local std::vector<float> xp, gsum;
-  xp.resize(size_t(T) * size_t(cols));
-  gsum.resize(size_t(T) * size_t(groups));
-  PermuteTokens<kBits, kGroup>(x, T, cols, xp.data(), gsum.data());
-  // Plain pointers: inside rows_fn the names xp/gsum would denote the worker's own copies.
-  const float* xs = xp.data();
-  const float* sums = gsum.data();
-
-  auto rows_fn = [&](size_t r0, size_t r1) {
-    thread_local std::vector<uint8_t> padded;
-    auto row_at = [&](size_t r) {
-      RowRef row{W.q + r * row_bytes, W.scales + r * size_t(groups), W.biases + r * size_t(groups)};
-      if (kBits == 3 && r + 1 == rows) {  // LoadUnits3 reads 4 bytes past the row
-        padded.assign(row.q, row.q + row_bytes);
-        padded.resize(row_bytes + 4);
-        row.q = padded.data();
-      }
-      return row;
-    };
-    if (T == 1) {
-      size_t r = r0;
-      for (; r + kDecodeRows <= r1; r += kDecodeRows) {
-        RowRef block[kDecodeRows];
-        for (size_t i = 0; i < kDecodeRows; ++i) block[i] = row_at(r + i);
-        RowDots<kBits, kGroup, kDecodeRows>(block, groups, xs, sums, y + r);
-      }
-      for (; r < r1; ++r) y[r] = RowDot<kBits, kGroup>(row_at(r), groups, xs, sums);
-      return;
+  const float* xs = in.xp.data();
+  const float* sums = in.gsum.data();
+  thread_local std::vector<uint8_t> padded;
+  auto row_at = [&](size_t r) {
+    RowRef row{W.q + r * row_bytes, W.scales + r * size_t(groups), W.biases + r * size_t(groups)};
+    if (kBits == 3 && r + 1 == rows) {  // LoadUnits3 reads 4 bytes past the row
+      padded.assign(row.q, row.q + row_bytes);
+      padded.resize(row_bytes + 4);
+      row.q = padded.data();
     }
-    const GroupTag<kBits, kGroup> df;
-    thread_local std::vector<float> tile;
-    tile.resize(kRowBlock * size_t(cols));
-    for (size_t r = r0; r < r1;) {
-      const size_t nr = r1 - r >= kRowBlock ? kRowBlock : 1;
-      RowRef block[kRowBlock];
-      for (size_t i = 0; i < nr; ++i) {
-        block[i] = row_at(r + i);
-        UnpackRow<kBits, kGroup>(block[i], cols, tile.data() + i * size_t(cols));
-      }
-      if (nr == kRowBlock) {
-        TokenBlocks<kRowBlock, kGroup>(df, tile.data(), block, cols, xs, sums, T, y + r, rows);
-      } else {
-        TokenBlocks<1, kGroup>(df, tile.data(), block, cols, xs, sums, T, y + r, rows);
-      }
-      r += nr;
-    }
+    return row;
   };
-  // Enough weights per chunk that scheduling stays negligible next to the row work.
-  const size_t grain = std::max<size_t>(1, size_t(1 << 15) / size_t(cols));
-  ThreadPool::global().parallel_for(rows, rows_fn, grain);
+  if (T == 1) {
+    size_t r = r0;
+    for (; r + kDecodeRows <= r1; r += kDecodeRows) {
+      RowRef block[kDecodeRows];
+      for (size_t i = 0; i < kDecodeRows; ++i) block[i] = row_at(r + i);
+      RowDots<kBits, kGroup, kDecodeRows>(block, groups, xs, sums, y + r);
+    }
+    for (; r < r1; ++r) y[r] = RowDot<kBits, kGroup>(row_at(r), groups, xs, sums);
+    return;
+  }
+  const GroupTag<kBits, kGroup> df;
+  thread_local std::vector<float> tile;
+  tile.resize(kRowBlock * size_t(cols));
+  for (size_t r = r0; r < r1;) {
+    const size_t nr = r1 - r >= kRowBlock ? kRowBlock : 1;
+    RowRef block[kRowBlock];
+    for (size_t i = 0; i < nr; ++i) {
+      block[i] = row_at(r + i);
+      UnpackRow<kBits, kGroup>(block[i], cols, tile.data() + i * size_t(cols));
+    }
+    if (nr == kRowBlock) {
+      TokenBlocks<kRowBlock, kGroup>(df, tile.data(), block, cols, xs, sums, T, y + r, rows);
+    } else {
+      TokenBlocks<1, kGroup>(df, tile.data(), block, cols, xs, sums, T, y + r, rows);
+    }
+    r += nr;
+  }
 }
+
+using PermuteFn = void (*)(const float*, int, int, PermutedInput&);
+using RowsFn = void (*)(const PermutedInput&, int, const QuantMat&, float*, size_t, size_t);
 
 template <int kBits>
-void MatmulQuantBits(const float* x, int T, const QuantMat& W, float* y) {
-  switch (W.group) {
-    case 32: return MatmulQuantTyped<kBits, 32>(x, T, W, y);
-    case 64: return MatmulQuantTyped<kBits, 64>(x, T, W, y);
-    default: return MatmulQuantTyped<kBits, 128>(x, T, W, y);
+std::pair<PermuteFn, RowsFn> KernelsOfGroup(int group) {
+  switch (group) {
+    case 32: return {&PermuteTyped<kBits, 32>, &RowsTyped<kBits, 32>};
+    case 64: return {&PermuteTyped<kBits, 64>, &RowsTyped<kBits, 64>};
+    default: return {&PermuteTyped<kBits, 128>, &RowsTyped<kBits, 128>};
   }
 }
 
-void MatmulQuantImpl(const float* x, int T, const QuantMat& W, float* y) {
+std::pair<PermuteFn, RowsFn> KernelsOf(const QuantMat& W) {
   switch (W.bits) {
-    case 2: return MatmulQuantBits<2>(x, T, W, y);
-    case 3: return MatmulQuantBits<3>(x, T, W, y);
-    case 4: return MatmulQuantBits<4>(x, T, W, y);
-    default: return MatmulQuantBits<8>(x, T, W, y);
+    case 2: return KernelsOfGroup<2>(W.group);
+    case 3: return KernelsOfGroup<3>(W.group);
+    case 4: return KernelsOfGroup<4>(W.group);
+    default: return KernelsOfGroup<8>(W.group);
   }
+}
+
+// Enough weights per chunk that scheduling stays negligible next to the row work.
+size_t RowGrain(const QuantMat& W) { return std::max<size_t>(1, size_t(1 << 15) / size_t(W.cols)); }
+
+void MatmulQuantImpl(const float* x, int T, const QuantMat& W, float* y) {
+  const auto [permute, rows_of] = KernelsOf(W);
+  thread_local PermutedInput in;
+  permute(x, T, W.cols, in);
+  const PermutedInput* input = &in;  // the caller's: inside the lambda `in` is the worker's own
+  ThreadPool::global().parallel_for(
+      size_t(W.rows), [&](size_t r0, size_t r1) { rows_of(*input, T, W, y, r0, r1); }, RowGrain(W));
+}
+
+// Every job's rows split over one parallel region, in chunks of RowGrain rows that never span two
+// jobs; jobs that read the same x with the same layout share its permutation.
+void MatmulQuantBatchImpl(const QuantJob* jobs, size_t n) {
+  struct Prepared {
+    RowsFn rows_of;
+    const PermutedInput* in;
+    size_t first_chunk, grain;
+  };
+  thread_local std::vector<std::unique_ptr<PermutedInput>> inputs;
+  std::vector<Prepared> prep(n);
+  size_t chunks = 0, used = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const QuantJob& job = jobs[j];
+    const auto [permute, rows_of] = KernelsOf(job.W);
+    const PermutedInput* in = nullptr;
+    for (size_t k = 0; k < j && !in; ++k)
+      if (jobs[k].x == job.x && jobs[k].T == job.T && jobs[k].W.cols == job.W.cols && jobs[k].W.bits == job.W.bits &&
+          jobs[k].W.group == job.W.group)
+        in = prep[k].in;
+    if (!in) {
+      if (used == inputs.size()) inputs.push_back(std::make_unique<PermutedInput>());
+      permute(job.x, job.T, job.W.cols, *inputs[used]);
+      in = inputs[used++].get();
+    }
+    const size_t grain = RowGrain(job.W);
+    prep[j] = {rows_of, in, chunks, grain};
+    chunks += (size_t(job.W.rows) + grain - 1) / grain;
+  }
+  ThreadPool::global().parallel_for(chunks, [&](size_t c0, size_t c1) {
+    for (size_t c = c0; c < c1; ++c) {
+      // The job whose chunks hold c: the last one starting at or before it.
+      size_t j = size_t(std::upper_bound(prep.begin(), prep.end(), c,
+                                         [](size_t v, const Prepared& p) { return v < p.first_chunk; }) -
+                        prep.begin()) - 1;
+      const Prepared& p = prep[j];
+      const QuantJob& job = jobs[j];
+      const size_t r0 = (c - p.first_chunk) * p.grain, r1 = std::min(size_t(job.W.rows), r0 + p.grain);
+      p.rows_of(*p.in, job.T, job.W, job.y, r0, r1);
+    }
+  });
 }
 
 const char* MatmulQuantTarget() { return hwy::TargetName(HWY_TARGET); }
@@ -340,6 +400,7 @@ HWY_AFTER_NAMESPACE();
 namespace ms::cpu {
 
 HWY_EXPORT(MatmulQuantImpl);
+HWY_EXPORT(MatmulQuantBatchImpl);
 HWY_EXPORT(MatmulQuantTarget);
 
 void matmul_quant(const float* x, int T, const QuantMat& W, float* y) {
@@ -347,6 +408,14 @@ void matmul_quant(const float* x, int T, const QuantMat& W, float* y) {
   if (T < 1) fail("matmul_quant: token count must be ≥ 1, got {}", T);
   if (W.rows == 0) return;
   HWY_DYNAMIC_DISPATCH(MatmulQuantImpl)(x, T, W, y);
+}
+
+void matmul_quant_batch(const QuantJob* jobs, size_t n) {
+  for (size_t j = 0; j < n; ++j) {
+    check_quant_shape(jobs[j].W.rows, jobs[j].W.cols, jobs[j].W.bits, jobs[j].W.group, "matmul_quant_batch: weight matrix");
+    if (jobs[j].T < 1) fail("matmul_quant_batch: token count must be ≥ 1, got {}", jobs[j].T);
+  }
+  if (n > 0) HWY_DYNAMIC_DISPATCH(MatmulQuantBatchImpl)(jobs, n);
 }
 
 const char* matmul_quant_target() { return HWY_DYNAMIC_DISPATCH(MatmulQuantTarget)(); }

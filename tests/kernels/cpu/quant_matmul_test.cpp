@@ -125,6 +125,46 @@ TEST(MatmulQuant, OutputBitsIndependentOfBatch) {
   }
 }
 
+// A batch (one parallel region for a layer's experts) gives each job matmul_quant's bits: jobs of
+// mixed bits, groups, widths and token counts, some reading the same x, on every target.
+TEST(MatmulQuant, BatchGivesEachJobItsOwnBits) {
+  struct Shape {
+    int bits, group, rows, cols, T, x;  // x: which input it reads
+  };
+  const Shape shapes[] = {{4, 64, 45, 256, 1, 0}, {4, 64, 37, 256, 1, 0}, {8, 64, 130, 256, 1, 0},
+                          {3, 32, 19, 128, 1, 1}, {2, 128, 64, 256, 3, 2}, {8, 32, 3, 256, 3, 2},
+                          {4, 64, 1000, 256, 1, 0}};
+  std::mt19937 rng{7};
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<float>> xs{std::vector<float>(256), std::vector<float>(128), std::vector<float>(3 * 256)};
+  for (auto& x : xs)
+    for (auto& v : x) v = normal(rng);
+  std::vector<QuantBuffer> weights;
+  for (const Shape& sh : shapes) {
+    std::vector<float> w(size_t(sh.rows) * size_t(sh.cols));
+    for (auto& v : w) v = normal(rng);
+    weights.push_back(quantize(w.data(), sh.rows, sh.cols, sh.bits, sh.group));
+  }
+  for (int64_t target : kernel_targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    std::vector<std::vector<float>> batch, one;
+    std::vector<cpu::QuantJob> jobs;
+    for (size_t j = 0; j < std::size(shapes); ++j) {
+      const Shape& sh = shapes[j];
+      batch.emplace_back(size_t(sh.T) * size_t(sh.rows), -1.f);
+      one.emplace_back(batch.back().size(), -2.f);
+      cpu::matmul_quant(xs[size_t(sh.x)].data(), sh.T, weights[j].view(), one.back().data());
+    }
+    for (size_t j = 0; j < std::size(shapes); ++j)
+      jobs.push_back({xs[size_t(shapes[j].x)].data(), shapes[j].T, weights[j].view(), batch[j].data()});
+    cpu::matmul_quant_batch(jobs.data(), jobs.size());
+    for (size_t j = 0; j < std::size(shapes); ++j)
+      for (size_t i = 0; i < one[j].size(); ++i)
+        ASSERT_EQ(batch[j][i], one[j][i]) << hwy::TargetName(target) << " job " << j << " at " << i;
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 TEST(MatmulQuant, LargeMatrixThreaded) {
   check_case({4, 64, 1000, 2048, 1}, 99);
   check_case({3, 32, 515, 1024, 3}, 100);
