@@ -29,7 +29,10 @@ std::string random_ids(int n, unsigned seed) {
   std::mt19937 gen(seed);
   std::uniform_int_distribution<int> id(1, 8191);  // the model's vocabulary, but for <|endoftext|>
   std::string s;
-  for (int i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string(id(gen));
+  for (int i = 0; i < n; ++i) {
+    if (i) s += ',';
+    s += std::to_string(id(gen));  // (not "," + ...: GCC 12 warns, wrongly, of an overlapping copy)
+  }
   return s;
 }
 
