@@ -184,6 +184,43 @@ void RowDots(const RowRef* HWY_RESTRICT row, int groups, const float* HWY_RESTRI
   for (size_t r = 0; r < kR; ++r) y[r] = hn::GetLane(hn::SumOfLanes(df, total[r])) + bias_part[r];
 }
 
+// RowDot for kT tokens at once straight from the packed row: each decoded vector feeds kT FMAs,
+// with no float tile written and read back. Token t's arithmetic is RowDot's on xp[t] (the same
+// bits). For the few tokens an expert gets in a prompt, where unpacking dominates.
+template <int kBits, int kGroup, int kT>
+void TokenRowDots(RowRef row, int groups, const float* HWY_RESTRICT xp, size_t cols, const float* HWY_RESTRICT gsum,
+                  float* HWY_RESTRICT y, size_t rows) {
+  const GroupTag<kBits, kGroup> df;
+  const size_t N = hn::Lanes(df), step = N * ValuesPerLane(kBits);
+  const uint8_t* q = row.q;
+  hn::Vec<decltype(df)> total[kT];
+  float bias_part[kT];
+  for (int t = 0; t < kT; ++t) total[t] = hn::Zero(df), bias_part[t] = 0;
+  size_t c = 0;
+  for (int g = 0; g < groups; ++g) {
+    hn::Vec<decltype(df)> acc[kT];
+    for (int t = 0; t < kT; ++t) acc[t] = hn::Zero(df);
+    for (size_t i = 0; i < size_t(kGroup); i += step) {
+      DecodeStep<kBits>(df, q, [&](size_t j, auto qf) {
+        for (int t = 0; t < kT; ++t) acc[t] = hn::MulAdd(qf, hn::LoadU(df, xp + size_t(t) * cols + c + j * N), acc[t]);
+      });
+      q += N * BytesPerLane(kBits);
+      c += step;
+    }
+    const auto scale = hn::Set(df, bf16_to_f32(row.scales[g]));
+    const float bias = bf16_to_f32(row.biases[g]);
+    for (int t = 0; t < kT; ++t) {
+      total[t] = hn::MulAdd(scale, acc[t], total[t]);
+      bias_part[t] = std::fma(bias, gsum[size_t(t) * size_t(groups) + size_t(g)], bias_part[t]);
+    }
+  }
+  for (int t = 0; t < kT; ++t) y[size_t(t) * rows] = hn::GetLane(hn::SumOfLanes(df, total[t])) + bias_part[t];
+}
+
+// Forwards of at most this many tokens decode each row once per block of four tokens rather than
+// unpack it into a float tile (docs/PERFORMANCE.md#cpu-decode-with-every-weight-in-ram-issue-38).
+constexpr int kFusedTokens = 8;
+
 // tile[c] = q[c] as float, in decode order.
 template <int kBits, int kGroup>
 void UnpackRow(RowRef row, int cols, float* HWY_RESTRICT tile) {
@@ -202,18 +239,30 @@ void UnpackRow(RowRef row, int cols, float* HWY_RESTRICT tile) {
 // though 4 × 4 × 2 accumulators spill some registers (docs/PERFORMANCE.md#cpu-matmul).
 constexpr size_t kRowBlock = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 
-// y[t·rows + r] = RowDot(row r, xp[t]) for kT tokens and kR rows from unpacked tiles: each
-// load feeds kT or kR FMAs.
+// The running sums of TileDots between column blocks: a vector total and a scalar bias part for
+// each (token, row) of a token block.
+struct TileSums {
+  float* total;      // [kT·kR][lanes]
+  float* bias_part;  // [kT·kR]
+};
+
+// Groups [g0, g1) of y[t·rows + r] = RowDot(row r, xp[t]) for kT tokens and kR rows from unpacked
+// tiles: each load feeds kT or kR FMAs. The sums start at zero where g0 = 0, else come from `sums`;
+// they go back to `sums`, or, at the last group, to y. Groups in order either way: the same bits
+// as one pass.
 template <int kT, int kR, int kGroup, class DF>
 void TileDots(DF df, const float* HWY_RESTRICT tile, const RowRef* row, int cols, const float* HWY_RESTRICT xp,
-              const float* HWY_RESTRICT gsum, float* y, size_t rows) {
+              const float* HWY_RESTRICT gsum, float* y, size_t rows, int g0, int g1, TileSums sums) {
   const size_t N = hn::Lanes(df);
   const int groups = cols / kGroup;
   hn::Vec<DF> total[kT][kR];
   float bias_part[kT][kR];
   for (int t = 0; t < kT; ++t)
-    for (int r = 0; r < kR; ++r) total[t][r] = hn::Zero(df), bias_part[t][r] = 0;
-  for (int g = 0; g < groups; ++g) {
+    for (int r = 0; r < kR; ++r) {
+      total[t][r] = g0 == 0 ? hn::Zero(df) : hn::LoadU(df, sums.total + size_t(t * kR + r) * N);
+      bias_part[t][r] = g0 == 0 ? 0.f : sums.bias_part[t * kR + r];
+    }
+  for (int g = g0; g < g1; ++g) {
     hn::Vec<DF> acc[kT][kR];
     for (auto& per_token : acc)
       for (auto& a : per_token) a = hn::Zero(df);
@@ -235,24 +284,42 @@ void TileDots(DF df, const float* HWY_RESTRICT tile, const RowRef* row, int cols
     }
   }
   for (int t = 0; t < kT; ++t)
-    for (int r = 0; r < kR; ++r)
-      y[size_t(t) * rows + size_t(r)] = hn::GetLane(hn::SumOfLanes(df, total[t][r])) + bias_part[t][r];
+    for (int r = 0; r < kR; ++r) {
+      if (g1 == groups) {
+        y[size_t(t) * rows + size_t(r)] = hn::GetLane(hn::SumOfLanes(df, total[t][r])) + bias_part[t][r];
+      } else {
+        hn::StoreU(total[t][r], df, sums.total + size_t(t * kR + r) * N);
+        sums.bias_part[t * kR + r] = bias_part[t][r];
+      }
+    }
 }
 
-// All T tokens against kR unpacked rows, four tokens at a time.
+// Columns a TileDots pass covers: a block of kR tile rows and one token block's x (4 tokens) stay
+// in L1 (48 KiB here) while every token block passes over them; whole rows (8 KiB each for a
+// 2048-wide matrix) did not fit beside x and went to L2 on every pass.
+constexpr int kTileCols = 1024;
+
+// All T tokens against kR unpacked rows, a column block at a time, four tokens at a time within.
 template <int kR, int kGroup, class DF>
 void TokenBlocks(DF df, const float* tile, const RowRef* row, int cols, const float* xp, const float* gsum, int T,
                  float* y, size_t rows) {
-  const size_t groups = size_t(cols / kGroup);
-  for (int t = 0; t < T; t += 4) {
-    const float* xt = xp + size_t(t) * size_t(cols);
-    const float* st = gsum + size_t(t) * groups;
-    float* yt = y + size_t(t) * rows;
-    switch (std::min(4, T - t)) {
-      case 4: TileDots<4, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows); break;
-      case 3: TileDots<3, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows); break;
-      case 2: TileDots<2, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows); break;
-      default: TileDots<1, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows); break;
+  const int groups = cols / kGroup, block = std::max(1, kTileCols / kGroup);
+  thread_local std::vector<float> totals, bias_parts;
+  totals.resize(size_t(T) * kR * hn::Lanes(df));
+  bias_parts.resize(size_t(T) * kR);
+  for (int g0 = 0; g0 < groups; g0 += block) {
+    const int g1 = std::min(groups, g0 + block);
+    for (int t = 0; t < T; t += 4) {
+      const float* xt = xp + size_t(t) * size_t(cols);
+      const float* st = gsum + size_t(t) * size_t(groups);
+      float* yt = y + size_t(t) * rows;
+      const TileSums sums{totals.data() + size_t(t) * kR * hn::Lanes(df), bias_parts.data() + size_t(t) * kR};
+      switch (std::min(4, T - t)) {
+        case 4: TileDots<4, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows, g0, g1, sums); break;
+        case 3: TileDots<3, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows, g0, g1, sums); break;
+        case 2: TileDots<2, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows, g0, g1, sums); break;
+        default: TileDots<1, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows, g0, g1, sums); break;
+      }
     }
   }
 }
@@ -294,6 +361,25 @@ void RowsTyped(const PermutedInput& in, int T, const QuantMat& W, float* y, size
       RowDots<kBits, kGroup, kDecodeRows>(block, groups, xs, sums, y + r);
     }
     for (; r < r1; ++r) y[r] = RowDot<kBits, kGroup>(row_at(r), groups, xs, sums);
+    return;
+  }
+  if (T <= kFusedTokens) {
+    // Token blocks outside, rows inside: a block's x (four tokens) stays in L1 while rows stream.
+    for (int t = 0; t < T; t += 4) {
+      const float* xt = xs + size_t(t) * size_t(cols);
+      const float* st = sums + size_t(t) * size_t(groups);
+      float* yt = y + size_t(t) * rows;
+      const int kt = std::min(4, T - t);
+      for (size_t r = r0; r < r1; ++r) {
+        const RowRef row = row_at(r);
+        switch (kt) {
+          case 4: TokenRowDots<kBits, kGroup, 4>(row, groups, xt, size_t(cols), st, yt + r, rows); break;
+          case 3: TokenRowDots<kBits, kGroup, 3>(row, groups, xt, size_t(cols), st, yt + r, rows); break;
+          case 2: TokenRowDots<kBits, kGroup, 2>(row, groups, xt, size_t(cols), st, yt + r, rows); break;
+          default: TokenRowDots<kBits, kGroup, 1>(row, groups, xt, size_t(cols), st, yt + r, rows); break;
+        }
+      }
+    }
     return;
   }
   const GroupTag<kBits, kGroup> df;
