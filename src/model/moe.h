@@ -114,7 +114,9 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
     calls.clear(), experts.clear(), at = 0;
   };
   auto add_first = [&] {
-    if (first) calls.push_back(*first), experts.push_back(-1), first = nullptr;
+    if (!first) return;
+    calls.push_back(*first), experts.push_back(-1), first = nullptr;
+    if (!batched) flush();  // alone: a prompt chunk's activations are planned one MLP at a time
   };
   auto add = [&](int e, const MlpWeights& mlp) {
     const int n = int(users[size_t(e)].size());
@@ -161,8 +163,11 @@ template <GroupedMoe B>
 void grouped_moe(const B& be, const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out,
                  int* routes, float* router_probs) {
   typename B::Buf shared;
-  if (cfg.shared_inter > 0) shared = be.alloc(size_t(T) * size_t(cfg.hidden));
-  const MlpCall shared_call{be.mlp_weights(w.shared_expert), x, T, shared.data()};
+  MlpCall shared_call{};
+  if (cfg.shared_inter > 0) {
+    shared = be.alloc(size_t(T) * size_t(cfg.hidden));
+    shared_call = {be.mlp_weights(w.shared_expert), x, T, shared.data()};
+  }
   // The shared expert runs while the layer's missing experts are read: on the host with the
   // resident routed experts, after the routing has issued the reads; on the GPU first, queued
   // while the host routes and reads.
