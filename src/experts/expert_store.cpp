@@ -32,11 +32,11 @@ ExpertStore::ExpertStore(const std::string& dir, const EngineIndex& index, const
   for (const ExpertLayer& l : index.layers)
     pools_.push_back(
         std::make_unique<ExpertPool>(l.n_experts, layer_capacity(opt, l), l.stride, opt.policy, opt.cache, opt.prefault));
+  setup_prefetch();
+  if (opt.prefault) register_memory();  // before any read (IoEngine::register_memory)
   for (const auto& [layer, experts] : opt.pins)
     for (size_t i = 0; i < index.layers.size(); ++i)
       if (model_layer_of(index.layers[i].name) == layer) pin(int(i), experts);
-  setup_prefetch();
-  if (opt.prefault) register_memory();
 }
 
 // Pools a budget sized are faulted in at start anyway: registering them and the staging (so

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "util/error.h"
@@ -192,7 +193,9 @@ class UringEngine final : public IoEngine {
       io_uring_queue_exit(&ring_);
       fail("eventfd failed: {}", std::strerror(errno));
     }
-    thread_ = std::thread([this] { run(); });
+    // The thread starts with the first read (wake()): until then nothing is in flight in the
+    // ring, so register_memory needs no quiesce (kernels before 5.13 wait in it for every
+    // request in flight, the thread's armed poll included, and would never return).
   }
   ~UringEngine() override {
     drain();
@@ -200,8 +203,10 @@ class UringEngine final : public IoEngine {
       std::lock_guard lk(mu_);
       stop_ = true;
     }
-    wake();
-    thread_.join();
+    if (started_.load()) {
+      signal();
+      thread_.join();
+    }
     io_uring_queue_exit(&ring_);
     ::close(event_);
   }
@@ -219,7 +224,7 @@ class UringEngine final : public IoEngine {
       }
     if (iov.empty() || iov.size() > kMaxBuffers) return 0;
     std::lock_guard lk(mu_);
-    if (!fixed_.empty()) return 0;  // once only
+    if (!fixed_.empty() || started_.load()) return 0;  // once only, before the first read
     if (io_uring_register_buffers(&ring_, iov.data(), unsigned(iov.size())) < 0) return 0;
     std::sort(fixed.begin(), fixed.end(), [](const Fixed& a, const Fixed& b) { return a.begin < b.begin; });
     fixed_ = std::move(fixed);
@@ -252,6 +257,13 @@ class UringEngine final : public IoEngine {
   }
 
   void wake() override {
+    std::call_once(start_, [this] {
+      started_.store(true);
+      thread_ = std::thread([this] { run(); });
+    });
+    signal();
+  }
+  void signal() {
     const uint64_t one = 1;
     while (::write(event_, &one, sizeof one) < 0 && errno == EINTR) {
     }
@@ -308,6 +320,8 @@ class UringEngine final : public IoEngine {
   int depth_, event_ = -1;
   std::vector<Fixed> fixed_;  // sorted by begin (under mu_)
   uint64_t registered_ = 0;
+  std::once_flag start_;
+  std::atomic<bool> started_{false};
   std::thread thread_;
 };
 

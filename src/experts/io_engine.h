@@ -71,10 +71,11 @@ class IoEngine {
   void expedite(AsyncRead* r);
   IoCounters counters() const;
   virtual const char* name() const = 0;
-  // Registers the memory reads will land in, once, where the engine can make such reads cheaper
-  // (io_uring fixed buffers: the pages are pinned once, not on every read). Reads into other
-  // memory work as before. Returns the bytes registered: 0 where the engine has no use for it or
-  // the kernel refused (RLIMIT_MEMLOCK without CAP_IPC_LOCK); registered_bytes() tells later.
+  // Registers the memory reads will land in, once and before the first read, where the engine
+  // can make such reads cheaper (io_uring fixed buffers: the pages are pinned once, not on every
+  // read). Reads into other memory work as before. Returns the bytes registered: 0 where the
+  // engine has no use for it, reads were made already, or the kernel refused (RLIMIT_MEMLOCK
+  // without CAP_IPC_LOCK); registered_bytes() tells later.
   virtual uint64_t register_memory(const std::vector<MemoryRegion>& regions) {
     (void)regions;
     return 0;

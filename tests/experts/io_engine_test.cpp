@@ -53,6 +53,9 @@ void check_engine(IoKind kind, bool direct, bool registered = false) {
   }
   // Records 0..19 lie inside the registered memory; 20 straddles its end and is read as others.
   EXPECT_EQ(engine->counters().fixed_reads, engine->registered_bytes() ? 20u : 0u);
+  if (registered) {
+    EXPECT_EQ(engine->register_memory({{buf + kRecord * records / 2, 4096}}), 0u) << "after reads";
+  }
   // Past the end: a short read, reported as such, not as success.
   std::vector<ReadOp> tail{{fd, uint64_t(records - 1) * kRecord, 2 * kRecord, buf}};
   engine->read_all(tail);
