@@ -35,8 +35,8 @@ inline void cpu_relax() {
   asm volatile("yield");
 #endif
 }
-// The futex under generation_ (std::atomic::wait/notify in GCC 12's libstdc++ missed wake-ups
-// here: a worker slept through the destructor's notify_all).
+// The futex under generation_: Linux's own, so that the wait and the wake are one syscall each
+// with nothing between (std::atomic::wait would do as well).
 void futex_wait(std::atomic<uint32_t>& word, uint32_t seen) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
 }
