@@ -11,10 +11,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 
 namespace ms::test {
@@ -81,11 +83,18 @@ std::string shared_path(const std::string& rel) {
 }
 
 std::string scratch_dir(const std::string& tag) {
-  static fs::path root = [] {
-    fs::path r = fs::temp_directory_path() / ("moestream-test-" + std::to_string(getpid()));
-    fs::create_directories(r);
-    std::atexit([] { std::error_code ec; fs::remove_all(fs::temp_directory_path() / ("moestream-test-" + std::to_string(getpid())), ec); });
-    return r;
+  // mkdtemp, not the pid alone: a test process killed before its atexit leaves its directory,
+  // and a later process given the same pid found it full.
+  // The name in a plain array: the atexit handler runs after static objects made before it
+  // registered are destroyed, which a path built in the same initialiser would be.
+  static char name[4096];
+  static const fs::path root = [] {
+    const std::string pattern = (fs::temp_directory_path() / "moestream-test-XXXXXX").string();
+    if (pattern.size() >= sizeof name) throw std::runtime_error("temporary directory name too long: " + pattern);
+    std::strcpy(name, pattern.c_str());
+    if (!mkdtemp(name)) throw std::runtime_error("mkdtemp " + pattern + ": " + std::strerror(errno));
+    std::atexit([] { std::error_code ec; fs::remove_all(fs::path(name), ec); });
+    return fs::path(name);
   }();
   static int counter = 0;
   fs::path d = root / (tag + "-" + std::to_string(counter++));
