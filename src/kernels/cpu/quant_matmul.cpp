@@ -119,74 +119,15 @@ struct RowRef {
   const uint16_t* biases;
 };
 
-// RowDot and TileDots round identically, so y[t, r] is the same bits whatever T is and
+// TokenRowDots and TileDots round identically, so y[t, r] is the same bits whatever T is and
 // whichever rows share a block: the MoE may regroup tokens without changing the answer.
 // Per group: one FMA chain over the group's vectors in decode order (consecutive groups are
 // independent, so out-of-order execution overlaps them), then total += scale·chain and,
 // in scalar, bias_part = fma(bias, Σx, bias_part).
 
-// Σ_c xp[c]·deq(row)[c] for one token, straight from the packed row.
-template <int kBits, int kGroup>
-float RowDot(RowRef row, int groups, const float* HWY_RESTRICT xp, const float* HWY_RESTRICT gsum) {
-  const GroupTag<kBits, kGroup> df;
-  const size_t N = hn::Lanes(df), step = N * ValuesPerLane(kBits);
-  const uint8_t* q = row.q;
-  auto total = hn::Zero(df);
-  float bias_part = 0;
-  for (int g = 0; g < groups; ++g) {
-    auto acc = hn::Zero(df);
-    for (size_t i = 0; i < size_t(kGroup); i += step) {
-      DecodeStep<kBits>(df, q, [&](size_t j, auto qf) { acc = hn::MulAdd(qf, hn::LoadU(df, xp + j * N), acc); });
-      q += N * BytesPerLane(kBits);
-      xp += step;
-    }
-    total = hn::MulAdd(hn::Set(df, bf16_to_f32(row.scales[g])), acc, total);
-    bias_part = std::fma(bf16_to_f32(row.biases[g]), gsum[g], bias_part);
-  }
-  return hn::GetLane(hn::SumOfLanes(df, total)) + bias_part;
-}
-
-// Rows the decode matvec computes together: their FMA chains are independent, so the core
-// overlaps them, and the memory system sees that many streams at once.
-constexpr size_t kDecodeRows = 4;
-// How far ahead of its decode each row's stream is prefetched, in bytes.
-constexpr size_t kPrefetchAhead = 1024;
-
-// RowDot for kR rows at once, each row's arithmetic exactly RowDot's (the same bits).
-template <int kBits, int kGroup, size_t kR>
-void RowDots(const RowRef* HWY_RESTRICT row, int groups, const float* HWY_RESTRICT xp0, const float* HWY_RESTRICT gsum,
-             float* HWY_RESTRICT y) {
-  const GroupTag<kBits, kGroup> df;
-  const size_t N = hn::Lanes(df), step = N * ValuesPerLane(kBits);
-  constexpr size_t kGroupBytes = size_t(kGroup) * BytesPerLane(kBits) / ValuesPerLane(kBits);
-  const uint8_t* q[kR];
-  hn::Vec<decltype(df)> total[kR];
-  float bias_part[kR];
-  for (size_t r = 0; r < kR; ++r) q[r] = row[r].q, total[r] = hn::Zero(df), bias_part[r] = 0;
-  const float* xp = xp0;
-  for (int g = 0; g < groups; ++g) {
-    for (size_t r = 0; r < kR; ++r) __builtin_prefetch(q[r] + kPrefetchAhead);
-    hn::Vec<decltype(df)> acc[kR];
-    for (size_t r = 0; r < kR; ++r) acc[r] = hn::Zero(df);
-    for (size_t i = 0; i < size_t(kGroup); i += step) {
-      for (size_t r = 0; r < kR; ++r) {
-        DecodeStep<kBits>(df, q[r], [&](size_t j, auto qf) { acc[r] = hn::MulAdd(qf, hn::LoadU(df, xp + j * N), acc[r]); });
-        q[r] += N * BytesPerLane(kBits);
-      }
-      xp += step;
-    }
-    for (size_t r = 0; r < kR; ++r) {
-      total[r] = hn::MulAdd(hn::Set(df, bf16_to_f32(row[r].scales[g])), acc[r], total[r]);
-      bias_part[r] = std::fma(bf16_to_f32(row[r].biases[g]), gsum[g], bias_part[r]);
-    }
-  }
-  (void)kGroupBytes;
-  for (size_t r = 0; r < kR; ++r) y[r] = hn::GetLane(hn::SumOfLanes(df, total[r])) + bias_part[r];
-}
-
-// RowDot for kT tokens at once straight from the packed row: each decoded vector feeds kT FMAs,
-// with no float tile written and read back. Token t's arithmetic is RowDot's on xp[t] (the same
-// bits). For the few tokens an expert gets in a prompt, where unpacking dominates.
+// Σ_c xp[t, c]·deq(row)[c] for kT tokens at once straight from the packed row (kT = 1: the decode
+// matvec): each decoded vector feeds kT FMAs, with no float tile written and read back. For the
+// few tokens an expert gets in a prompt, where unpacking would dominate.
 template <int kBits, int kGroup, int kT>
 void TokenRowDots(RowRef row, int groups, const float* HWY_RESTRICT xp, size_t cols, const float* HWY_RESTRICT gsum,
                   float* HWY_RESTRICT y, size_t rows) {
@@ -246,8 +187,8 @@ struct TileSums {
   float* bias_part;  // [kT·kR]
 };
 
-// Groups [g0, g1) of y[t·rows + r] = RowDot(row r, xp[t]) for kT tokens and kR rows from unpacked
-// tiles: each load feeds kT or kR FMAs. The sums start at zero where g0 = 0, else come from `sums`;
+// Groups [g0, g1) of y[t·rows + r] = TokenRowDots(row r, xp[t]) for kT tokens and kR rows from
+// unpacked tiles: each load feeds kT or kR FMAs. The sums start at zero where g0 = 0, else come from `sums`;
 // they go back to `sums`, or, at the last group, to y. Groups in order either way: the same bits
 // as one pass.
 template <int kT, int kR, int kGroup, class DF>
@@ -353,16 +294,6 @@ void RowsTyped(const PermutedInput& in, int T, const QuantMat& W, float* y, size
     }
     return row;
   };
-  if (T == 1) {
-    size_t r = r0;
-    for (; r + kDecodeRows <= r1; r += kDecodeRows) {
-      RowRef block[kDecodeRows];
-      for (size_t i = 0; i < kDecodeRows; ++i) block[i] = row_at(r + i);
-      RowDots<kBits, kGroup, kDecodeRows>(block, groups, xs, sums, y + r);
-    }
-    for (; r < r1; ++r) y[r] = RowDot<kBits, kGroup>(row_at(r), groups, xs, sums);
-    return;
-  }
   if (T <= kFusedTokens) {
     // Token blocks outside, rows inside: a block's x (four tokens) stays in L1 while rows stream.
     for (int t = 0; t < T; t += 4) {
