@@ -258,23 +258,32 @@ TEST_F(HttpLayerTest, AmbiguousFramingIsRefusedAndTheConnectionClosed) {
   expect_healthy_within_a_second();
 }
 
-// /health answers within a second while the generation worker is busy with a long answer.
+// /health answers within a second while the generation worker is busy with a long answer. The
+// answer is endless and streamed; the client hangs up once the checks are done, so the test does
+// not depend on how fast the model decodes.
 TEST_F(HttpLayerTest, HealthAnswersWhileTheWorkerIsBusy) {
-  std::atomic<bool> finished{false};
+  std::atomic<bool> streaming{false}, done_checking{false}, ended{false};
   std::thread busy([&] {
-    httplib::Client c = server_->client();
-    c.Post("/v1/completions", R"({"prompt": "def main():", "max_tokens": 400, "ignore_eos": true})", "application/json");
-    finished = true;
+    post_streaming(*server_, "/v1/completions",
+                   R"({"prompt": "def main():", "max_tokens": 100000, "ignore_eos": true, "stream": true})",
+                   [&](const std::string&) {
+                     streaming = true;
+                     return !done_checking;
+                   });
+    ended = true;
   });
-  std::this_thread::sleep_for(300ms);
+  for (int i = 0; i < 500 && !streaming && !ended; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(streaming) << "the generation did not start";
   int checks = 0;
-  while (!finished && checks < 15) {
+  for (; checks < 5 && !ended; ++checks) {
     expect_healthy_within_a_second();
-    ++checks;
     std::this_thread::sleep_for(100ms);
   }
+  const bool still_generating = !ended;
+  done_checking = true;
   busy.join();
-  EXPECT_GT(checks, 3) << "the generation ended too soon to test anything";
+  EXPECT_TRUE(still_generating) << "the generation ended after " << checks << " checks";
+  EXPECT_EQ(checks, 5);
 }
 
 // A client that asks before sending its body (Expect: 100-continue) is told to go on; HTTP/1.0
