@@ -93,10 +93,12 @@ double time_prompt(const Model& m, int n, unsigned seed) {
 }
 
 // Seconds of n decode steps after a one-token prompt, greedy, past any end-of-sequence token.
-double time_decode(const Model& m, int n, unsigned seed) {
+double time_decode(const Model& m, int n, unsigned seed, const SpeculativeOptions& spec = {},
+                   SpeculativeStats* spec_stats = nullptr) {
   State state = m.new_state();
   Clock::time_point first;
-  generate_greedy(m, state, random_ids(1, m.config().vocab, seed), {.max_tokens = n + 1, .stop_at_eos = false},
+  generate_greedy(m, state, random_ids(1, m.config().vocab, seed),
+                  {.max_tokens = n + 1, .stop_at_eos = false, .speculative = spec, .speculative_stats = spec_stats},
                   [&](int) {
                     if (first == Clock::time_point{}) first = Clock::now();
                   });
@@ -113,6 +115,7 @@ void add_bench(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   add_model_options(cmd, a->m);
+  add_speculative_options(cmd, a->m);
   cmd->add_option("--prompt", a->prompts, "Prompt lengths to time (pp<N>), comma-separated; 0 for none")
       ->delimiter(',')
       ->check(int_in(0, 1 << 20));
@@ -121,7 +124,9 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--no-preload", a->no_preload,
                 "Do not read every expert before timing where the pools hold them all (times the disk too)");
   cmd->callback([a] {
-    auto model = load_model(a->m.model, model_options(a->m));
+    ModelOptions opt = model_options(a->m);
+    auto model = load_model(a->m.model, opt);
+    opt.speculative = resolve_speculative(*model, opt.speculative, a->m.model);
     const Model& m = *model;
     std::printf("model %s, %s, %d threads, matmul target %s\n", a->m.model.c_str(),
                 m.device() == Device::Cuda ? "cuda" : "cpu", ThreadPool::global().size(), cpu::matmul_quant_target());
@@ -147,9 +152,11 @@ void add_bench(CLI::App& app) {
     }
     if (a->tokens > 0) {
       std::vector<double> t;
-      for (int r = 0; r < a->repeat; ++r) t.push_back(time_decode(m, a->tokens, unsigned(r + 1)));
+      SpeculativeStats spec;
+      for (int r = 0; r < a->repeat; ++r) t.push_back(time_decode(m, a->tokens, unsigned(r + 1), opt.speculative, &spec));
       const double tps = double(a->tokens) / median(t), gbs = tps * step_bytes / 1e9;
       std::printf("%-8s %10.2f %10.2f %8.2f\n", fmt::format("tg{}", a->tokens).c_str(), tps, gbs, gbs / bw.read_gbs);
+      print_speculative_stats(opt.speculative, spec, stdout);
     }
     std::fflush(stdout);
   });

@@ -88,18 +88,26 @@ void add_generate(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   add_model_options(cmd, a->m);
+  add_speculative_options(cmd, a->m);
   cmd->add_flag("--stats", a->stats, "Print prefill/decode timing and expert pool statistics at the end");
   cmd->add_option("--ids", a->ids, "Comma-separated prompt token ids")->required();
   cmd->add_option("--max-tokens", a->max_tokens, "Tokens to generate")->check(int_in(1, INT32_MAX));
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past an end-of-sequence token");
   cmd->callback([a] {
     std::vector<int> ids = parse_ids(a->ids);
-    auto model = load_model(a->m.model, model_options(a->m));
+    ModelOptions opt = model_options(a->m);
+    auto model = load_model(a->m.model, opt);
+    opt.speculative = resolve_speculative(*model, opt.speculative, a->m.model);
     State state = model->new_state();
+    SpeculativeStats spec;
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     Clock::time_point first;  // the first token ends the prefill
-    std::vector<int> out = generate_greedy(*model, state, ids, {.max_tokens = a->max_tokens, .stop_at_eos = !a->ignore_eos},
+    std::vector<int> out = generate_greedy(*model, state, ids,
+                                           {.max_tokens = a->max_tokens,
+                                            .stop_at_eos = !a->ignore_eos,
+                                            .speculative = opt.speculative,
+                                            .speculative_stats = &spec},
                                            [&](int) {
                                              if (first == Clock::time_point{}) first = Clock::now();
                                            });
@@ -112,6 +120,7 @@ void add_generate(CLI::App& app) {
       std::fprintf(stderr, "prompt %zu tokens, prefill %.3f s (%.1f tok/s) | %zu tokens, decode %.3f s (%.2f tok/s) | total %.3f s\n",
                    ids.size(), prefill_s, double(ids.size()) / prefill_s, out.size(), decode_s,
                    decode_s > 0 ? double(decoded) / decode_s : 0.0, prefill_s + decode_s);
+      print_speculative_stats(opt.speculative, spec, stderr);
       print_expert_stats(*model, stderr);
     }
   });

@@ -124,6 +124,29 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
                 "cuda: launch each kernel of a decode step from the host instead of replaying the step as a CUDA graph");
 }
 
+void add_speculative_options(CLI::App* cmd, ModelArgs& a) {
+  cmd->add_option("--speculative", a.speculative,
+                  "mtp: draft tokens with the model's MTP head and verify them in one forward (the same output); auto: mtp "
+                  "where the model has an MTP head that runs on its device; off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"off", "mtp", "auto"}));
+  cmd->add_option("--draft", a.draft,
+                  fmt::format("Drafts per verify with --speculative mtp: 1 to {}, or auto (chosen per step from the "
+                              "measured acceptance and costs)",
+                              kMaxDraft))
+      ->capture_default_str()
+      ->check(parses_with([](const std::string& s) { parse_draft(s); }, "K|auto"));
+}
+
+void print_speculative_stats(const SpeculativeOptions& opt, const SpeculativeStats& s, std::FILE* out) {
+  if (!opt.mtp) return;
+  fmt::print(out,
+             "speculative {}: {} verifies, {} drafted, {} accepted ({:.3f}), {:.2f} accepted per verify, {} plain "
+             "steps, {:.2f} tokens per forward, last K {}\n",
+             describe(opt), s.verifies, s.drafted, s.accepted, s.acceptance(), s.mean_accepted(), s.plain_steps,
+             s.tokens_per_forward(), s.draft);
+}
+
 ModelOptions model_options(const ModelArgs& a) {
   ModelOptions o;
   o.experts.slots = a.expert_slots;
@@ -146,6 +169,7 @@ ModelOptions model_options(const ModelArgs& a) {
   parse_prefetch_ahead(a.prefetch_ahead, p);
   p.width = parse_prefetch_width(a.prefetch_width);
   p.staging = a.prefetch_staging;
+  o.speculative = {.mtp = a.speculative == "mtp", .automatic = a.speculative == "auto", .draft = parse_draft(a.draft)};
   return o;
 }
 

@@ -36,6 +36,7 @@ void add_serve(CLI::App& app) {
   auto model = std::make_shared<ModelArgs>();
   auto o = std::make_shared<ServerOptions>();
   add_model_options(cmd, *model, true);
+  add_speculative_options(cmd, *model);
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str()->check(non_empty());
   cmd->add_option("--port", o->port, "Port to listen on (0: any free port)")->capture_default_str()->check(int_in(0, 65535));
   // An empty key would be no key: the server would run open while the user thought it guarded.

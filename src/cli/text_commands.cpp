@@ -31,6 +31,7 @@ struct TextArgs {
 
 void add_text_options(CLI::App* cmd, TextArgs& a) {
   add_model_options(cmd, a.m, true);
+  add_speculative_options(cmd, a.m);
   cmd->add_option("--max-tokens", a.max_tokens, "Most tokens to generate")->check(int_in(0, 1 << 30));
   cmd->add_option("--temperature", a.sampling.temperature, "Sampling temperature (0: greedy)")->check(real_in(0.0, 100.0));
   cmd->add_option("--top-k", a.sampling.top_k, "Sample from the k most likely tokens (0: off)")->check(int_in(0, 1 << 30));
@@ -60,10 +61,11 @@ bool print_piece(const std::string& piece) {
   return true;
 }
 
-void print_stats(const GenerationResult& r) {
+void print_stats(const Engine& engine, const GenerationResult& r) {
   std::fprintf(stderr, "\n[prompt %d tokens (%d reused), %.1f tok/s | first token %.3f s | %zu tokens, decode %.1f tok/s | %s]\n",
                r.prompt_tokens, r.reused_tokens, r.prefill_tok_s, r.time_to_first_token_s, r.tokens.size(),
                r.decode_tok_s, r.finish_reason.c_str());
+  print_speculative_stats(engine.speculative(), r.speculative, stderr);
 }
 
 // The conversation's prompt tokens; what the user typed is tokenized as text (see marked_text.h).
@@ -99,7 +101,7 @@ void add_run(CLI::App& app) {
     GenerationResult r = session.generate(make_request(*a, std::move(ids)), print_piece);
     std::printf("\n");
     if (a->stats) {
-      print_stats(r);
+      print_stats(*engine, r);
       print_expert_stats(engine->model(), stderr);
     }
   });
@@ -133,7 +135,7 @@ void add_chat(CLI::App& app) {
       // The session keeps the cache of the conversation so far: only the new turn is processed.
       GenerationResult r = session.generate(make_request(*a, chat_prompt(*engine, messages, a->no_think)), print_piece);
       std::printf("\n");
-      if (a->stats) print_stats(r);
+      if (a->stats) print_stats(*engine, r);
       messages.push_back({{"role", "assistant"}, {"content", r.text}});
     }
   });

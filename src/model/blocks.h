@@ -8,6 +8,7 @@
 #include "model/backend.h"
 #include "model/state.h"
 #include "model/weights.h"
+#include "util/error.h"
 
 namespace ms {
 
@@ -38,10 +39,18 @@ void attention_block(const B& be, const ModelConfig& cfg, const AttentionWeights
   be.matmul(attn.data(), T, be.mat(w.o_proj), out);
 }
 
+// Where deltanet_with keeps a block's rows, and each row's width.
+struct DeltaRows {
+  const float *qkvz, *ba;
+  float *q, *k, *v, *z, *g, *beta, *o;
+  size_t qkvz_w, ba_w, key_w, value_w, heads_w;
+};
+
 // Gated DeltaNet: projections, causal conv1d, delta-rule recurrence, gated RMSNorm, out_proj.
-template <Backend B>
-void deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& w, const float* x, int T,
-                    typename B::Linear& state, float* out) {
+// `recurrence` runs the conv and the delta rule over the prepared rows (deltanet_rows below).
+template <Backend B, class Recurrence>
+void deltanet_with(const B& be, const ModelConfig& cfg, const DeltaNetWeights& w, const float* x, int T, float* out,
+                   const Recurrence& recurrence) {
   const int nk = cfg.lin_k_heads, nv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
   const size_t key_dim = size_t(nk) * size_t(dk), value_dim = size_t(nv) * size_t(dv);
   const size_t tokens = size_t(T);
@@ -53,15 +62,50 @@ void deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& 
 
   typename B::Buf q = be.alloc(tokens * key_dim), k = be.alloc(tokens * key_dim), v = be.alloc(tokens * value_dim),
                   z = be.alloc(tokens * value_dim), g = be.alloc(tokens * size_t(nv)), beta = be.alloc(tokens * size_t(nv));
-  be.deltanet_prepare(qkvz, ba, T, nk, nv, dk, dv, be.vec(w.conv1d), cfg.conv_kernel, state.conv.data(),
-                      be.vec(w.A_log), be.vec(w.dt_bias), 1e-6f, 1.0f / std::sqrt(float(dk)), q.data(), k.data(),
-                      v.data(), z.data(), g.data(), beta.data());
-
   typename B::Buf o = be.alloc(tokens * value_dim);
-  be.gated_delta_rule(q.data(), k.data(), v.data(), g.data(), beta.data(), T, nk, nv, dk, dv, state.recurrent.data(),
-                      o.data());
+  recurrence(DeltaRows{qkvz, ba, q.data(), k.data(), v.data(), z.data(), g.data(), beta.data(), o.data(),
+                       size_t(w.in_proj_qkvz.rows), size_t(w.in_proj_ba.rows), key_dim, value_dim, size_t(nv)});
   be.rmsnorm_gated(o.data(), z.data(), be.vec(w.norm), T * nv, dv, cfg.rms_eps, o.data());
   be.matmul(o.data(), T, be.mat(w.out_proj), out);
+}
+
+// The conv and delta rule over rows [t, t + n) of r, from the linear-attention state.
+template <Backend B>
+void deltanet_rows(const B& be, const ModelConfig& cfg, const DeltaNetWeights& w, const DeltaRows& r, int t, int n,
+                   typename B::Linear& state) {
+  const int nk = cfg.lin_k_heads, nv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
+  const size_t at = size_t(t);
+  be.deltanet_prepare(r.qkvz + at * r.qkvz_w, r.ba + at * r.ba_w, n, nk, nv, dk, dv, be.vec(w.conv1d), cfg.conv_kernel,
+                      state.conv.data(), be.vec(w.A_log), be.vec(w.dt_bias), 1e-6f, 1.0f / std::sqrt(float(dk)),
+                      r.q + at * r.key_w, r.k + at * r.key_w, r.v + at * r.value_w, r.z + at * r.value_w,
+                      r.g + at * r.heads_w, r.beta + at * r.heads_w);
+  be.gated_delta_rule(r.q + at * r.key_w, r.k + at * r.key_w, r.v + at * r.value_w, r.g + at * r.heads_w,
+                      r.beta + at * r.heads_w, n, nk, nv, dk, dv, state.recurrent.data(), r.o + at * r.value_w);
+}
+
+// The block over T tokens at once (the chunked delta rule where T > 1).
+template <Backend B>
+void deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& w, const float* x, int T,
+                    typename B::Linear& state, float* out) {
+  deltanet_with(be, cfg, w, x, T, out, [&](const DeltaRows& r) { deltanet_rows(be, cfg, w, r, 0, T, state); });
+}
+
+// The block as speculative verification runs it (ForwardOptions::verify): token by token, each
+// by the recurrent form a one-token decode step takes, the state after each but the last kept
+// (Backend::keep_linear_step) for layer `layer`.
+template <Backend B>
+void verify_deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& w, const float* x, int T,
+                           typename B::Linear& state, int layer, float* out) {
+  deltanet_with(be, cfg, w, x, T, out, [&](const DeltaRows& r) {
+    for (int t = 0; t < T; ++t) {
+      deltanet_rows(be, cfg, w, r, t, 1, state);
+      if constexpr (requires { be.keep_linear_step(state, t, layer); }) {
+        if (t + 1 < T) be.keep_linear_step(state, t, layer);
+      } else {
+        fail("speculative verification does not run on this backend");
+      }
+    }
+  });
 }
 
 // Dense SwiGLU MLP, or the MoE (Backend::moe). routes, when given, receives the T*top_k routed

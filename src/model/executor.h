@@ -21,6 +21,10 @@ struct ForwardOptions {
   bool logits = true;
   bool hidden = false;      // keep the last hidden states (before and after the final norm)
   bool routes = false;      // keep the routed expert ids and router probabilities of every MoE layer
+  // Speculative verification: every row gets the bits a one-token decode step would give it (the
+  // linear-attention layers run their recurrent form token by token), and the state keeps each
+  // token's linear-attention states (State::begin_steps / keep_steps). At most a prefill chunk.
+  bool verify = false;
   // What the next token's pick needs (runtime's Sampler::next): where given, the backend picks it
   // from the last position's logits where they are (Backend::pick), so that only the token comes
   // back; ForwardResult::logits then stays empty unless all_logits.
@@ -65,7 +69,8 @@ class Executor {
   // the state (a backend that runs ahead may have run the step after the one on_step refused).
   virtual int decode(State& state, int first, int max_steps, const DecodeOptions& opt, const OnStep& on_step) const = 0;
   // The MTP head over T rows (Model::mtp_forward), at most a prefill chunk of them.
-  virtual std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state) const = 0;
+  virtual std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state,
+                                 std::vector<float>* hidden_out) const = 0;
   // The expert pool the forward reads from (the VRAM pool on the GPU), and its bytes.
   virtual std::vector<LayerStats> pool_stats() const = 0;
   virtual size_t pool_bytes() const = 0;

@@ -30,7 +30,7 @@ class Forward {
     embed_tokens(cfg_, w_, ids, T, embedded.data());
     typename B::Buf x = be_.upload(std::move(embedded));
     typename B::Buf xn = be_.alloc(size_t(T) * size_t(cfg_.hidden));
-    layers(x.data(), xn.data(), T, pos0, opt.routes, r);
+    layers(x.data(), xn.data(), T, pos0, opt.routes, r, opt.verify);
     typename B::Buf logits;
     if (opt.logits) {
       const int rows = opt.all_logits ? T : 1;
@@ -48,8 +48,8 @@ class Forward {
   }
 
   // The decoder layers over x [T, hidden] in place, and xn = final_norm(x) after them; each MoE
-  // layer's routes into r with `routes`.
-  void layers(float* x, float* xn, int T, int pos0, bool routes, ForwardResult& r) const {
+  // layer's routes into r with `routes`; `verify` as ForwardOptions::verify.
+  void layers(float* x, float* xn, int T, int pos0, bool routes, ForwardResult& r, bool verify = false) const {
     if (routes) {
       r.routes.resize(size_t(cfg_.n_layers));
       r.router_probs.resize(size_t(cfg_.n_layers));
@@ -62,7 +62,7 @@ class Forward {
       const auto [ids, probs] = routes ? route_rows(r, l, T) : std::pair<int*, float*>{};
       typename B::Linear* lin = lw.type == LayerType::LinearAttention ? &be_.linear(l) : nullptr;
       const std::vector<float>& next = l + 1 < cfg_.n_layers ? layers[size_t(l) + 1].input_norm : w_.final_norm;
-      decoder_layer(lw, l, T, be_.kv(l), lin, pos0, x, xn, next, ids, probs);
+      decoder_layer(lw, l, T, be_.kv(l), lin, pos0, x, xn, next, ids, probs, verify);
     }
   }
 
@@ -84,7 +84,10 @@ class Forward {
 
   // MTP head over T rows: row i takes hidden[i] (the main model's hidden state at position
   // pos0 + i) and the embedding of next_ids[i]; [T, vocab] logits. Uses the backend's MTP cache.
-  std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0) const {
+  // hidden_out, where given, gets the head's own hidden states [T, hidden] before its final norm
+  // (what a second draft step takes in place of the main model's).
+  std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0,
+                         std::vector<float>* hidden_out = nullptr) const {
     const MtpWeights& m = *w_.mtp;
     const int H = cfg_.hidden;
     const size_t n = size_t(T) * size_t(H);
@@ -104,6 +107,7 @@ class Forward {
     decoder_layer(m.layer, -1, T, be_.mtp_kv(), nullptr, pos0, x.data(), xn.data(), m.norm, nullptr, nullptr);
     typename B::Buf logits = be_.alloc(size_t(T) * size_t(cfg_.vocab));
     be_.matmul(xn.data(), T, be_.mat(w_.lm_head), logits.data());
+    if (hidden_out) *hidden_out = be_.to_host(std::move(x));
     return be_.to_host(std::move(logits));
   }
 
@@ -115,11 +119,13 @@ class Forward {
   // prefetched, x after the layer also predicts the experts of the layers ahead (model layer
   // `layer`; -1 for the MTP head's, which predicts none).
   void decoder_layer(const LayerWeights& lw, int layer, int T, typename B::KV& kv, typename B::Linear* lin, int pos0,
-                     float* x, float* h, const std::vector<float>& next_norm, int* routes, float* router_probs) const {
+                     float* x, float* h, const std::vector<float>& next_norm, int* routes, float* router_probs,
+                     bool verify = false) const {
     const size_t n = size_t(T) * size_t(cfg_.hidden);
     const float offset = norm_offset();
     typename B::Buf y = be_.alloc(n);
     if (lw.type == LayerType::FullAttention) attention_block(be_, cfg_, lw.attn, h, T, kv, pos0, y.data());
+    else if (verify) verify_deltanet_block(be_, cfg_, lw.linear, h, T, *lin, layer, y.data());
     else deltanet_block(be_, cfg_, lw.linear, h, T, *lin, y.data());
     be_.add_rmsnorm(x, y.data(), T, cfg_.hidden, be_.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h);
     ffn_block(be_, cfg_, lw.ffn, lw.moe, h, T, y.data(), routes, router_probs);

@@ -76,6 +76,8 @@ void join_chunk(ForwardResult& all, ForwardResult&& chunk, bool all_logits) {
 ForwardResult Model::forward(const int* ids, int T, State& state, const ForwardOptions& opt) const {
   if (T <= 0) fail("forward needs at least one token");
   check_ids(ids, T);  // all of them before a chunk changes the state
+  if (opt.verify && T > prefill_chunk_)
+    fail("a speculative verification of {} tokens is longer than a prefill chunk ({})", T, prefill_chunk_);
   ForwardResult all;
   for (int done = 0; done < T;) {
     const int n = next_chunk(T - done);
@@ -100,15 +102,19 @@ int Model::decode(State& state, int first, int max_steps, const DecodeOptions& o
   return executor_->decode(state, first, max_steps, opt, on_step);
 }
 
-std::vector<float> Model::mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state) const {
+std::vector<float> Model::mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state,
+                                      std::vector<float>* hidden_out) const {
   if (!w_.mtp) fail("this model has no MTP head (no mtp.* tensors)");
   if (T <= 0) fail("mtp_forward needs at least one row");
   // In chunks as forward's prompts: the head is one full-attention layer, whose rows do not
   // depend on the chunk they run in.
-  std::vector<float> logits;
+  std::vector<float> logits, h;
+  if (hidden_out) hidden_out->clear();
   for (int done = 0; done < T;) {
     const int n = next_chunk(T - done);
-    append(logits, executor_->mtp(hidden + size_t(done) * size_t(cfg_.hidden), next_ids + done, n, pos0 + done, state));
+    append(logits, executor_->mtp(hidden + size_t(done) * size_t(cfg_.hidden), next_ids + done, n, pos0 + done, state,
+                                  hidden_out ? &h : nullptr));
+    if (hidden_out) append(*hidden_out, h);
     done += n;
   }
   return logits;

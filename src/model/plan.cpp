@@ -61,7 +61,8 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
   const uint64_t linear = uint64_t(cfg.n_layers - full) *
                           (uint64_t(cfg.lin_v_heads) * cfg.lin_k_dim * cfg.lin_v_dim +
                            uint64_t(2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim) * 4) * sizeof(float);
-  p.kv = kv_per_token * uint64_t(context) + linear;
+  // Speculative verification keeps a copy of those states after each drafted token (State::begin_steps).
+  p.kv = kv_per_token * uint64_t(context) + linear * (opt.speculative.mtp || opt.speculative.automatic ? 1 + kMaxDraft : 1);
   // A prefill chunk's activations (Model::next_chunk keeps every forward within one; a context
   // shorter than a chunk holds no longer prompt) and the last position's logits.
   const uint64_t chunk = uint64_t(std::min(opt.prefill_chunk, context));

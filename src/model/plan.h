@@ -17,6 +17,18 @@ namespace ms {
 constexpr int kPrefillChunk = 512;
 constexpr int kPrefillChunkAlign = 64;
 
+// MTP self-speculative decoding (runtime/speculative.h): off, or drafts by the model's MTP head,
+// `draft` of them per verify (1..kMaxDraft) or chosen per step from measurements (kDraftAuto).
+// `automatic` (--speculative auto) asks for MTP drafts where the model has a head that runs on
+// its device, and plain decoding elsewhere: resolve_speculative settles it.
+constexpr int kMaxDraft = 4;
+constexpr int kDraftAuto = -1;
+struct SpeculativeOptions {
+  bool mtp = false;
+  bool automatic = false;
+  int draft = kDraftAuto;
+};
+
 // How an engine directory's experts are held: a pool of `experts.slots` per layer (or per-layer
 // caps), or sized from a memory budget. A Hugging Face checkpoint keeps every expert mapped.
 // On Cuda the pools are in VRAM (`experts` or `vram_budget` sizes them) over a host tier.
@@ -35,6 +47,9 @@ struct ModelOptions {
   // Cuda: run each decode step as a CUDA graph, captured once per sequence, where every routed
   // expert is resident in VRAM (a step then has no host round trip until the sampled token).
   bool cuda_graphs = true;
+  // The default for every generation (a server request may ask otherwise); with mtp on the plan
+  // counts the linear-attention states a verify keeps per drafted token.
+  SpeculativeOptions speculative;
 };
 
 // Where a memory budget goes (docs/ARCHITECTURE.md, invariant 5): host memory on Cpu, VRAM on Cuda.

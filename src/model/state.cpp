@@ -45,11 +45,11 @@ size_t State::bytes() const {
   size_t b = mtp_kv_.bytes();
   for (auto& c : kv_) b += c.bytes();
   for (auto& s : linear_) b += (s.conv.size() + s.recurrent.size()) * sizeof(float);
-  return b;
+  return b + step_bytes();
 }
 
 State::Checkpoint State::checkpoint() const {
-  Checkpoint c{pos_, linear_};
+  Checkpoint c{pos_, linear_, knows_last_hidden() ? last_hidden : std::vector<float>{}};
   if (device) device->download_linear(c.linear);
   return c;
 }
@@ -58,11 +58,41 @@ void State::restore(const Checkpoint& c) {
   if (c.pos > pos_) fail("cannot restore a checkpoint at position {} ahead of the current position {}", c.pos, pos_);
   pos_ = c.pos;
   linear_ = c.linear;
+  steps_T_ = 0;
+  mtp_rows = std::min(mtp_rows, std::max(0, pos_ - 1));
+  last_hidden = c.last_hidden;
+  last_hidden_at_ = last_hidden.empty() ? -1 : pos_ - 1;
   if (device) device->upload_linear(linear_);
+}
+
+void State::begin_steps(int T) {
+  if (device) fail("speculative verification keeps its per-token states on the host only");
+  if (steps_.size() < size_t(std::max(0, T - 1))) steps_.resize(size_t(T - 1), linear_);
+  steps_pos_ = pos_;
+  steps_T_ = T;
+}
+
+void State::keep_steps(int n) {
+  if (pos_ != steps_pos_ + steps_T_) fail("keep_steps: the state is not right after the verified tokens");
+  if (n < 1 || n > steps_T_) fail("keep_steps: {} of {} verified tokens", n, steps_T_);
+  if (n < steps_T_) std::swap(linear_, steps_[size_t(n - 1)]);  // steps_[n - 1] now stale: rewritten by the next verify
+  pos_ = steps_pos_ + n;
+  steps_T_ = 0;
+}
+
+size_t State::step_bytes() const {
+  size_t b = 0;
+  for (auto& t : steps_)
+    for (auto& s : t) b += (s.conv.capacity() + s.recurrent.capacity()) * sizeof(float);
+  return b;
 }
 
 void State::reset() {
   pos_ = 0;
+  steps_T_ = 0;
+  mtp_rows = 0;
+  last_hidden.clear();
+  last_hidden_at_ = -1;
   for (auto& s : linear_) {
     std::fill(s.conv.begin(), s.conv.end(), 0.f);
     std::fill(s.recurrent.begin(), s.recurrent.end(), 0.f);

@@ -56,12 +56,36 @@ class State {
   struct Checkpoint {
     int pos = 0;
     std::vector<LinearState> linear;
+    std::vector<float> last_hidden;  // State::last_hidden where it was known at pos
   };
   // KV entries past a restored position are simply overwritten later, so a checkpoint needs
   // only the position and the (small, fixed-size) linear-attention states.
   Checkpoint checkpoint() const;
   void restore(const Checkpoint& c);
   void reset();
+
+  // Speculative verification (ForwardOptions::verify) of T tokens from the current position
+  // keeps each linear-attention layer's state after each token but the last, so that a rejected
+  // suffix is dropped without replay. begin_steps readies room for them; step_state(t, layer) is
+  // the state after token t; keep_steps(n) keeps the first n of the T tokens (n <= T), once the
+  // forward has run and advanced the position past all T.
+  void begin_steps(int T);
+  LinearState& step_state(int t, int layer) { return steps_[size_t(t)][size_t(layer)]; }
+  void keep_steps(int n);
+  size_t step_bytes() const;  // what the kept per-token states hold now
+
+  // What the MTP head (speculative decoding) needs next: rows [0, mtp_rows) of its cache hold
+  // rows computed from the main model's hidden states, and last_hidden is the main model's
+  // hidden state (before the final norm) at position() - 1, or empty where no forward kept it.
+  // The speculative decoder keeps these; a restore or reset rolls them back with the position.
+  int mtp_rows = 0;
+  std::vector<float> last_hidden;
+  bool knows_hidden_at(int pos) const { return !last_hidden.empty() && last_hidden_at_ == pos; }
+  bool knows_last_hidden() const { return knows_hidden_at(pos_ - 1); }
+  void set_last_hidden(const float* h, int hidden) {
+    last_hidden.assign(h, h + hidden);
+    last_hidden_at_ = pos_ - 1;
+  }
 
   // The caches on the GPU once the sequence has run there (Device::Cuda); null on the CPU.
   // Checkpoints then hold the device's linear-attention states. A copied State shares these
@@ -71,9 +95,12 @@ class State {
  private:
   int pos_ = 0;
   int planned_ = 0;
+  int last_hidden_at_ = -1;  // the position last_hidden belongs to
   std::vector<KVCache> kv_;
   std::vector<LinearState> linear_;
   KVCache mtp_kv_;
+  std::vector<std::vector<LinearState>> steps_;  // [token][layer], begin_steps'
+  int steps_pos_ = 0, steps_T_ = 0;              // the verified tokens' first position and count
 };
 
 }  // namespace ms

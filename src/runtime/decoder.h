@@ -3,22 +3,25 @@
 // decode through Decoder::run, and each backend runs its steps the fast way it has behind it
 // (Model::decode: the CPU a forward a step, the GPU a replayed graph, greedy steps run ahead).
 //
-// Speculative decoding plugs in here, not beside it: run() would draft K tokens (the MTP head,
-// Model::mtp_forward), verify them and the one after in one forward (ForwardOptions::all_logits),
-// hand on_token the prefix the sampler accepts, and roll the state back past the rest
-// (State::checkpoint / restore), with the same contract to its callers.
+// Speculative decoding plugs in here, not beside it: with a Speculator (runtime/speculative.h)
+// run() drafts K tokens with the MTP head, verifies them and the one before them in one forward,
+// hands on_token the prefix the sampler accepts and rolls the state back past the rest, with the
+// same contract to its callers.
 #include <functional>
 #include <vector>
 
 #include "model/model.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative.h"
 
 namespace ms {
 
 class Decoder {
  public:
   // routes: each step's ForwardResult carries its routed ids (expert statistics).
-  explicit Decoder(const Model& model, bool routes = false) : model_(model), routes_(routes) {}
+  // speculator: where given, steps draft and verify through it.
+  explicit Decoder(const Model& model, bool routes = false, Speculator* speculator = nullptr)
+      : model_(model), routes_(routes), speculator_(speculator) {}
 
   // Decodes from `first`, a token the state has not processed: each step runs one token and
   // picks the next with `sampler`, whose penalties look at `seen` (the caller's on_token adds
@@ -32,6 +35,7 @@ class Decoder {
  private:
   const Model& model_;
   bool routes_;
+  Speculator* speculator_;
 };
 
 }  // namespace ms

@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include "backends/load.h"
+#include "runtime/speculative.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -46,6 +47,7 @@ std::unique_ptr<Engine> Engine::load(const std::string& dir, const ModelOptions&
   auto e = std::make_unique<Engine>();
   e->dir_ = dir;
   e->model_ = load_model(dir, opt);
+  e->speculative_ = resolve_speculative(*e->model_, opt.speculative, dir);
   const fs::path tok = fs::path(dir) / "tokenizer.json";
   if (!fs::exists(tok)) fail("{}: no tokenizer.json (text commands need the model's tokenizer)", dir);
   e->tokenizer_.emplace(Tokenizer::load(tok.string()));

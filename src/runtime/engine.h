@@ -24,6 +24,8 @@ class Engine {
   // From config.json, generation_config.json and tokenizer_config.json, without repeats.
   const std::vector<int>& eos_ids() const { return eos_ids_; }
   bool is_eos(int id) const;
+  // What generations speculate with unless a request says otherwise (ModelOptions::speculative).
+  const SpeculativeOptions& speculative() const { return speculative_; }
 
  private:
   std::string dir_;
@@ -31,6 +33,7 @@ class Engine {
   std::optional<Tokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_template_;
   std::vector<int> eos_ids_;
+  SpeculativeOptions speculative_;
 };
 
 }  // namespace ms

@@ -4,12 +4,15 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/speculative.h"
 
 namespace ms {
 
 struct GenerateOptions {
   int max_tokens = 32;
   bool stop_at_eos = true;
+  SpeculativeOptions speculative;  // MTP drafts (resolve_speculative first); the output is the same
+  SpeculativeStats* speculative_stats = nullptr;  // where given, gets the speculation's counts
 };
 
 // Greedy continuation of `prompt` from the state's position. on_token (optional) sees each

@@ -41,15 +41,20 @@ bool Sampler::penalizes() const {
   return p_.repetition_penalty != 1.f || p_.presence_penalty != 0.f || p_.frequency_penalty != 0.f;
 }
 
-PickInputs Sampler::next(const std::vector<int>& seen, int vocab) {
+PickInputs Sampler::inputs(const std::vector<int>& seen, int vocab) const {
   PickInputs in{.args = args_};
   if (penalizes())
     for (auto [t, n] : count_seen(seen, vocab)) {
       in.tokens.push_back(t);
       in.counts.push_back(n);
     }
+  return in;
+}
+
+PickInputs Sampler::next(const std::vector<int>& seen, int vocab) {
+  PickInputs in = inputs(seen, vocab);
   // The one draw a pick takes, as uniform_real_distribution(0, total) would (cpu::sample scales it).
-  if (p_.temperature > 0.f) in.r = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  if (p_.temperature > 0.f) in.r = uniform();
   return in;
 }
 

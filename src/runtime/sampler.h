@@ -30,6 +30,10 @@ class Sampler {
   // penalties; takes the RNG's draw where the temperature is above 0. The backend that holds
   // the logits carries the pick out (Backend::pick: cpu::sample or cuda::sample).
   PickInputs next(const std::vector<int>& seen, int vocab);
+  // next() without the draw: what the distribution of a pick depends on (speculative sampling).
+  PickInputs inputs(const std::vector<int>& seen, int vocab) const;
+  // A uniform draw in [0, 1) from the sampler's RNG.
+  double uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
   // next() picked from host logits by cpu::sample.
   int sample(const float* logits, int vocab, const std::vector<int>& seen);
   // Whether every pick is the first maximum of the logits (temperature 0, no penalties).

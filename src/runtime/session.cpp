@@ -56,26 +56,29 @@ int Session::reuse_prefix(const std::vector<int>& prompt) {
   return 0;
 }
 
-ForwardResult Session::forward(const int* ids, int T, Sampler& sampler, const std::vector<int>& seen, bool logits) {
+ForwardResult Session::forward(const int* ids, int T, Sampler& sampler, const std::vector<int>& seen, bool logits,
+                               Speculator* spec) {
   ForwardOptions opt;
   opt.routes = stats_ != nullptr;
+  opt.hidden = spec != nullptr;  // the MTP head's rows take them
   opt.logits = logits;
   const int vocab = engine_.model().config().vocab;
   if (logits) opt.pick = [&] { return sampler.next(seen, vocab); };
   ForwardResult fr = engine_.model().forward(ids, T, state_, opt);
+  if (spec) spec->prompt_chunk(state_, ids, T, fr);
   record_stats(fr);
   return fr;
 }
 
 const char* Session::prefill(const GenerationRequest& req, int from, Sampler& sampler, const std::vector<int>& seen,
-                             ForwardResult& last) {
+                             ForwardResult& last, Speculator* spec) {
   const Model& model = engine_.model();
   const int T = int(req.prompt.size());
   for (int done = from; done < T;) {
     if (done > from)
       if (const char* why = interruption(req)) return why;
     const int n = model.next_chunk(T - done);
-    last = forward(req.prompt.data() + done, n, sampler, seen, done + n == T);
+    last = forward(req.prompt.data() + done, n, sampler, seen, done + n == T, spec);
     done += n;
     processed_.assign(req.prompt.begin(), req.prompt.begin() + done);
   }
@@ -101,6 +104,10 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   for (const auto& s : req.stop)
     if (s.empty()) fail("a stop string is empty");
   Sampler sampler(req.sampling);
+  const SpeculativeOptions spec_opt =
+      resolve_speculative(engine_.model(), req.speculative.value_or(engine_.speculative()), engine_.dir());
+  std::optional<Speculator> spec;
+  if (spec_opt.mtp) spec.emplace(engine_.model(), spec_opt);
 
   GenerationResult res;
   res.prompt_tokens = int(req.prompt.size());
@@ -113,7 +120,7 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   const int fresh = int(req.prompt.size()) - res.reused_tokens;
   std::vector<int> seen = req.prompt;  // what the penalties look at
   ForwardResult fr;
-  if (const char* why = prefill(req, res.reused_tokens, sampler, seen, fr)) {
+  if (const char* why = prefill(req, res.reused_tokens, sampler, seen, fr, spec ? &*spec : nullptr)) {
     // The state holds the prompt's prefix processed_ names; the last prompt's checkpoint stays
     // valid, since this one's tokens went in at or past its end.
     res.finish_reason = why;  // and no first token: its time stays 0
@@ -160,7 +167,7 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   };
   if (req.max_tokens > 0 && accept(fr.token)) {
     const size_t first = res.tokens.size() - 1;
-    const int steps = Decoder(engine_.model(), stats_ != nullptr)
+    const int steps = Decoder(engine_.model(), stats_ != nullptr, spec ? &*spec : nullptr)
                           .run(state_, res.tokens.back(), req.max_tokens - int(res.tokens.size()), sampler, seen,
                                [&](const ForwardResult& step) {
                                  record_stats(step);
@@ -174,6 +181,10 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   if (res.finish_reason == "length" || res.finish_reason == "timeout") {
     pending += decoder.flush();
     emit(pending.size());
+  }
+  if (spec) {
+    res.speculative = spec->stats();
+    if (stats_) stats_->record_speculative(res.speculative);
   }
   const int decoded = std::max(0, int(res.tokens.size()) - 1);
   res.decode_tok_s = decoded / std::max(1e-9, seconds_since(decode_start));

@@ -4,11 +4,13 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative.h"
 #include "runtime/stats.h"
 
 namespace ms {
@@ -24,6 +26,8 @@ struct GenerationRequest {
   // either holds at the start). A client gone, a server stopping: set `cancel` from any thread.
   const std::atomic<bool>* cancel = nullptr;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // MTP speculation for this request (checked by Session::generate); unset: the engine's default.
+  std::optional<SpeculativeOptions> speculative;
 };
 
 struct GenerationResult {
@@ -33,6 +37,7 @@ struct GenerationResult {
   int prompt_tokens = 0;
   int reused_tokens = 0;  // prompt tokens whose cache was reused, not recomputed
   double time_to_first_token_s = 0, prefill_tok_s = 0, decode_tok_s = 0;
+  SpeculativeStats speculative;  // this generation's drafts, where it speculated
 };
 
 class Session {
@@ -50,12 +55,13 @@ class Session {
   int reuse_prefix(const std::vector<int>& prompt);
   // Runs ids and, with `logits`, picks the next token with `sampler` where the logits are
   // (ForwardResult::token).
-  ForwardResult forward(const int* ids, int T, Sampler& sampler, const std::vector<int>& seen, bool logits);
+  ForwardResult forward(const int* ids, int T, Sampler& sampler, const std::vector<int>& seen, bool logits,
+                        Speculator* spec);
   // The prompt's tokens from `from` on, chunk by chunk, the last chunk's result in `last`; stops
   // between chunks on req's cancel flag or deadline and says why (null: the whole prompt ran).
   // processed_ follows every chunk, so that an interrupted prompt leaves a coherent cache.
   const char* prefill(const GenerationRequest& req, int from, Sampler& sampler, const std::vector<int>& seen,
-                      ForwardResult& last);
+                      ForwardResult& last, Speculator* spec);
   // "cancelled" or "timeout" when req asks to stop now, else null.
   static const char* interruption(const GenerationRequest& req);
   // A step's routes and the state's size to the statistics, where there are any.

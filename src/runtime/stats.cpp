@@ -47,6 +47,16 @@ void EngineStats::record_rejected() {
   ++s_.requests_rejected;
 }
 
+void EngineStats::record_speculative(const SpeculativeStats& s) {
+  std::lock_guard lock(mu_);
+  s_.speculative.add(s);
+}
+
+void EngineStats::set_speculative_default(const SpeculativeOptions& o) {
+  std::lock_guard lock(mu_);
+  s_.speculative_default = o;
+}
+
 void EngineStats::set_state_bytes(size_t bytes) {
   std::lock_guard lock(mu_);
   s_.resident.state = bytes;
@@ -87,6 +97,18 @@ PrefetchReport prefetch_report(const Model& model) {
 }
 
 namespace {
+ojson speculative_json(const SpeculativeOptions& o, const SpeculativeStats& s) {
+  return {{"default", describe(o)},
+          {"verifies", s.verifies},
+          {"drafted", s.drafted},
+          {"accepted", s.accepted},
+          {"acceptance", s.acceptance()},
+          {"mean_accepted", s.mean_accepted()},
+          {"plain_steps", s.plain_steps},
+          {"tokens_per_forward", s.tokens_per_forward()},
+          {"last_draft", s.draft}};
+}
+
 ojson prefetch_json(const PrefetchReport& p) {
   if (!p.on) return {{"on", false}};
   return {{"on", true},
@@ -159,7 +181,8 @@ ojson to_json(const StatsSnapshot& s) {
             {"read_s", total.read_s},
             {"stall_s", total.stall_s},
             {"disk_load_ratio", all_miss_bytes ? double(total.bytes_read) / double(all_miss_bytes) : 0.0}}},
-          {"prefetch", prefetch_json(s.prefetch)}};
+          {"prefetch", prefetch_json(s.prefetch)},
+          {"speculative", speculative_json(s.speculative_default, s.speculative)}};
 }
 
 }  // namespace ms

@@ -15,6 +15,7 @@
 
 #include "format/config.h"
 #include "model/model.h"
+#include "runtime/speculative.h"
 
 namespace ms {
 
@@ -61,6 +62,8 @@ struct StatsSnapshot {
   std::vector<LayerUsage> layers;
   std::vector<LayerStats> pool;  // per MoE block of a streamed model; empty otherwise
   PrefetchReport prefetch;
+  SpeculativeOptions speculative_default;  // what requests speculate with unless they ask otherwise
+  SpeculativeStats speculative;            // summed over requests
   std::vector<RequestRecord> recent;  // the last few requests, oldest first
 };
 
@@ -74,6 +77,8 @@ class EngineStats {
   void record_routes(const std::vector<std::vector<int>>& routes);
   void record_request(const RequestRecord& r);
   void record_rejected();
+  void record_speculative(const SpeculativeStats& s);
+  void set_speculative_default(const SpeculativeOptions& o);
   void set_state_bytes(size_t bytes);
 
   StatsSnapshot snapshot() const;

@@ -61,6 +61,16 @@ std::string prometheus_text(const StatsSnapshot& s, const QueueState& q, const H
   w.metric("http_rejected_total", "counter", "Requests refused by the HTTP layer (malformed, too large, encoded, no route).",
            double(http.rejected));
 
+  const SpeculativeStats& sp = s.speculative;
+  w.metric("speculative_verifies_total", "counter", "Verify forwards of MTP drafts.", double(sp.verifies));
+  w.metric("speculative_drafted_tokens_total", "counter", "Tokens the MTP head drafted.", double(sp.drafted));
+  w.metric("speculative_accepted_tokens_total", "counter", "Drafted tokens the sampler kept.", double(sp.accepted));
+  w.metric("speculative_plain_steps_total", "counter", "One-token decode steps of speculating requests (K = 0).",
+           double(sp.plain_steps));
+  w.metric("speculative_tokens_per_forward", "gauge", "Tokens made per forward of the main model while speculating.",
+           sp.tokens_per_forward());
+  w.metric("speculative_draft", "gauge", "Drafts per verify (K) of the last step.", double(sp.draft));
+
   w.family("resident_bytes", "gauge", "Bytes held in memory, by kind.");
   w.sample("resident_bytes", double(s.resident.dense), "kind=\"dense\"");
   w.sample("resident_bytes", double(s.resident.experts), "kind=\"experts\"");

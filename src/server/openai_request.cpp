@@ -89,6 +89,34 @@ std::vector<std::string> stop_strings(const ojson& v) {
   return out;
 }
 
+// The `speculative` extension: "off", "mtp", "auto", or {"mode": one of those, "draft": 1..kMaxDraft | "auto"}.
+SpeculativeOptions speculative(const ojson& v) {
+  SpeculativeOptions o;
+  auto mode = [&o](const ojson& m, const std::string& param) {
+    const std::string s = string(m, param);
+    if (s != "off" && s != "mtp" && s != "auto")
+      invalid_param(param, fmt::format("{} must be \"off\", \"mtp\" or \"auto\", is \"{}\"", param, s));
+    o.mtp = s == "mtp";
+    o.automatic = s == "auto";
+  };
+  if (v.is_string()) {
+    mode(v, "speculative");
+    return o;
+  }
+  if (!v.is_object()) wrong_type("speculative", "\"off\", \"mtp\", \"auto\" or an object", v);
+  reject_unknown(v, "speculative", {"mode", "draft"});
+  const ojson* m = member(v, "mode");
+  if (!m) invalid_param("speculative.mode", "speculative.mode is required (\"off\", \"mtp\" or \"auto\")");
+  mode(*m, "speculative.mode");
+  if (const ojson* d = member(v, "draft")) {
+    if (d->is_string() && d->get<std::string>() == "auto") o.draft = kDraftAuto;
+    else if (d->is_number_integer()) o.draft = int(integer(*d, "speculative.draft", 1, kMaxDraft));
+    else wrong_type("speculative.draft", "an integer 1 to 4 or \"auto\"", *d);
+    static_assert(kMaxDraft == 4, "the message above names the most drafts");
+  }
+  return o;
+}
+
 // The members chat and text completions share; `max_tokens_default` applies when absent.
 CompletionOptions read_options(const ojson& body) {
   CompletionOptions o;
@@ -118,6 +146,7 @@ CompletionOptions read_options(const ojson& body) {
     if (const ojson* u = member(*v, "include_usage")) o.include_usage = boolean(*u, "stream_options.include_usage");
   }
   if (const ojson* v = member(body, "ignore_eos")) o.ignore_eos = boolean(*v, "ignore_eos");
+  if (const ojson* v = member(body, "speculative")) o.speculative = speculative(*v);
   if (const ojson* v = member(body, "n"); v && integer(*v, "n", 1, 1 << 30) != 1)
     invalid_param("n", "n must be 1: this server makes one choice per request", "unsupported_value");
   if (const ojson* v = member(body, "logit_bias"); v && !object(*v, "logit_bias").empty())
@@ -254,7 +283,7 @@ ChatRequest parse_chat_request(const ojson& body) {
                   "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop", "stream",
                   "stream_options", "n", "user", "tools", "tool_choice", "parallel_tool_calls", "logprobs",
                   "top_logprobs", "response_format", "metadata", "store", "service_tier", "logit_bias", "ignore_eos",
-                  "chat_template_kwargs"});
+                  "speculative", "chat_template_kwargs"});
   ChatRequest r;
   r.options = read_options(body);
   const ojson* msgs = member(body, "messages");
@@ -296,7 +325,8 @@ TextCompletionRequest parse_completion_request(const ojson& body, int vocab) {
   reject_unknown(body, "",
                  {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                   "presence_penalty", "frequency_penalty", "seed", "stop", "stream", "stream_options", "n", "user",
-                  "echo", "suffix", "best_of", "logprobs", "logit_bias", "ignore_eos"});
+                  "echo", "suffix", "best_of", "logprobs", "logit_bias", "ignore_eos",
+                  "speculative"});
   TextCompletionRequest r;
   r.options = read_options(body);
   if (!r.options.max_tokens) r.options.max_tokens = 16;  // OpenAI's default for completions

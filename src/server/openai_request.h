@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "model/plan.h"
 #include "runtime/sampler.h"
 
 namespace ms {
@@ -25,6 +26,8 @@ struct CompletionOptions {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // extension (vLLM's name): generate past end-of-sequence tokens
+  // Extension: MTP speculation for this request ("off", "mtp" or {"mode", "draft"}); unset: the server's.
+  std::optional<SpeculativeOptions> speculative;
 };
 
 struct ChatRequest {

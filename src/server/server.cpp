@@ -202,6 +202,7 @@ HttpServer::HttpServer(const Engine& engine, ServerOptions opts)
       queue_(session_, stats_, opts_.queue_limit),
       http_(std::make_unique<HttpTransport>(opts_.http, kRequestWorkers)) {
   if (opts_.model_name.empty()) opts_.model_name = basename_of(engine.dir());
+  stats_.set_speculative_default(engine.speculative());
   add_routes();
 }
 
@@ -299,12 +300,18 @@ GenerationRequest HttpServer::generation_request(std::vector<int> prompt, const 
   g.sampling = o.sampling;
   g.stop = o.stop;
   g.ignore_eos = o.ignore_eos;
+  g.speculative = o.speculative;
   g.deadline = Clock::now() + std::chrono::milliseconds(int64_t(opts_.request_timeout_s * 1000));
   try {
     g.sampling.validate();
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "invalid_request_error");
   }
+  if (g.speculative) try {
+      g.speculative = resolve_speculative(engine_.model(), *g.speculative, engine_.dir());
+    } catch (const Error& e) {
+      invalid_param("speculative", e.what(), "unsupported_value");
+    }
   return g;
 }
 

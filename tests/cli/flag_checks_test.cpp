@@ -80,6 +80,12 @@ TEST(FlagChecks, RunAndChatRefuseNonsense) {
     expect_refused("chat", c);
   }
   expect_refused("run", {"--prompt ''", "--prompt"});
+  for (const Refused& c : std::vector<Refused>{{"--speculative fast", "--speculative"}, {"--draft 0", "--draft"},
+                                               {"--draft 5", "--draft"}, {"--draft two", "--draft"}}) {
+    expect_refused("run --prompt x", c);
+    expect_refused("serve", c);
+    expect_refused("generate --ids 1 --model " + empty_model(), c);
+  }
 }
 
 TEST(FlagChecks, GenerateLogitsAndProfileRefuseNonsense) {

@@ -27,6 +27,33 @@ TEST(RunCommand, StreamsTheGreedyCompletion) {
   EXPECT_NE(err.find("first token"), std::string::npos);
 }
 
+// --speculative mtp prints what plain decoding prints, and --stats says how the drafts went; a
+// model without an MTP head refuses it, naming the model, and runs plain with auto.
+TEST(RunCommand, SpeculativeMtpPrintsThePlainCompletion) {
+  MS_REQUIRE_SHARED("models/pycoder-moe", dir);
+  const std::string run = "run --model " + dir + " --prompt 'def square(x):' --max-tokens 40 --ignore-eos";
+  std::string plain, out, err;
+  ASSERT_EQ(test::run_cli(run, &plain, &err), 0) << err;
+  for (const char* draft : {"1", "3", "auto"}) {
+    ASSERT_EQ(test::run_cli(run + " --speculative mtp --stats --draft " + draft, &out, &err), 0) << err;
+    EXPECT_EQ(out, plain) << "--draft " << draft;
+    EXPECT_NE(err.find("speculative mtp"), std::string::npos) << err;
+    EXPECT_NE(err.find("tokens per forward"), std::string::npos) << err;
+  }
+  std::string ids;
+  ASSERT_EQ(test::run_cli("generate --model " + dir + " --ids 563,279,1002 --max-tokens 30 --ignore-eos", &ids, &err), 0);
+  ASSERT_EQ(test::run_cli("generate --model " + dir + " --ids 563,279,1002 --max-tokens 30 --ignore-eos --speculative mtp "
+                          "--draft 2 --stats", &out, &err), 0) << err;
+  EXPECT_EQ(out, ids);
+  EXPECT_NE(err.find("speculative mtp 2"), std::string::npos) << err;
+
+  MS_REQUIRE_SHARED("fixtures/qwen3-moe-tiny", moe);
+  EXPECT_EQ(test::run_cli("generate --model " + moe + " --ids 3,4 --max-tokens 4 --speculative mtp", &out, &err), 1);
+  EXPECT_NE(err.find("needs an MTP head"), std::string::npos) << err;
+  EXPECT_NE(err.find(moe), std::string::npos) << err;
+  EXPECT_EQ(test::run_cli("generate --model " + moe + " --ids 3,4 --max-tokens 4 --speculative auto", &out, &err), 0) << err;
+}
+
 TEST(RunCommand, ChatTemplateAndBadSamplingFlags) {
   MS_REQUIRE_SHARED("models/pycoder-moe", dir);
   std::string out, err;

@@ -166,6 +166,36 @@ TEST_F(ServerTest, Completions) {
   EXPECT_EQ(ids["usage"]["prompt_tokens"], j["usage"]["prompt_tokens"]);
 }
 
+// The `speculative` extension: a greedy answer with MTP drafts is the plain one, streamed or
+// not; /api/stats and /metrics count the drafts; bad values are named 400s.
+TEST_F(ServerTest, SpeculativeRequestsAnswerAsPlainOnes) {
+  const std::string base = R"({"prompt": "def fib(n):", "max_tokens": 40, "ignore_eos": true)";
+  json plain = json::parse(post("/v1/completions", base + "}")->body);
+  const uint64_t verifies_before = stats()["speculative"]["verifies"];
+  for (const char* spec : {R"("mtp")", R"("auto")", R"({"mode": "mtp", "draft": 2})", R"({"mode": "mtp", "draft": "auto"})"}) {
+    auto r = post("/v1/completions", base + R"(, "speculative": )" + spec + "}");
+    ASSERT_EQ(r->status, 200) << spec << r->body;
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], plain["choices"][0]["text"]) << spec;
+  }
+  StreamResult s = post_streaming(*server_, "/v1/completions", base + R"(, "speculative": "mtp", "stream": true})");
+  EXPECT_EQ(check_stream(s.body, false), plain["choices"][0]["text"].get<std::string>());
+  const json sp = stats()["speculative"];
+  EXPECT_EQ(sp["default"], "off");
+  EXPECT_GT(sp["verifies"].get<uint64_t>(), verifies_before);
+  EXPECT_GT(sp["accepted"].get<uint64_t>(), 0u);
+  EXPECT_GT(sp["tokens_per_forward"].get<double>(), 1.0);
+  const std::string metrics = server_->client().Get("/metrics")->body;
+  EXPECT_NE(metrics.find("moestream_speculative_verifies_total "), std::string::npos);
+  EXPECT_NE(metrics.find("moestream_speculative_tokens_per_forward "), std::string::npos);
+
+  expect_error(post("/v1/completions", base + R"(, "speculative": "fast"})"), 400, "", "speculative");
+  expect_error(post("/v1/completions", base + R"(, "speculative": 1})"), 400, "invalid_type", "speculative");
+  expect_error(post("/v1/completions", base + R"(, "speculative": {"draft": 2}})"), 400, "", "speculative.mode");
+  expect_error(post("/v1/completions", base + R"(, "speculative": {"mode": "mtp", "draft": 9}})"), 400, "", "speculative.draft");
+  expect_error(post("/v1/completions", base + R"(, "speculative": {"mode": "mtp", "k": 2}})"), 400, "unknown_parameter");
+  expect_error(post("/v1/chat/completions", chat_body(R"("speculative": "sometimes")")), 400, "", "speculative");
+}
+
 TEST_F(ServerTest, StopStringsEndTheAnswer) {
   json j = json::parse(post("/v1/completions", R"({"prompt": "def fib(n):", "max_tokens": 40, "stop": ["fib"]})")->body);
   EXPECT_EQ(j["choices"][0]["text"].get<std::string>().find("fib"), std::string::npos);

@@ -77,6 +77,8 @@ struct CpuBackend {
                         int nv, int dk, int dv, float* st, float* out) const {
     cpu::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);
   }
+  // Speculative verification's copy of a linear-attention state after token t (State::step_state).
+  void keep_linear_step(const Linear& s, int t, int layer) const { state.step_state(t, layer) = s; }
   void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int dim, float eps, float* out) const {
     cpu::rmsnorm_gated(x, z, w, rows, dim, eps, out);
   }

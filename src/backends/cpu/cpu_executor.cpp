@@ -57,6 +57,7 @@ class CpuExecutor final : public Executor {
 
   ForwardResult forward(const int* ids, int T, State& state, const ForwardOptions& opt) const override {
     const CpuBackend be{state, m_.experts()};
+    if (opt.verify) state.begin_steps(T);
     return Forward(m_.config(), m_.weights(), be).run(ids, T, state.position(), opt);
   }
 
@@ -65,9 +66,10 @@ class CpuExecutor final : public Executor {
     return decode_stepwise(state, first, max_steps, opt, on_step);
   }
 
-  std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state) const override {
+  std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state,
+                         std::vector<float>* hidden_out) const override {
     const CpuBackend be{state, m_.experts()};
-    return Forward(m_.config(), m_.weights(), be).mtp(hidden, next_ids, T, pos0);
+    return Forward(m_.config(), m_.weights(), be).mtp(hidden, next_ids, T, pos0, hidden_out);
   }
 
   std::vector<LayerStats> pool_stats() const override {

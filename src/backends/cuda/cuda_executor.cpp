@@ -57,6 +57,7 @@ class CudaExecutor final : public Executor {
   Device device() const override { return Device::Cuda; }
 
   ForwardResult forward(const int* ids, int T, State& state, const ForwardOptions& opt) const override {
+    if (opt.verify) fail("speculative decoding does not run on the GPU yet: use --speculative off with --device cuda");
     const CudaBackend be = backend(state);
     if (T == 1 && graphs_ && opt.logits) return forward_captured(be, ids[0], state.position(), opt);
     return Forward(cfg_, w_, be).run(ids, T, state.position(), opt);
@@ -67,8 +68,9 @@ class CudaExecutor final : public Executor {
     return decode_stepwise(state, first, max_steps, opt, on_step);  // each step a replayed graph where graphs_
   }
 
-  std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state) const override {
-    return Forward(cfg_, w_, backend(state)).mtp(hidden, next_ids, T, pos0);
+  std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state,
+                         std::vector<float>* hidden_out) const override {
+    return Forward(cfg_, w_, backend(state)).mtp(hidden, next_ids, T, pos0, hidden_out);
   }
 
   // The VRAM pool's: every engine directory has one here, and a checkpoint streams nothing.

@@ -33,15 +33,12 @@ size_t kept(const std::vector<double>& probs, const SampleArgs& a) {
   return std::max<size_t>(1, keep);
 }
 
-}  // namespace
-
-int sample(const float* logits, int vocab, const PickInputs& in, SampleScratch& s) {
+// The candidates a pick at a temperature above 0 draws from: s.order[0, keep) by descending
+// logit, s.probs their softmax probabilities before min-p and top-p's cut (not renormalised);
+// returns keep.
+size_t candidates(int vocab, const PickInputs& in, SampleScratch& s) {
   const SampleArgs& a = in.args;
   std::vector<float>& work = s.work;
-  work.assign(logits, logits + vocab);
-  penalize(work, in);
-  if (a.temperature == 0.f) return int(std::max_element(work.begin(), work.end()) - work.begin());
-
   // Candidates by descending logit; top-k cuts the list before the softmax.
   std::vector<int>& order = s.order;
   order.resize(size_t(vocab));
@@ -57,14 +54,51 @@ int sample(const float* logits, int vocab, const PickInputs& in, SampleScratch& 
   double sum = 0;
   for (size_t i = 0; i < k; ++i) sum += probs[i] = std::exp((work[size_t(order[i])] - mx) / a.temperature);
   for (auto& q : probs) q /= sum;
+  return kept(probs, a);
+}
 
-  const size_t keep = kept(probs, a);
+// The penalised logits in s.work; the first maximum's id where the temperature is 0, else -1.
+int penalised(const float* logits, int vocab, const PickInputs& in, SampleScratch& s) {
+  s.work.assign(logits, logits + vocab);
+  penalize(s.work, in);
+  if (in.args.temperature == 0.f) return int(std::max_element(s.work.begin(), s.work.end()) - s.work.begin());
+  return -1;
+}
+
+}  // namespace
+
+int sample(const float* logits, int vocab, const PickInputs& in, SampleScratch& s) {
+  if (const int top = penalised(logits, vocab, in, s); top >= 0) return top;
+  const size_t keep = candidates(vocab, in, s);
+  const std::vector<double>& probs = s.probs;
   const double total = std::accumulate(probs.begin(), probs.begin() + std::ptrdiff_t(keep), 0.0);
   // uniform_real_distribution(0, total) draws generate_canonical * total: in.r * total.
   double u = in.r * total;
   for (size_t i = 0; i < keep; ++i)
-    if ((u -= probs[i]) < 0) return order[i];
-  return order[keep - 1];
+    if ((u -= probs[i]) < 0) return s.order[i];
+  return s.order[keep - 1];
+}
+
+void distribution(const float* logits, int vocab, const PickInputs& in, SampleScratch& s, Distribution& out) {
+  out.ids.clear();
+  out.probs.clear();
+  if (const int top = penalised(logits, vocab, in, s); top >= 0) {
+    out.ids.push_back(top);
+    out.probs.push_back(1.0);
+    return;
+  }
+  const size_t keep = candidates(vocab, in, s);
+  const double total = std::accumulate(s.probs.begin(), s.probs.begin() + std::ptrdiff_t(keep), 0.0);
+  for (size_t i = 0; i < keep; ++i) {
+    out.ids.push_back(s.order[i]);
+    out.probs.push_back(s.probs[i] / total);
+  }
+}
+
+double Distribution::p(int id) const {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] == id) return probs[i];
+  return 0.0;
 }
 
 }  // namespace ms::cpu

@@ -18,4 +18,14 @@ struct SampleScratch {
 // min-p and top-p in turn, candidates ordered by logit (ties: lower id first).
 int sample(const float* logits, int vocab, const PickInputs& in, SampleScratch& scratch);
 
+// What sample() draws from (in.r unused): candidate ids and their probabilities, summing to 1;
+// at temperature 0 the first maximum alone, with probability 1. Speculative sampling compares
+// the target's and the draft's.
+struct Distribution {
+  std::vector<int> ids;
+  std::vector<double> probs;
+  double p(int id) const;  // 0 for an id that is not a candidate
+};
+void distribution(const float* logits, int vocab, const PickInputs& in, SampleScratch& scratch, Distribution& out);
+
 }  // namespace ms::cpu
