@@ -94,11 +94,11 @@ double time_prompt(const Model& m, int n, unsigned seed) {
 
 // Seconds of n decode steps after a one-token prompt, greedy, past any end-of-sequence token.
 double time_decode(const Model& m, int n, unsigned seed, const SpeculativeOptions& spec = {},
-                   SpeculativeStats* spec_stats = nullptr) {
+                   SpeculativeStats* spec_stats = nullptr, DraftTuner* tuner = nullptr) {
   State state = m.new_state();
   Clock::time_point first;
   generate_greedy(m, state, random_ids(1, m.config().vocab, seed),
-                  {.max_tokens = n + 1, .stop_at_eos = false, .speculative = spec, .speculative_stats = spec_stats},
+                  {.max_tokens = n + 1, .stop_at_eos = false, .speculative = spec, .speculative_stats = spec_stats, .tuner = tuner},
                   [&](int) {
                     if (first == Clock::time_point{}) first = Clock::now();
                   });
@@ -153,7 +153,9 @@ void add_bench(CLI::App& app) {
     if (a->tokens > 0) {
       std::vector<double> t;
       SpeculativeStats spec;
-      for (int r = 0; r < a->repeat; ++r) t.push_back(time_decode(m, a->tokens, unsigned(r + 1), opt.speculative, &spec));
+      DraftTuner tuner;  // kept across the runs, as a server's session keeps it
+      for (int r = 0; r < a->repeat; ++r)
+        t.push_back(time_decode(m, a->tokens, unsigned(r + 1), opt.speculative, &spec, &tuner));
       const double tps = double(a->tokens) / median(t), gbs = tps * step_bytes / 1e9;
       std::printf("%-8s %10.2f %10.2f %8.2f\n", fmt::format("tg{}", a->tokens).c_str(), tps, gbs, gbs / bw.read_gbs);
       print_speculative_stats(opt.speculative, spec, stdout);

@@ -145,6 +145,10 @@ void print_speculative_stats(const SpeculativeOptions& opt, const SpeculativeSta
              "steps, {:.2f} tokens per forward, last K {}\n",
              describe(opt), s.verifies, s.drafted, s.accepted, s.acceptance(), s.mean_accepted(), s.plain_steps,
              s.tokens_per_forward(), s.draft);
+  std::string times = fmt::format("  measured: plain step {:.2f} ms, draft step {:.2f} ms", s.plain_s * 1e3, s.draft_s * 1e3);
+  for (int k = 1; k <= kMaxDraft; ++k)
+    if (s.verify_s[size_t(k)] > 0) times += fmt::format(", verify of {} {:.2f} ms", k, s.verify_s[size_t(k)] * 1e3);
+  fmt::print(out, "{}\n", times);
 }
 
 ModelOptions model_options(const ModelArgs& a) {

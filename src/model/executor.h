@@ -70,7 +70,7 @@ class Executor {
   virtual int decode(State& state, int first, int max_steps, const DecodeOptions& opt, const OnStep& on_step) const = 0;
   // The MTP head over T rows (Model::mtp_forward), at most a prefill chunk of them.
   virtual std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state,
-                                 std::vector<float>* hidden_out) const = 0;
+                                 std::vector<float>* hidden_out, int logit_rows) const = 0;
   // The expert pool the forward reads from (the VRAM pool on the GPU), and its bytes.
   virtual std::vector<LayerStats> pool_stats() const = 0;
   virtual size_t pool_bytes() const = 0;

@@ -85,9 +85,11 @@ class Forward {
   // MTP head over T rows: row i takes hidden[i] (the main model's hidden state at position
   // pos0 + i) and the embedding of next_ids[i]; [T, vocab] logits. Uses the backend's MTP cache.
   // hidden_out, where given, gets the head's own hidden states [T, hidden] before its final norm
-  // (what a second draft step takes in place of the main model's).
+  // (what a second draft step takes in place of the main model's). Logits of the last
+  // `logit_rows` rows only (0: none, for rows that only fill the head's cache).
   std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0,
-                         std::vector<float>* hidden_out = nullptr) const {
+                         std::vector<float>* hidden_out = nullptr, int logit_rows = -1) const {
+    if (logit_rows < 0 || logit_rows > T) logit_rows = T;
     const MtpWeights& m = *w_.mtp;
     const int H = cfg_.hidden;
     const size_t n = size_t(T) * size_t(H);
@@ -105,8 +107,9 @@ class Forward {
     typename B::Buf xn = be_.alloc(n);
     be_.rmsnorm(x.data(), T, H, be_.vec(m.layer.input_norm), offset, cfg_.rms_eps, xn.data());
     decoder_layer(m.layer, -1, T, be_.mtp_kv(), nullptr, pos0, x.data(), xn.data(), m.norm, nullptr, nullptr);
-    typename B::Buf logits = be_.alloc(size_t(T) * size_t(cfg_.vocab));
-    be_.matmul(xn.data(), T, be_.mat(w_.lm_head), logits.data());
+    typename B::Buf logits = be_.alloc(size_t(logit_rows) * size_t(cfg_.vocab));
+    if (logit_rows > 0)
+      be_.matmul(xn.data() + size_t(T - logit_rows) * size_t(H), logit_rows, be_.mat(w_.lm_head), logits.data());
     if (hidden_out) *hidden_out = be_.to_host(std::move(x));
     return be_.to_host(std::move(logits));
   }

@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "model/forward.h"
@@ -103,17 +104,19 @@ int Model::decode(State& state, int first, int max_steps, const DecodeOptions& o
 }
 
 std::vector<float> Model::mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state,
-                                      std::vector<float>* hidden_out) const {
+                                      std::vector<float>* hidden_out, int logit_rows) const {
   if (!w_.mtp) fail("this model has no MTP head (no mtp.* tensors)");
   if (T <= 0) fail("mtp_forward needs at least one row");
   // In chunks as forward's prompts: the head is one full-attention layer, whose rows do not
   // depend on the chunk they run in.
+  if (logit_rows < 0 || logit_rows > T) logit_rows = T;
   std::vector<float> logits, h;
   if (hidden_out) hidden_out->clear();
   for (int done = 0; done < T;) {
     const int n = next_chunk(T - done);
+    const int rows = std::clamp(done + n - (T - logit_rows), 0, n);  // of the last logit_rows, in this chunk
     append(logits, executor_->mtp(hidden + size_t(done) * size_t(cfg_.hidden), next_ids + done, n, pos0 + done, state,
-                                  hidden_out ? &h : nullptr));
+                                  hidden_out ? &h : nullptr, rows));
     if (hidden_out) append(*hidden_out, h);
     done += n;
   }

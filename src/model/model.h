@@ -52,10 +52,11 @@ class Model {
   bool has_mtp() const { return w_.mtp != nullptr; }
   // MTP head over T rows: row i takes hidden[i] (the main model's hidden state at position
   // pos0 + i) and the embedding of next_ids[i] (the token at pos0 + i + 1), and predicts the
-  // token at pos0 + i + 2. Uses and extends the state's MTP KV cache. Returns [T, vocab];
-  // hidden_out, where given, gets the head's hidden states [T, hidden] before its final norm.
+  // token at pos0 + i + 2. Uses and extends the state's MTP KV cache. Returns [T, vocab], or the
+  // logits of the last logit_rows rows only (0: none) where logit_rows >= 0; hidden_out, where
+  // given, gets the head's hidden states [T, hidden] before its final norm.
   std::vector<float> mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state,
-                                 std::vector<float>* hidden_out = nullptr) const;
+                                 std::vector<float>* hidden_out = nullptr, int logit_rows = -1) const;
 
   // The streaming expert store of an engine directory (on Cuda: the host tier below the VRAM
   // pool); null for a Hugging Face checkpoint.

@@ -17,7 +17,7 @@ std::vector<int> generate_greedy(const Model& model, State& state, const std::ve
   Sampler greedy({});
   const std::vector<int> no_penalties;
   std::optional<Speculator> spec;
-  if (opt.speculative.mtp) spec.emplace(model, opt.speculative);
+  if (opt.speculative.mtp) spec.emplace(model, opt.speculative, opt.tuner);
   ForwardOptions fo{.hidden = spec.has_value()};
   fo.pick = [&] { return greedy.next(no_penalties, cfg.vocab); };
   ForwardResult r;

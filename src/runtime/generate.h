@@ -13,6 +13,7 @@ struct GenerateOptions {
   bool stop_at_eos = true;
   SpeculativeOptions speculative;  // MTP drafts (resolve_speculative first); the output is the same
   SpeculativeStats* speculative_stats = nullptr;  // where given, gets the speculation's counts
+  DraftTuner* tuner = nullptr;  // --draft auto's measurements from earlier generations, kept for later ones
 };
 
 // Greedy continuation of `prompt` from the state's position. on_token (optional) sees each

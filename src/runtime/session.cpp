@@ -107,7 +107,7 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   const SpeculativeOptions spec_opt =
       resolve_speculative(engine_.model(), req.speculative.value_or(engine_.speculative()), engine_.dir());
   std::optional<Speculator> spec;
-  if (spec_opt.mtp) spec.emplace(engine_.model(), spec_opt);
+  if (spec_opt.mtp) spec.emplace(engine_.model(), spec_opt, &tuner_);
 
   GenerationResult res;
   res.prompt_tokens = int(req.prompt.size());

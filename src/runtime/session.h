@@ -73,6 +73,7 @@ class Session {
   std::vector<int> processed_;       // tokens the state has seen, in order
   State::Checkpoint prompt_end_;     // state right after the last prompt was processed
   std::vector<int> last_prompt_;
+  DraftTuner tuner_;  // what --draft auto measured in earlier generations
 };
 
 }  // namespace ms

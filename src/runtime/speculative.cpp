@@ -12,17 +12,17 @@ namespace ms {
 
 namespace {
 
-constexpr int kMaxPending = 64;       // MTP rows kept waiting while no drafts run
-constexpr double kAverage = 0.15;     // weight of a new measurement in the moving averages
+constexpr int kMaxPending = 16;       // MTP rows kept waiting while no drafts run (older ones: a gap)
+constexpr double kAverage = 0.1;      // weight of a new acceptance in its moving average
 constexpr double kPriorAccept = 0.5;  // acceptance assumed at a depth not yet tried
-constexpr int kMaxProbeGap = 256;     // most plain steps between tries of K = 1 while K = 0 wins
-constexpr int kReplain = 64;          // verifies between measurements of a plain step
+constexpr int kFirstProbeGap = 16;    // plain steps before K = 1 is tried again, doubling ...
+constexpr int kMaxProbeGap = 512;     // ... up to this while K = 0 wins
+constexpr int kReplain = 64;          // verifies between timings of a plain step
 
 double seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void average(double& avg, double x) { avg = avg == 0 ? x : avg + kAverage * (x - avg); }
 
 // A draw from max(0, p - q) normalised: where a draft was rejected. p's candidates hold all of
 // its mass; where nothing is left (p == q, where no rejection can happen) p itself.
@@ -75,6 +75,10 @@ void SpeculativeStats::add(const SpeculativeStats& o) {
   spec_tokens += o.spec_tokens;
   plain_steps += o.plain_steps;
   draft = o.draft;
+  if (o.plain_s > 0) plain_s = o.plain_s;
+  if (o.draft_s > 0) draft_s = o.draft_s;
+  for (size_t k = 0; k < verify_s.size(); ++k)
+    if (o.verify_s[k] > 0) verify_s[k] = o.verify_s[k];
 }
 
 int parse_draft(const std::string& s) {
@@ -106,9 +110,68 @@ SpeculativeOptions resolve_speculative(const Model& model, SpeculativeOptions op
   return opt;
 }
 
-Speculator::Speculator(const Model& model, const SpeculativeOptions& opt) : model_(model), opt_(opt) {
-  accept_.fill(kPriorAccept);
+void DraftTuner::Recent::add(double x) {
+  v[size_t(next)] = x;
+  next = (next + 1) % int(v.size());
+  n = std::min(n + 1, int(v.size()));
 }
+
+double DraftTuner::Recent::median() const {
+  if (n == 0) return 0;
+  std::array<double, 9> s = v;
+  std::nth_element(s.begin(), s.begin() + n / 2, s.begin() + n);
+  return s[size_t(n / 2)];
+}
+
+DraftTuner::DraftTuner() : probe_gap_(kFirstProbeGap) { accept_.fill(kPriorAccept); }
+
+void DraftTuner::plain_step(double s) {
+  plain_.add(s);
+  since_plain_ = 0;
+  ++plain_run_;
+}
+
+void DraftTuner::verify(int K, double s) {
+  verify_[size_t(K)].add(s);
+  ++since_plain_;
+  plain_run_ = 0;
+}
+
+void DraftTuner::draft_step(double s) { draft_.add(s); }
+
+void DraftTuner::kept(int depth, bool kept) { accept_[size_t(depth)] += kAverage * ((kept ? 1.0 : 0.0) - accept_[size_t(depth)]); }
+
+int DraftTuner::choose(int most) {
+  if (most <= 0) return 0;
+  const double plain = plain_s();
+  if (plain == 0 || since_plain_ >= kReplain) return 0;  // time a plain step first, and now and then
+  // Expected tokens per step with K drafts over its expected time, for every K; K = 0 is a plain step.
+  int best = 0, measured = 0;
+  double best_rate = 1.0 / plain, reach = 1.0, tokens = 1.0;
+  for (int k = 1; k <= kMaxDraft; ++k)
+    if (verify_s(k) > 0) measured = k;
+  for (int k = 1; k <= std::min(most, kMaxDraft); ++k) {
+    reach *= accept_[size_t(k)];
+    tokens += reach;
+    // An unmeasured verify: the nearest measured one scaled by its tokens, or a plain step per token.
+    double v = verify_s(k);
+    if (v == 0) v = measured ? verify_s(measured) * (k + 1) / (measured + 1) : plain * (k + 1);
+    if (const double rate = tokens / (v + k * draft_s()); rate > best_rate) {
+      best_rate = rate;
+      best = k;
+    }
+  }
+  if (best > 0) {
+    probe_gap_ = kFirstProbeGap;
+    return best;
+  }
+  if (plain_run_ < probe_gap_) return 0;
+  probe_gap_ = std::min(2 * probe_gap_, kMaxProbeGap);  // K = 0 wins: try one draft to see whether it still does
+  return 1;
+}
+
+Speculator::Speculator(const Model& model, const SpeculativeOptions& opt, DraftTuner* tuner)
+    : model_(model), opt_(opt), tuner_(tuner ? tuner : &own_tuner_) {}
 
 void Speculator::push_row(int pos, const float* h, int id) {
   const size_t H = size_t(model_.config().hidden);
@@ -136,7 +199,7 @@ void Speculator::prompt_chunk(State& state, const int* ids, int n, const Forward
   hidden.insert(hidden.end(), r.hidden_pre_norm.begin(), r.hidden_pre_norm.end() - H);
   const std::vector<int> next(ids + (before ? 0 : 1), ids + n);
   if (!next.empty()) {
-    model_.mtp_forward(hidden.data(), next.data(), int(next.size()), before ? p0 - 1 : p0, state);
+    model_.mtp_forward(hidden.data(), next.data(), int(next.size()), before ? p0 - 1 : p0, state, nullptr, 0);
     state.mtp_rows = p0 + n - 1;
   }
   state.set_last_hidden(r.hidden_pre_norm.data() + size_t(n - 1) * size_t(H), H);
@@ -144,38 +207,9 @@ void Speculator::prompt_chunk(State& state, const int* ids, int n, const Forward
 
 void Speculator::flush(State& state) {
   if (pending_.rows() == 0) return;
-  model_.mtp_forward(pending_.hidden.data(), pending_.ids.data(), pending_.rows(), pending_.pos, state);
+  model_.mtp_forward(pending_.hidden.data(), pending_.ids.data(), pending_.rows(), pending_.pos, state, nullptr, 0);
   state.mtp_rows = pending_.pos + pending_.rows();
   pending_ = {};
-}
-
-int Speculator::choose_draft(int most) {
-  if (most <= 0) return 0;
-  if (opt_.draft != kDraftAuto) return std::min(opt_.draft, most);
-  if (plain_s_ == 0 || since_plain_ >= kReplain) return 0;  // measure a plain step first, and now and then
-  // Expected tokens per step with K drafts over its expected time, for every K; K = 0 is a plain step.
-  int best = 0;
-  double best_rate = 1.0 / plain_s_, kept = 1.0, tokens = 1.0;
-  int measured = 0;
-  for (int k = 1; k <= kMaxDraft; ++k)
-    if (verify_s_[size_t(k)] > 0) measured = k;
-  for (int k = 1; k <= std::min(most, kMaxDraft); ++k) {
-    kept *= accept_[size_t(k)];
-    tokens += kept;
-    // An unmeasured verify: as the nearest measured one scaled by its tokens, or twice a plain step per token.
-    double v = verify_s_[size_t(k)];
-    if (v == 0) v = measured ? verify_s_[size_t(measured)] * (k + 1) / (measured + 1) : plain_s_ * (k + 1);
-    if (const double rate = tokens / (v + k * draft_s_); rate > best_rate) {
-      best_rate = rate;
-      best = k;
-    }
-  }
-  if (best == 0 && plain_run_ >= probe_gap_) {  // K = 0 wins: now and then try one draft to see whether it still does
-    probe_gap_ = std::min(2 * probe_gap_, kMaxProbeGap);
-    return 1;
-  }
-  if (best > 0) probe_gap_ = 16;
-  return best;
 }
 
 std::vector<int> Speculator::draft(State& state, int x, int K, Sampler& sampler, const std::vector<int>& seen,
@@ -189,11 +223,11 @@ std::vector<int> Speculator::draft(State& state, int x, int K, Sampler& sampler,
   std::vector<float> h;
   const auto t0 = Clock::now();
   std::vector<float> logits = model_.mtp_forward(pending_.hidden.data(), pending_.ids.data(), pending_.rows(),
-                                                 pending_.pos, state, &h);
+                                                 pending_.pos, state, &h, 1);
   state.mtp_rows = P;
   const size_t last = size_t(pending_.rows() - 1);
   pending_ = {};
-  const float* row = logits.data() + last * size_t(vocab);
+  const float* row = logits.data();
   const float* hrow = h.data() + last * size_t(H);
   for (int i = 0; i < K; ++i) {
     if (i > 0) {  // the head again, on its own hidden state and guess, one position on
@@ -207,7 +241,7 @@ std::vector<int> Speculator::draft(State& state, int x, int K, Sampler& sampler,
     drafts.push_back(d.ids.size() == 1 ? d.ids[0] : draw(d, sampler.uniform()));
     seen_ahead.push_back(drafts.back());
   }
-  average(draft_s_, seconds(t0) / K);
+  tuner_->draft_step(seconds(t0) / K);
   return drafts;
 }
 
@@ -221,7 +255,8 @@ int Speculator::run(State& state, int first, int max_steps, Sampler& sampler, co
   while (steps < max_steps) {
     const int P = state.position();
     const bool can_draft = state.knows_last_hidden();
-    const int K = can_draft ? choose_draft(max_steps - steps - 1) : 0;
+    const int most = max_steps - steps - 1;
+    const int K = !can_draft ? 0 : opt_.draft == kDraftAuto ? tuner_->choose(most) : std::min(opt_.draft, most);
     stats_.draft = K;
     if (K == 0) {  // a plain step, its hidden state kept for the head's next row
       const float* h_prev = can_draft ? state.last_hidden.data() : nullptr;
@@ -230,11 +265,7 @@ int Speculator::run(State& state, int first, int max_steps, Sampler& sampler, co
       fo.pick = [&] { return sampler.next(seen, vocab); };
       const auto t0 = Clock::now();
       ForwardResult r = model_.forward(&x, 1, state, fo);
-      if (can_draft) {
-        average(plain_s_, seconds(t0));
-        since_plain_ = 0;
-      }
-      ++plain_run_;
+      if (can_draft) tuner_->plain_step(seconds(t0));
       ++stats_.plain_steps;
       state.set_last_hidden(r.hidden_pre_norm.data(), H);
       ++steps;
@@ -242,15 +273,13 @@ int Speculator::run(State& state, int first, int max_steps, Sampler& sampler, co
       if (!on_token(r)) break;
       continue;
     }
-    plain_run_ = 0;
     std::vector<int> ids = {x};
     const std::vector<int> drafts = draft(state, x, K, sampler, seen, q);
     ids.insert(ids.end(), drafts.begin(), drafts.end());
     const auto t0 = Clock::now();
     const ForwardResult v = model_.forward(ids.data(), K + 1, state,
                                            {.all_logits = true, .hidden = true, .routes = routes, .verify = true});
-    average(verify_s_[size_t(K)], seconds(t0));
-    ++since_plain_;
+    tuner_->verify(K, seconds(t0));
     ++stats_.verifies;
     stats_.drafted += uint64_t(K);
     // Each row's token in turn: a draft kept, or the pick that ends the step.
@@ -262,7 +291,7 @@ int Speculator::run(State& state, int first, int max_steps, Sampler& sampler, co
       bool kept = false;
       if (i < K) {
         token = speculative_pick(p, q[size_t(i)], drafts[size_t(i)], [&] { return sampler.uniform(); }, &kept);
-        average(accept_[size_t(i + 1)], kept ? 1.0 : 0.0);
+        tuner_->kept(i + 1, kept);
       } else {
         token = p.ids.size() == 1 ? p.ids[0] : draw(p, sampler.uniform());
       }
@@ -285,6 +314,9 @@ int Speculator::run(State& state, int first, int max_steps, Sampler& sampler, co
     if (stop) break;
   }
   flush(state);
+  stats_.plain_s = tuner_->plain_s();
+  stats_.draft_s = tuner_->draft_s();
+  for (int k = 1; k <= kMaxDraft; ++k) stats_.verify_s[size_t(k)] = tuner_->verify_s(k);
   return steps;
 }
 

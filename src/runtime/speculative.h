@@ -31,6 +31,10 @@ struct SpeculativeStats {
   uint64_t spec_tokens = 0;   // tokens made by verify forwards: the accepted drafts and the one after
   uint64_t plain_steps = 0;   // one-token steps (K = 0)
   int draft = 0;              // K of the last step
+  // What the last run measured (moving averages, seconds; 0: not measured): a plain step, a
+  // verify of K drafts ([K]), a draft step.
+  double plain_s = 0, draft_s = 0;
+  std::array<double, kMaxDraft + 1> verify_s{};
 
   void add(const SpeculativeStats& o);
   double acceptance() const { return drafted ? double(accepted) / double(drafted) : 0.0; }
@@ -59,10 +63,44 @@ int speculative_pick(const cpu::Distribution& p, const cpu::Distribution& q, int
 // A draw from d with the uniform u in [0, 1).
 int draw(const cpu::Distribution& d, double u);
 
+// What --draft auto measures and decides from, kept across the generations of a session so that
+// each does not start cold: the acceptance at each depth (moving averages) and the times of a
+// plain step, a verify of each size and a draft step (medians of the last few).
+class DraftTuner {
+ public:
+  DraftTuner();
+  // K for the next step, at most `most`: the one with the most expected tokens per expected
+  // second, 0 (a plain step) included. While 0 wins, K = 1 is tried now and then, at doubling gaps.
+  int choose(int most);
+  void plain_step(double s);
+  void verify(int K, double s);
+  void draft_step(double s);
+  void kept(int depth, bool kept);
+  // Medians (seconds; 0: not measured).
+  double plain_s() const { return plain_.median(); }
+  double draft_s() const { return draft_.median(); }
+  double verify_s(int K) const { return verify_[size_t(K)].median(); }
+
+ private:
+  struct Recent {  // the last few samples of a time
+    std::array<double, 9> v{};
+    int n = 0, next = 0;
+    void add(double x);
+    double median() const;
+  };
+  std::array<double, kMaxDraft + 1> accept_{};  // [depth]: P(the draft at depth is kept | reached)
+  std::array<Recent, kMaxDraft + 1> verify_;    // [K]
+  Recent plain_, draft_;
+  int since_plain_ = 0;  // verifies since the last plain step was timed
+  int plain_run_ = 0;    // plain steps since the last verify
+  int probe_gap_;        // plain steps before K = 1 is tried again
+};
+
 class Speculator {
  public:
-  // opt.mtp must hold (resolve_speculative first).
-  Speculator(const Model& model, const SpeculativeOptions& opt);
+  // opt.mtp must hold (resolve_speculative first). tuner: measurements kept from earlier
+  // generations (auto); null: this generation's own.
+  Speculator(const Model& model, const SpeculativeOptions& opt, DraftTuner* tuner = nullptr);
 
   // After the forward of prompt tokens ids[0, n), which ended at the state's position and kept
   // its hidden states (ForwardOptions::hidden): runs the MTP rows they complete.
@@ -86,8 +124,6 @@ class Speculator {
     int rows() const { return int(ids.size()); }
   };
 
-  // The drafts per verify before the next step, at most `most`.
-  int choose_draft(int most);
   // Runs the pending rows and the row of (the state's last hidden state, x); K drafts picked
   // from the head; their distributions in q. Returns the drafts.
   std::vector<int> draft(State& state, int x, int K, Sampler& sampler, const std::vector<int>& seen,
@@ -104,12 +140,8 @@ class Speculator {
   Pending pending_;
   cpu::SampleScratch scratch_;
 
-  // What auto measures: exponential moving averages.
-  std::array<double, kMaxDraft + 1> accept_{};    // [depth]: P(draft at depth kept | reached)
-  std::array<double, kMaxDraft + 1> verify_s_{};  // [K]: a verify of K drafts, seconds (0: unmeasured)
-  double plain_s_ = 0, draft_s_ = 0;              // a one-token step, a draft step
-  int since_plain_ = 0;                           // verifies since plain_s_ was measured
-  int plain_run_ = 0, probe_gap_ = 16;            // plain steps since a probe; steps between probes
+  DraftTuner own_tuner_;
+  DraftTuner* tuner_;
 };
 
 }  // namespace ms

@@ -67,9 +67,9 @@ class CpuExecutor final : public Executor {
   }
 
   std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state,
-                         std::vector<float>* hidden_out) const override {
+                         std::vector<float>* hidden_out, int logit_rows) const override {
     const CpuBackend be{state, m_.experts()};
-    return Forward(m_.config(), m_.weights(), be).mtp(hidden, next_ids, T, pos0, hidden_out);
+    return Forward(m_.config(), m_.weights(), be).mtp(hidden, next_ids, T, pos0, hidden_out, logit_rows);
   }
 
   std::vector<LayerStats> pool_stats() const override {

@@ -69,8 +69,8 @@ class CudaExecutor final : public Executor {
   }
 
   std::vector<float> mtp(const float* hidden, const int* next_ids, int T, int pos0, State& state,
-                         std::vector<float>* hidden_out) const override {
-    return Forward(cfg_, w_, backend(state)).mtp(hidden, next_ids, T, pos0, hidden_out);
+                         std::vector<float>* hidden_out, int logit_rows) const override {
+    return Forward(cfg_, w_, backend(state)).mtp(hidden, next_ids, T, pos0, hidden_out, logit_rows);
   }
 
   // The VRAM pool's: every engine directory has one here, and a checkpoint streams nothing.
