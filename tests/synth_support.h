@@ -10,11 +10,12 @@
 namespace ms::test {
 
 // A random-weight `synth --like tiny` engine directory in a scratch directory.
-inline std::string synth_tiny(const std::string& tag, uint64_t seed = 7) {
+inline std::string synth_tiny(const std::string& tag, uint64_t seed = 7, bool mtp = false) {
   SynthOptions opt;
   opt.shape = synth_shape("tiny");
   opt.out = scratch_dir(tag) + "/model";
   opt.seed = seed;
+  opt.mtp = mtp;
   synth_model(opt);
   return opt.out;
 }

@@ -34,6 +34,7 @@ void add_synth(CLI::App& app) {
       ->capture_default_str()
       ->check(int_in(0, INT64_MAX));
   cmd->add_flag("--force", a->opt.force, "Replace an existing output directory");
+  cmd->add_flag("--mtp", a->opt.mtp, "Give the model an MTP head (random: its drafts are nearly never kept)");
   cmd->callback([a] {
     a->opt.shape = synth_shape(a->like);
     if (a->layers > 0) a->opt.shape.layers = a->layers;

@@ -97,19 +97,18 @@ struct DenseTensor {
 };
 
 std::string layer_prefix(int l) { return "model.layers." + std::to_string(l); }
+const char* kMtpLayer = "mtp.layers.0";
 
 bool is_full_attention(const SynthShape& s, int l) { return (l + 1) % s.full_attention_interval == 0; }
 
-// Every non-expert tensor of the model, with the shapes model/weights.cpp expects.
-std::vector<DenseTensor> dense_tensors(const SynthShape& s) {
-  const int64_t H = s.hidden, V = s.vocab, hd = s.head_dim;
+// A decoder layer's non-expert tensors (prefix "model.layers.N" or "mtp.layers.0").
+void layer_tensors(const SynthShape& s, const std::string& p, bool full_attention, std::vector<DenseTensor>& t) {
+  const int64_t H = s.hidden, hd = s.head_dim;
   const int64_t key_dim = int64_t(s.lin_k_heads) * s.lin_k_dim, value_dim = int64_t(s.lin_v_heads) * s.lin_v_dim;
-  std::vector<DenseTensor> t = {{"model.embed_tokens.weight", {V, H}}, {"model.norm.weight", {H}}, {"lm_head.weight", {V, H}}};
-  for (int l = 0; l < s.layers; ++l) {
-    const std::string p = layer_prefix(l);
+  {
     t.push_back({p + ".input_layernorm.weight", {H}});
     t.push_back({p + ".post_attention_layernorm.weight", {H}});
-    if (is_full_attention(s, l)) {
+    if (full_attention) {
       const std::string a = p + ".self_attn";
       t.push_back({a + ".q_proj.weight", {2 * s.n_heads * hd, H}});  // query and gate per head
       t.push_back({a + ".k_proj.weight", {s.n_kv_heads * hd, H}});
@@ -134,11 +133,25 @@ std::vector<DenseTensor> dense_tensors(const SynthShape& s) {
     t.push_back({m + ".shared_expert.down_proj.weight", {H, s.shared_inter}});
     t.push_back({m + ".shared_expert_gate.weight", {1, H}});
   }
+}
+
+// Every non-expert tensor of the model, with the shapes model/weights.cpp expects; the MTP
+// head's where mtp.
+std::vector<DenseTensor> dense_tensors(const SynthShape& s, bool mtp) {
+  const int64_t H = s.hidden, V = s.vocab;
+  std::vector<DenseTensor> t = {{"model.embed_tokens.weight", {V, H}}, {"model.norm.weight", {H}}, {"lm_head.weight", {V, H}}};
+  for (int l = 0; l < s.layers; ++l) layer_tensors(s, layer_prefix(l), is_full_attention(s, l), t);
+  if (mtp) {
+    for (const char* n : {"mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"})
+      t.push_back({n, {H}});
+    t.push_back({"mtp.fc.weight", {H, 2 * H}});
+    layer_tensors(s, kMtpLayer, true, t);
+  }
   return t;
 }
 
 std::vector<DenseTensor> plan_dense(const SynthOptions& opt, std::vector<TensorSpec>* specs) {
-  std::vector<DenseTensor> dense = dense_tensors(opt.shape);
+  std::vector<DenseTensor> dense = dense_tensors(opt.shape, opt.mtp);
   for (auto& t : dense) {
     t.bits = dense_bits_for(t.name, t.shape, true, opt.dense_bits, opt.dense_group);
     t.group = opt.dense_group;
@@ -154,10 +167,10 @@ std::vector<ExpertLayer> plan_experts(const SynthOptions& opt) {
     spec[p] = {opt.expert_bits, opt.expert_group, p == 2 ? s.hidden : s.moe_inter,
                p == 2 ? s.moe_inter : s.hidden};
   std::vector<ExpertLayer> layers;
-  for (int l = 0; l < s.layers; ++l) {
-    const std::string block = layer_prefix(l) + ".mlp";
-    layers.push_back(plan_expert_layer(block, expert_file_name(block), s.n_experts, spec));
-  }
+  std::vector<std::string> blocks;
+  for (int l = 0; l < s.layers; ++l) blocks.push_back(layer_prefix(l) + ".mlp");
+  if (opt.mtp) blocks.push_back(std::string(kMtpLayer) + ".mlp");
+  for (const std::string& block : blocks) layers.push_back(plan_expert_layer(block, expert_file_name(block), s.n_experts, spec));
   return layers;
 }
 

@@ -33,6 +33,7 @@ struct SynthOptions {
   uint64_t seed = 0;
   bool force = false;     // replace an existing output directory
   bool progress = false;  // progress bar on stderr
+  bool mtp = false;       // an MTP head (mtp.*) as Qwen3-Next's: random, so its drafts are nearly never kept
 };
 
 // Bytes the directory will take (dense.safetensors and the expert blobs; the JSON files are

@@ -14,6 +14,7 @@
 #include "format/engine_dir.h"
 #include "backends/load.h"
 #include "model/model.h"
+#include "runtime/generate.h"
 #include "synth_support.h"
 #include "test_support.h"
 #include "util/error.h"
@@ -69,6 +70,28 @@ TEST(Synth, TinyModelLoadsWithItsShapeAndFiniteLogits) {
   }
   EXPECT_GT(max_abs, 0.0f);  // random weights, not all zero
   EXPECT_LT(max_abs, 1e3f);  // scaled to stay in range
+}
+
+// --mtp adds a (random) MTP head with its own streamed experts: the model has one, it runs, and
+// greedy decoding with its drafts is plain greedy decoding (the drafts are nearly never kept).
+TEST(Synth, MtpHeadStreamsAndDraftsWithoutChangingGreedy) {
+  const std::string dir = synth_tiny("synth-mtp", 7, true);
+  ModelOptions opt;
+  opt.experts.slots = 6;
+  auto model = load_model(dir, opt);
+  ASSERT_TRUE(model->has_mtp());
+  EXPECT_EQ(model->experts()->index().layers.size(), size_t(synth_shape("tiny").layers) + 1);
+  const std::vector<int> prompt = {3, 17, 5, 200, 9};
+  State a = model->new_state(), b = model->new_state();
+  const std::vector<int> plain = generate_greedy(*model, a, prompt, {.max_tokens = 24, .stop_at_eos = false});
+  SpeculativeStats st;
+  EXPECT_EQ(generate_greedy(*model, b, prompt,
+                            {.max_tokens = 24, .stop_at_eos = false, .speculative = {.mtp = true, .draft = 2},
+                             .speculative_stats = &st}),
+            plain);
+  EXPECT_GT(st.drafted, 0u);
+  // Without --mtp there is no head.
+  EXPECT_FALSE(load_model(synth_tiny("synth-no-mtp"))->has_mtp());
 }
 
 TEST(Synth, StreamingThroughFewSlotsIsBitIdenticalToAllExperts) {
