@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MTP self-speculative decoding on the CPU (not a test): decode tok/s of pycoder-moe-q4 with
-# every expert resident and with 16 slots a layer, plain and with MTP drafts at K = 1, 2, 3 and
+# every expert resident and with 32 and 16 slots a layer, plain and with MTP drafts at K = 1, 2, 3 and
 # auto (`moestream bench`: medians, --draft auto's measurements kept across the repeats as a
 # server's session keeps them), then the experts read per token at 16 slots (`generate --stats`);
 # with SYNTH=<engine dir of an 80B synth made with --mtp> the same plain / auto pair on it (a
@@ -18,7 +18,7 @@ TOKENS=${TOKENS:-256}
 REPEAT=${REPEAT:-5}
 DRAFTS=("off" "mtp --draft 1" "mtp --draft 2" "mtp --draft 3" "mtp --draft auto")
 
-for slots in "" "--expert-slots 16"; do
+for slots in "" "--expert-slots 32" "--expert-slots 16"; do
   for spec in "${DRAFTS[@]}"; do
     echo "== pycoder-moe-q4 ${slots:-all resident}, --speculative $spec"
     # shellcheck disable=SC2086

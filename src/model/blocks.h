@@ -96,16 +96,16 @@ void deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& 
 template <Backend B>
 void verify_deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWeights& w, const float* x, int T,
                            typename B::Linear& state, int layer, float* out) {
-  deltanet_with(be, cfg, w, x, T, out, [&](const DeltaRows& r) {
-    for (int t = 0; t < T; ++t) {
-      deltanet_rows(be, cfg, w, r, t, 1, state);
-      if constexpr (requires { be.keep_linear_step(state, t, layer); }) {
+  if constexpr (!requires { be.keep_linear_step(state, 0, layer); }) {
+    fail("speculative verification does not run on this backend");
+  } else {
+    deltanet_with(be, cfg, w, x, T, out, [&](const DeltaRows& r) {
+      for (int t = 0; t < T; ++t) {
+        deltanet_rows(be, cfg, w, r, t, 1, state);
         if (t + 1 < T) be.keep_linear_step(state, t, layer);
-      } else {
-        fail("speculative verification does not run on this backend");
       }
-    }
-  });
+    });
+  }
 }
 
 // Dense SwiGLU MLP, or the MoE (Backend::moe). routes, when given, receives the T*top_k routed
