@@ -23,6 +23,11 @@ namespace ms::test {
 
 namespace fs = std::filesystem;
 
+// The moestream processes tests start keep no usage history (it would warm one test's pools
+// from another's routings, and write into the repository's embedded model); the tests of the
+// history name their files with --usage.
+[[maybe_unused]] static const bool kNoUsageHistory = [] { return setenv("MOESTREAM_USAGE", "off", 0) == 0; }();
+
 std::vector<int> ints(const TensorView& t) {
   std::vector<int> v;
   for (int64_t i = 0; i < t.numel(); ++i)

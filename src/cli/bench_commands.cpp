@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,23 +57,6 @@ double decode_bytes(const Model& m) {
   return b;
 }
 
-// Reads every routed expert into its pool where the pools hold them all, as a long-running
-// server's would be: the speed measured is then compute's, not the disk's. Returns the seconds.
-double load_every_expert(const Model& m) {
-  ExpertStore* s = m.experts();
-  if (!s) return 0;
-  const auto start = Clock::now();
-  for (size_t l = 0; l < s->index().layers.size(); ++l) {
-    const int n = s->index().layers[l].n_experts;
-    if (s->capacity(int(l)) < n) return -1;
-    std::vector<int> all(static_cast<size_t>(n));
-    std::iota(all.begin(), all.end(), 0);
-    s->acquire(int(l), all);  // a pool that holds every expert never evicts one
-    s->release(int(l));
-  }
-  return seconds(start, Clock::now());
-}
-
 std::vector<int> random_ids(int n, int vocab, unsigned seed) {
   std::mt19937 gen(seed);
   std::uniform_int_distribution<int> id(0, vocab - 1);
@@ -122,9 +104,13 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--tokens", a->tokens, "Decode steps to time (tg<N>); 0 for none")->check(int_in(0, 1 << 20));
   cmd->add_option("--repeat", a->repeat, "Runs of each test; the median is reported")->check(int_in(1, 1000));
   cmd->add_flag("--no-preload", a->no_preload,
-                "Do not read every expert before timing where the pools hold them all (times the disk too)");
+                "Do not read every expert at load where the pools hold them all, nor warm-start them (times the disk too)");
   cmd->callback([a] {
     ModelOptions opt = model_options(a->m);
+    if (a->no_preload) {  // the pools fill as routing asks
+      opt.load_whole = false;
+      opt.warm_start = WarmStart::Off;
+    }
     auto model = load_model(a->m.model, opt);
     opt.speculative = resolve_speculative(*model, opt.speculative, a->m.model);
     const Model& m = *model;
@@ -133,11 +119,10 @@ void add_bench(CLI::App& app) {
     const cpu::Bandwidth bw = cpu::measure_bandwidth();
     std::printf("memory: read %.1f GB/s (%d threads, widest loads, prefetch %d B), copy %.1f GB/s (read + write)\n",
                 bw.read_gbs, bw.threads, bw.prefetch, bw.copy_gbs);
-    if (!a->no_preload) {
-      const double s = load_every_expert(m);
-      if (s > 0) std::printf("every routed expert read into its pool first: %.1f s\n", s);
-      if (s < 0) std::printf("the pools cannot hold every expert: decode streams them\n");
-    }
+    if (const WarmReport& w = m.warm_report(); w.loaded_whole)
+      std::printf("every routed expert read into its pool at load: %.1f s\n", w.seconds);
+    else if (m.experts() && !m.experts()->holds_everything())
+      std::printf("the pools cannot hold every expert: decode streams them\n");
     const double step_bytes = decode_bytes(m);
     std::printf("a decode step reads %.2f GB of weights\n\n%-8s %10s %10s %8s\n", step_bytes / 1e9, "test", "tok/s",
                 "GB/s", "of read");

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -58,14 +59,16 @@ void add_profile(CLI::App& app) {
   auto* cmd = app.add_subcommand("profile", "Run prompts and write the per-layer pool profile --pool-profile reads");
   struct Args {
     ModelArgs m;
-    std::string prompts, out = "pool_profile.json";
+    std::string prompts, out;  // default: the model directory's pool_profile.json
     double margin = 1.1;
     int max_tokens = 64;
   };
   auto a = std::make_shared<Args>();
   add_model_options(cmd, a->m, true);
   cmd->add_option("--prompts", a->prompts, "Text file, one prompt per line")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--out", a->out, "Where to write the profile")->check(non_empty());
+  cmd->add_option("--out", a->out, "Where to write the profile (default: pool_profile.json in the model directory, "
+                                   "which later runs use unless --pool-profile says otherwise)")
+      ->check(non_empty());
   cmd->add_option("--margin", a->margin, "Caps = high-water x margin")->check(real_in(1.0, 10.0));
   cmd->add_option("--max-tokens", a->max_tokens, "Tokens generated per prompt")->check(int_in(0, 1 << 30));
   cmd->callback([a] {
@@ -73,6 +76,10 @@ void add_profile(CLI::App& app) {
     opt.experts.slots = 0;  // every expert may stay: nothing is evicted, resident = high-water
     opt.experts.layer_caps.clear();
     opt.memory_budget = 0;
+    opt.load_whole = false;  // and nothing read before the prompts route it
+    opt.warm_start = WarmStart::Off;
+    opt.experts.pins.clear();
+    if (a->out.empty()) a->out = (std::filesystem::path(a->m.model) / "pool_profile.json").string();
     auto engine = Engine::load(a->m.model, opt);
     if (!engine->model().experts()) fail("{}: profile needs an engine directory (moestream convert) whose experts stream", a->m.model);
     std::ifstream in(a->prompts);

@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -50,7 +54,14 @@ void load_pool_profile(const std::string& path, StoreOptions& o) {
     }
   }
 }
+// dir/name.
+std::string fs_path(const std::string& dir, const char* name) { return (std::filesystem::path(dir) / name).string(); }
 }  // namespace
+
+std::string ModelArgs::default_usage() {
+  const char* env = std::getenv("MOESTREAM_USAGE");
+  return env && *env ? env : "auto";
+}
 
 uint64_t parse_bytes(const std::string& text) {
   size_t used = 0;
@@ -82,8 +93,23 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   else m->required();
   m->check(non_empty());
   cmd->add_option("--expert-slots", a.expert_slots, "Resident expert slots per MoE layer (default: all)")->check(int_in(1, 1 << 20));
-  cmd->add_option("--pool-profile", a.pool_profile, "Per-layer slot caps and pinned experts: JSON {\"layer_caps\": {\"0\": 40}, \"pins\": {\"0\": [3, 17]}}")
-      ->check(CLI::ExistingFile);
+  cmd->add_option("--pool-profile", a.pool_profile,
+                  "Per-layer slot caps and pinned experts: JSON {\"layer_caps\": {\"0\": 40}, \"pins\": {\"0\": [3, 17]}}; "
+                  "default: the model directory's pool_profile.json where there is one; none: no profile")
+      ->check(CLI::ExistingFile | CLI::IsMember({"none"}));
+  cmd->add_option("--usage", a.usage,
+                  "Where the experts' usage history is kept across runs: auto (the model directory's usage.json, or "
+                  "the user's state directory where that is read-only), a file, or off; default $MOESTREAM_USAGE, "
+                  "else auto")
+      ->check(non_empty());
+  cmd->add_option("--warm-start", a.warm_start,
+                  "Read each layer's hottest experts by the usage history into its pool at load: auto (as residents "
+                  "the policy may evict), pin (never evicted) or off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "pin", "off"}));
+  cmd->add_option("--warm-fraction", a.warm_fraction, "Share of each pool's slots warm start fills")
+      ->capture_default_str()
+      ->check(real_in(0.0, 1.0));
   cmd->add_option("--memory", a.memory, "Memory budget (e.g. 8G): the expert pools get what dense, KV and activations leave")
       ->check(byte_size());
   cmd->add_option("--context", a.context,
@@ -154,7 +180,15 @@ void print_speculative_stats(const SpeculativeOptions& opt, const SpeculativeSta
 ModelOptions model_options(const ModelArgs& a) {
   ModelOptions o;
   o.experts.slots = a.expert_slots;
-  if (!a.pool_profile.empty()) load_pool_profile(a.pool_profile, o.experts);
+  o.pool_profile = a.pool_profile;
+  if (o.pool_profile.empty() && std::filesystem::exists(fs_path(a.model, "pool_profile.json")))
+    o.pool_profile = fs_path(a.model, "pool_profile.json");
+  if (o.pool_profile == "none") o.pool_profile.clear();
+  if (!o.pool_profile.empty()) load_pool_profile(o.pool_profile, o.experts);
+  o.usage = a.usage == "auto" ? "" : a.usage;
+  o.warm_start = a.warm_start == "pin" ? WarmStart::Pin : a.warm_start == "off" ? WarmStart::Off : WarmStart::Auto;
+  o.warm_fraction = a.warm_fraction;
+  o.progress = isatty(STDERR_FILENO) != 0;
   o.experts.policy = parse_policy(a.policy);
   o.experts.io = parse_io_kind(a.io);
   o.experts.direct_io = !a.no_direct_io;
@@ -216,6 +250,10 @@ void print_expert_stats(const Model& model, std::FILE* out) {
   const std::vector<PoolTier> tiers = model.executor().pool_tiers();
   if (tiers.empty()) return;
   if (const std::string plan = describe(model.memory_plan(), model.device()); !plan.empty()) fmt::print(out, "{}\n", plan);
+  fmt::print(out, "{}\n", describe(model.warm_report()));
+  if (const ExpertStore::Early e = model.experts()->early(); e.tokens > 0)
+    fmt::print(out, "first {} tokens: hit rate {:.3f} ({} hits, {} misses)\n", e.tokens, e.pool.hit_rate(), e.pool.hits,
+               e.pool.misses);
   std::vector<PoolStats> totals;
   for (const PoolTier& t : tiers) {
     fmt::print(out, "{}:\n", t.title);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 
 #include "util/error.h"
 
@@ -29,9 +30,11 @@ int layer_capacity(const StoreOptions& opt, const ExpertLayer& layer) {
 
 ExpertStore::ExpertStore(const std::string& dir, const EngineIndex& index, const StoreOptions& opt)
     : files_(dir, index, opt.io, opt.direct_io, opt.verify), opt_(opt) {
-  for (const ExpertLayer& l : index.layers)
+  for (const ExpertLayer& l : index.layers) {
     pools_.push_back(
         std::make_unique<ExpertPool>(l.n_experts, layer_capacity(opt, l), l.stride, opt.policy, opt.cache, opt.prefault));
+    routed_.emplace_back(size_t(l.n_experts), 0);
+  }
   setup_prefetch();
   if (opt.prefault) register_memory();  // before any read (IoEngine::register_memory)
   for (const auto& [layer, experts] : opt.pins)
@@ -246,6 +249,52 @@ void ExpertStore::pin(int layer, const std::vector<int>& experts) {
   acquire(layer, experts);
   for (int e : experts) pool.pin(e);
   release(layer);
+}
+
+bool ExpertStore::holds_everything() const {
+  for (size_t l = 0; l < pools_.size(); ++l)
+    if (pools_[l]->capacity() < index().layers[l].n_experts) return false;
+  return true;
+}
+
+void ExpertStore::load_all(const std::function<void(size_t, size_t)>& progress) {
+  if (!holds_everything()) fail("{}: the pools cannot hold every expert, so they cannot all be loaded", files_.dir());
+  size_t total = 0, done = 0;
+  for (const ExpertLayer& l : index().layers) total += size_t(l.n_experts) * l.record_bytes;
+  for (size_t l = 0; l < pools_.size(); ++l) {
+    const ExpertLayer& layer = index().layers[l];
+    std::vector<int> all(size_t(layer.n_experts));
+    std::iota(all.begin(), all.end(), 0);
+    acquire(int(l), all);  // every read of the layer in flight at once
+    release(int(l));
+    done += size_t(layer.n_experts) * layer.record_bytes;
+    if (progress) progress(done, total);
+  }
+}
+
+void ExpertStore::count_routes(int layer, const int* ids, int n) {
+  std::lock_guard lk(usage_mu_);
+  std::vector<uint64_t>& c = routed_[size_t(layer)];
+  for (int i = 0; i < n; ++i)
+    if (ids[i] >= 0 && size_t(ids[i]) < c.size()) ++c[size_t(ids[i])];
+  if (layer != 0 || early_.tokens >= kEarlyTokens) return;
+  early_.tokens = std::min(kEarlyTokens, early_.tokens + n / std::max(1, opt_.top_k));
+  early_.pool = {};
+  for (const auto& p : pools_) early_.pool += p->stats();
+}
+
+UsageHistory ExpertStore::usage() const {
+  UsageHistory h = empty_usage(index());
+  std::lock_guard lk(usage_mu_);
+  for (size_t l = 0; l < routed_.size(); ++l)
+    for (size_t e = 0; e < routed_[l].size(); ++e) h.counts[l][e] = double(routed_[l][e]);
+  h.runs = 1;
+  return h;
+}
+
+ExpertStore::Early ExpertStore::early() const {
+  std::lock_guard lk(usage_mu_);
+  return early_;
 }
 
 const std::vector<int>& ExpertStore::prefetch_targets(int source) const {

@@ -5,6 +5,7 @@
 // published. With prefetch, experts predicted for a later layer are read ahead into staging and
 // promoted into the pool only when routing asks for them (experts/prefetch.h).
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include "experts/expert_files.h"
 #include "experts/pool.h"
 #include "experts/prefetch.h"
+#include "experts/usage.h"
 
 namespace ms {
 
@@ -106,6 +108,24 @@ class ExpertStore {
   // Reads `experts` of `layer` now and keeps them resident for good.
   void pin(int layer, const std::vector<int>& experts);
 
+  // Whether every pool holds every expert of its layer.
+  bool holds_everything() const;
+  // Reads every expert of every layer into its pool (holds_everything() must be true), layer by
+  // layer, each layer's reads issued together; `progress` (may be empty) gets the bytes done and
+  // the total after each layer.
+  void load_all(const std::function<void(size_t done, size_t total)>& progress = {});
+
+  // The routed ids of a forward of `layer` (T·top_k of them): counted per expert for the usage
+  // history (usage()), and the first kEarlyTokens tokens' pool hits kept apart (early()).
+  void count_routes(int layer, const int* ids, int n);
+  UsageHistory usage() const;  // the routings counted since start, as one run
+  static constexpr int kEarlyTokens = 64;
+  struct Early {
+    int tokens = 0;  // counted so far, up to kEarlyTokens
+    PoolStats pool;  // summed over layers, up to the forward that reached kEarlyTokens
+  };
+  Early early() const;
+
   // Prefetch (options().prefetch). Whether it runs: On, or Auto where some pool streams.
   bool prefetching() const { return staging_ != nullptr; }
   // Expert layers whose experts are predicted from the residual stream after model layer `source`.
@@ -154,6 +174,9 @@ class ExpertStore {
   PrefetchStats window_start_;
   uint64_t window_misses_ = 0;  // demand reads since the last adaptation
   uint64_t window_behind_ = 0;  // the engine's demand_behind_prefetch then
+  mutable std::mutex usage_mu_;  // routed_, early_
+  std::vector<std::vector<uint64_t>> routed_;  // [expert layer][expert]
+  Early early_;
 };
 
 // The model layer a MoE block belongs to ("model.layers.12.mlp" -> 12), or -1 (MTP).

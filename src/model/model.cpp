@@ -3,7 +3,14 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <fmt/format.h>
+
+#include <chrono>
+#include <utility>
+
 #include "model/forward.h"
+#include "util/memory.h"
+#include "util/progress.h"
 #include "util/error.h"
 
 namespace ms {
@@ -39,8 +46,96 @@ std::unique_ptr<Model> Model::open(const std::string& dir, const ModelOptions& o
   MemoryPlan plan;
   const StoreOptions store_opt = host_store_options(dir, cfg, index, std::filesystem::file_size(dense_path), opt, plan);
   auto experts = std::make_unique<ExpertStore>(dir, index, store_opt);
-  return std::unique_ptr<Model>(
-      new Model(std::move(dense), std::move(cfg), std::move(experts), plan, opt.context, opt.prefill_chunk));
+  std::unique_ptr<Model> m(new Model(std::move(dense), std::move(cfg), std::move(experts), plan, opt.context, opt.prefill_chunk));
+  m->prepare_pools(dir, opt);
+  return m;
+}
+
+namespace {
+
+// Each pool's share that warm start fills: `fraction` of the slots routing may use, less, when
+// pinning, a token's experts (ExpertStore::pin keeps those free).
+int warm_slots(const ExpertStore& s, int layer, double fraction, int top_k, bool pin) {
+  int n = int(fraction * s.free_capacity(layer));
+  if (pin) n = std::min(n, s.free_capacity(layer) - top_k);
+  return std::max(0, n);
+}
+
+}  // namespace
+
+void Model::prepare_pools(const std::string& dir, const ModelOptions& opt) {
+  ExpertStore& s = *experts_;
+  const EngineIndex& index = s.index();
+  usage_base_ = empty_usage(index);
+  if (opt.usage != "off") {
+    warm_.usage_path = opt.usage.empty() ? default_usage_path(dir, index) : opt.usage;
+    std::string warning;
+    if (auto h = read_usage(warm_.usage_path, index, &warning)) usage_base_ = std::move(*h);
+    if (!warning.empty()) {
+      warm_.note = warning;
+      fmt::print(stderr, "moestream: warning: {}\n", warning);
+    }
+  }
+  warm_.profile = opt.pool_profile;
+  warm_.mode = opt.warm_start;
+  const auto start = std::chrono::steady_clock::now();
+  const bool keeps = s.caches();  // not staging only (the GPU's host tier without --host-cache)
+  if (keeps && opt.load_whole && s.holds_everything()) {
+    size_t bytes = 0;
+    for (const ExpertLayer& l : index.layers) bytes += size_t(l.n_experts) * l.stride;
+    if (const uint64_t avail = available_memory(); bytes <= avail / 10 * 9) {
+      Progress progress(bytes, opt.progress);
+      size_t shown = 0;
+      s.load_all([&](size_t done, size_t) { progress.add(done - std::exchange(shown, done)); });
+      progress.finish();
+      warm_.loaded_whole = true;
+    } else {
+      warm_.note = fmt::format("not loaded whole: the experts ({:.1f} GiB) need more than 90 % of the memory available "
+                               "({:.1f} GiB); they are read as routed",
+                               double(bytes) / (1 << 30), double(avail) / (1 << 30));
+    }
+  } else if (keeps && opt.warm_start != WarmStart::Off && !usage_base_.empty()) {
+    const bool pin = opt.warm_start == WarmStart::Pin;
+    for (size_t l = 0; l < index.layers.size(); ++l) {
+      const std::vector<int> hot = usage_base_.hottest(l, warm_slots(s, int(l), opt.warm_fraction, cfg_.top_k, pin));
+      if (hot.empty()) continue;
+      if (pin) {
+        s.pin(int(l), hot);
+        warm_.pinned += int(hot.size());
+      } else {
+        s.acquire(int(l), hot);
+        s.release(int(l));
+      }
+      warm_.warmed += int(hot.size());
+    }
+  }
+  warm_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  s.reset_stats();  // the load's reads are not the run's misses
+}
+
+const char* warm_start_name(WarmStart w) { return w == WarmStart::Pin ? "pin" : w == WarmStart::Auto ? "auto" : "off"; }
+
+std::string describe(const WarmReport& w) {
+  std::string s = "pools at load: ";
+  if (w.loaded_whole) s += fmt::format("every expert read ({:.1f} s)", w.seconds);
+  else if (w.warmed > 0)
+    s += fmt::format("warm start {} read {} hot experts ({} pinned) in {:.1f} s", warm_start_name(w.mode), w.warmed, w.pinned,
+                     w.seconds);
+  else s += fmt::format("empty (warm start {}{})", warm_start_name(w.mode),
+                        w.mode != WarmStart::Off && !w.usage_path.empty() ? ", no usage recorded yet" : "");
+  s += fmt::format("; usage history {}; pool profile {}", w.usage_path.empty() ? "off" : w.usage_path,
+                   w.profile.empty() ? "none" : w.profile);
+  if (!w.note.empty()) s += "; " + w.note;
+  return s;
+}
+
+void Model::save_usage() const {
+  if (!experts_ || warm_.usage_path.empty()) return;
+  const UsageHistory run = experts_->usage();
+  if (run.empty()) return;
+  UsageHistory h = usage_base_;
+  h.merge(run);
+  write_usage(warm_.usage_path, h);
 }
 
 void Model::attach(std::unique_ptr<Executor> executor) { executor_ = std::move(executor); }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "format/config.h"
+#include "experts/usage.h"
 #include "format/safetensors.h"
 #include "model/executor.h"
 #include "model/plan.h"
@@ -14,6 +15,22 @@
 #include "model/weights.h"
 
 namespace ms {
+
+// What a load did to an engine directory's pools before the first token (--stats, /api/stats).
+struct WarmReport {
+  std::string usage_path;  // the usage history's file; "" where --usage off
+  std::string note;        // why the history was ignored, or the model not loaded whole; "" if neither
+  std::string profile;     // the pool profile used; "" for none
+  bool loaded_whole = false;
+  WarmStart mode = WarmStart::Off;  // as asked
+  int warmed = 0;                   // experts warm start read in (pinned ones included) ...
+  int pinned = 0;                   // ... of them pinned
+  double seconds = 0;               // the load's expert reads
+};
+
+// "pools at load: loaded whole in 3.2 s; usage history usage.json; pool profile none" and the like.
+std::string describe(const WarmReport& w);
+const char* warm_start_name(WarmStart w);  // "off", "auto", "pin"
 
 class Model {
  public:
@@ -58,6 +75,12 @@ class Model {
   std::vector<float> mtp_forward(const float* hidden, const int* next_ids, int T, int pos0, State& state,
                                  std::vector<float>* hidden_out = nullptr, int logit_rows = -1) const;
 
+  // What the load put in the pools (WarmReport), and the usage history: this run's routings
+  // merged into the history read at load (decayed) and written back atomically (save_usage;
+  // nothing where --usage off, nothing streams, or nothing was routed). Throws naming the file.
+  const WarmReport& warm_report() const { return warm_; }
+  void save_usage() const;
+
   // The streaming expert store of an engine directory (on Cuda: the host tier below the VRAM
   // pool); null for a Hugging Face checkpoint.
   ExpertStore* experts() const { return experts_.get(); }
@@ -71,6 +94,9 @@ class Model {
  private:
   Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> experts, MemoryPlan plan, int kv_positions,
         int prefill_chunk);
+  // Reads the usage history, then loads every expert where the pools and the memory hold them
+  // all, else warm-starts the pools from the history (opt.warm_start).
+  void prepare_pools(const std::string& dir, const ModelOptions& opt);
 
   TensorStore store_;
   ModelConfig cfg_;
@@ -80,6 +106,8 @@ class Model {
   std::unique_ptr<Executor> executor_;  // after experts_ and w_: it borrows them
   int kv_positions_ = 0;                // ModelOptions::context: what new states' KV caches plan for
   int prefill_chunk_ = kPrefillChunk;   // ModelOptions::prefill_chunk
+  WarmReport warm_;
+  UsageHistory usage_base_;  // the history read at load
 };
 
 }  // namespace ms

@@ -132,6 +132,8 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
     flush();
   } else {
     auto* store = be.experts;
+    if constexpr (requires { store->count_routes(0, r.ids.data(), 0); })  // the usage history's counts
+      store->count_routes(w.store_layer, r.ids.data(), T * K);
     const size_t cap = size_t(store->free_capacity(w.store_layer));
     for (size_t b = 0; b < order.size(); b += cap) {
       const std::vector<int> wave(order.begin() + std::ptrdiff_t(b), order.begin() + std::ptrdiff_t(std::min(order.size(), b + cap)));

@@ -29,6 +29,11 @@ struct SpeculativeOptions {
   int draft = kDraftAuto;
 };
 
+// What an engine directory's pools hold before the first token (--warm-start): nothing, or each
+// layer's hottest experts by the usage history, as residents the policy may evict (Auto) or
+// pinned (Pin).
+enum class WarmStart { Off, Auto, Pin };
+
 // How an engine directory's experts are held: a pool of `experts.slots` per layer (or per-layer
 // caps), or sized from a memory budget. A Hugging Face checkpoint keeps every expert mapped.
 // On Cuda the pools are in VRAM (`experts` or `vram_budget` sizes them) over a host tier.
@@ -50,6 +55,15 @@ struct ModelOptions {
   // The default for every generation (a server request may ask otherwise); with mtp on the plan
   // counts the linear-attention states a verify keeps per drafted token.
   SpeculativeOptions speculative;
+  // The usage history (experts/usage.h): "off", "" where it lives by default
+  // (default_usage_path; the CLI's default), or a file.
+  std::string usage = "off";
+  WarmStart warm_start = WarmStart::Auto;
+  double warm_fraction = 0.5;  // of each pool's slots that warm start fills
+  // Where the pools hold every expert and the memory available does too, read them all at load.
+  bool load_whole = true;
+  std::string pool_profile;  // the file experts.layer_caps and pins came from, for reports; "" for none
+  bool progress = false;     // a progress bar on stderr for the reads at load
 };
 
 // Where a memory budget goes (docs/ARCHITECTURE.md, invariant 5): host memory on Cpu, VRAM on Cuda.

@@ -1,5 +1,7 @@
 #include "runtime/engine.h"
 
+#include <fmt/format.h>
+
 #include "backends/load.h"
 #include "runtime/speculative.h"
 
@@ -42,6 +44,18 @@ void add_ids(std::vector<int>& ids, const json& v, const std::string& where, int
 }  // namespace
 
 bool Engine::is_eos(int id) const { return std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end(); }
+
+Engine::~Engine() {
+  if (model_) save_usage();
+}
+
+void Engine::save_usage() const {
+  try {
+    model_->save_usage();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "moestream: warning: the usage history was not saved: {}\n", e.what());
+  }
+}
 
 std::unique_ptr<Engine> Engine::load(const std::string& dir, const ModelOptions& opt) {
   auto e = std::make_unique<Engine>();

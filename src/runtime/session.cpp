@@ -11,6 +11,7 @@ namespace ms {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr auto kUsageSaveInterval = std::chrono::seconds(60);
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 bool has_prefix(const std::vector<int>& v, const std::vector<int>& prefix) {
@@ -188,6 +189,10 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   }
   const int decoded = std::max(0, int(res.tokens.size()) - 1);
   res.decode_tok_s = decoded / std::max(1e-9, seconds_since(decode_start));
+  if (Clock::now() - usage_saved_ > kUsageSaveInterval) {  // a long-running server or chat keeps its history current
+    engine_.save_usage();
+    usage_saved_ = Clock::now();
+  }
   return res;
 }
 

@@ -74,6 +74,7 @@ class Session {
   State::Checkpoint prompt_end_;     // state right after the last prompt was processed
   std::vector<int> last_prompt_;
   DraftTuner tuner_;  // what --draft auto measured in earlier generations
+  std::chrono::steady_clock::time_point usage_saved_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace ms

@@ -71,6 +71,8 @@ StatsSnapshot EngineStats::snapshot() const {
     out.pool = model_->pool_stats();
     out.resident.experts = model_->pool_bytes();
     out.prefetch = prefetch_report(*model_);
+    out.warm = model_->warm_report();
+    out.early = model_->experts()->early();
   }
   return out;
 }
@@ -107,6 +109,18 @@ ojson speculative_json(const SpeculativeOptions& o, const SpeculativeStats& s) {
           {"plain_steps", s.plain_steps},
           {"tokens_per_forward", s.tokens_per_forward()},
           {"last_draft", s.draft}};
+}
+
+ojson warm_json(const WarmReport& w, const ExpertStore::Early& e) {
+  return {{"mode", warm_start_name(w.mode)},
+          {"usage", w.usage_path.empty() ? ojson(nullptr) : ojson(w.usage_path)},
+          {"pool_profile", w.profile.empty() ? ojson(nullptr) : ojson(w.profile)},
+          {"loaded_whole", w.loaded_whole},
+          {"warmed", w.warmed},
+          {"pinned", w.pinned},
+          {"seconds", w.seconds},
+          {"note", w.note},
+          {"first_tokens", {{"tokens", e.tokens}, {"hits", e.pool.hits}, {"misses", e.pool.misses}, {"hit_rate", e.pool.hit_rate()}}}};
 }
 
 ojson prefetch_json(const PrefetchReport& p) {
@@ -182,7 +196,8 @@ ojson to_json(const StatsSnapshot& s) {
             {"stall_s", total.stall_s},
             {"disk_load_ratio", all_miss_bytes ? double(total.bytes_read) / double(all_miss_bytes) : 0.0}}},
           {"prefetch", prefetch_json(s.prefetch)},
-          {"speculative", speculative_json(s.speculative_default, s.speculative)}};
+          {"speculative", speculative_json(s.speculative_default, s.speculative)},
+          {"warm_start", warm_json(s.warm, s.early)}};
 }
 
 }  // namespace ms

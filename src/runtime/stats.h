@@ -62,6 +62,8 @@ struct StatsSnapshot {
   std::vector<LayerUsage> layers;
   std::vector<LayerStats> pool;  // per MoE block of a streamed model; empty otherwise
   PrefetchReport prefetch;
+  WarmReport warm;             // what the load put in the pools
+  ExpertStore::Early early;    // the pools' hits over the first tokens after start
   SpeculativeOptions speculative_default;  // what requests speculate with unless they ask otherwise
   SpeculativeStats speculative;            // summed over requests
   std::vector<RequestRecord> recent;  // the last few requests, oldest first

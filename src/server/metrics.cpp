@@ -61,6 +61,12 @@ std::string prometheus_text(const StatsSnapshot& s, const QueueState& q, const H
   w.metric("http_rejected_total", "counter", "Requests refused by the HTTP layer (malformed, too large, encoded, no route).",
            double(http.rejected));
 
+  w.metric("warm_start_experts", "gauge", "Experts read into the pools at load by warm start (pinned ones included).",
+           double(s.warm.warmed));
+  w.metric("warm_start_pinned_experts", "gauge", "Experts warm start pinned.", double(s.warm.pinned));
+  w.metric("loaded_whole", "gauge", "1 where every expert was read into the pools at load.", s.warm.loaded_whole ? 1 : 0);
+  w.metric("first_tokens_hit_rate", "gauge", "The pools' hit rate over the first tokens after start (first_tokens).",
+           s.early.pool.hit_rate());
   const SpeculativeStats& sp = s.speculative;
   w.metric("speculative_verifies_total", "counter", "Verify forwards of MTP drafts.", double(sp.verifies));
   w.metric("speculative_drafted_tokens_total", "counter", "Tokens the MTP head drafted.", double(sp.drafted));

@@ -1,5 +1,9 @@
 #include "util/memory.h"
 
+#include <algorithm>
+#include <fstream>
+#include <string>
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -46,6 +50,58 @@ ResidentMemory& ResidentMemory::operator=(ResidentMemory&& o) noexcept {
     bytes_ = std::exchange(o.bytes_, 0);
   }
   return *this;
+}
+
+namespace {
+
+// The first number in `path`, or `none` where it cannot be read (or says "max").
+uint64_t read_number(const std::string& path, uint64_t none) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word == "max") return none;
+  try {
+    return std::stoull(word);
+  } catch (const std::exception&) {
+    return none;
+  }
+}
+
+// The path of this process's cgroup for `controller` ("memory" in v1, "" for the v2 hierarchy).
+std::string own_cgroup(const std::string& controller) {
+  std::ifstream in("/proc/self/cgroup");
+  for (std::string line; std::getline(in, line);) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string names = line.substr(a + 1, b - a - 1);
+    if (controller.empty() ? names.empty() : ("," + names + ",").find("," + controller + ",") != std::string::npos)
+      return line.substr(b + 1);
+  }
+  return "";
+}
+
+}  // namespace
+
+uint64_t available_memory() {
+  constexpr uint64_t kNone = UINT64_MAX;
+  uint64_t avail = kNone;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    uint64_t kib = 0;
+    meminfo >> kib;
+    meminfo.ignore(64, '\n');
+    if (key == "MemAvailable:") avail = kib * 1024;
+  }
+  // The cgroup's room: its limit less what it holds (page cache included, which it can reclaim,
+  // so this errs on the safe side).
+  auto room = [&](const std::string& limit, const std::string& usage) {
+    const uint64_t l = read_number(limit, kNone), u = read_number(usage, 0);
+    if (l != kNone) avail = std::min(avail, l > u ? l - u : 0);
+  };
+  if (const std::string v1 = own_cgroup("memory"); !v1.empty())
+    room("/sys/fs/cgroup/memory" + v1 + "/memory.limit_in_bytes", "/sys/fs/cgroup/memory" + v1 + "/memory.usage_in_bytes");
+  if (const std::string v2 = own_cgroup(""); !v2.empty())
+    room("/sys/fs/cgroup" + v2 + "/memory.max", "/sys/fs/cgroup" + v2 + "/memory.current");
+  return avail;
 }
 
 }  // namespace ms

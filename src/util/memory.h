@@ -9,6 +9,10 @@
 
 namespace ms {
 
+// Bytes this process may still take: the machine's MemAvailable, less where the process's memory
+// cgroup (v1 memory.limit_in_bytes, v2 memory.max) leaves less room.
+uint64_t available_memory();
+
 class ResidentMemory {
  public:
   ResidentMemory() = default;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "format/engine_dir.h"
+#include "util/progress.h"
 #include "format/safetensors.h"
 
 namespace ms {
@@ -46,22 +47,6 @@ class TempDir {
 // Removes OUT.tmp-* directories beside `out` whose writer is gone (kWriterLock not held); returns
 // how many. TempDir's constructor calls it.
 int remove_dead_temp_dirs(const std::filesystem::path& out);
-
-// A progress bar (bytes, rate, ETA) on stderr when enabled; add() may be called from workers.
-class Progress {
- public:
-  Progress(size_t total, bool enabled);
-  void add(size_t n);
-  void finish();
-
- private:
-  void draw(std::chrono::steady_clock::time_point now);
-
-  std::mutex mu_;
-  size_t total_, done_ = 0;
-  bool enabled_;
-  std::chrono::steady_clock::time_point start_, last_{};
-};
 
 // docs/FORMAT.md, "dense.safetensors": the bits a dense tensor is stored with given
 // --dense-bits/--dense-group (kRawBits: as stored).

@@ -15,7 +15,7 @@ TEST(BenchCommand, TimesPromptsAndDecodeBesideTheMemoryBound) {
             0)
       << err;
   EXPECT_TRUE(std::regex_search(out, std::regex(R"(memory: read [0-9.]+ GB/s \([0-9]+ threads)"))) << out;
-  EXPECT_NE(out.find("every routed expert read into its pool first"), std::string::npos) << out;
+  EXPECT_NE(out.find("every routed expert read into its pool at load"), std::string::npos) << out;
   EXPECT_TRUE(std::regex_search(out, std::regex(R"(\npp16 +[0-9.]+\n)"))) << out;
   EXPECT_TRUE(std::regex_search(out, std::regex(R"(\npp32 +[0-9.]+\n)"))) << out;
   // tok/s, GB/s of weights read, and that against the measured read bandwidth.

@@ -234,6 +234,10 @@ TEST(Streaming, CorruptRecordIsNamedWithVerify) {
   }
   ModelOptions opt;
   opt.experts.verify = true;
+  // Loaded whole (every expert fits), the load reads it and names it.
+  test::expect_error([&] { load_model(dir, opt); }, {"layer_002.bin", "model.layers.2.mlp", "expert 0", "checksum"});
+  // Read as routed, the forward that routes to it names it.
+  opt.load_whole = false;
   std::unique_ptr<Model> model;
   std::vector<int> prompt;
   const std::string err = test::first_forward_error(
