@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -138,7 +139,9 @@ void add_inspect(CLI::App& app) {
   auto model_dir = std::make_shared<std::string>();
   cmd->add_option("--model", *model_dir, "Model directory")->required()->check(non_empty());
   cmd->callback([model_dir] {
-    auto model = load_model(*model_dir);
+    ModelOptions opt;
+    opt.load_whole = false;  // describing a model reads none of its experts
+    auto model = load_model(*model_dir, opt);
     const ModelConfig& c = model->config();
     const ModelWeights& w = model->weights();
     std::string types;
@@ -154,6 +157,16 @@ void add_inspect(CLI::App& app) {
     fmt::print("experts        {} per MoE layer, top-{}, width {}{}\n", c.n_experts, c.top_k, c.moe_inter,
                c.shared_inter ? fmt::format(", shared expert width {}", c.shared_inter) : "");
     fmt::print("mtp head       {}\n", model->has_mtp() ? "yes" : "no");
+    if (const ExpertStore* experts = model->experts()) {
+      const std::string profile = (std::filesystem::path(*model_dir) / "pool_profile.json").string();
+      fmt::print("pool profile   {}\n", std::filesystem::exists(profile) ? profile + " (used by default)" : "none");
+      const std::string usage = default_usage_path(*model_dir, experts->index());
+      std::string warning;
+      const auto history = read_usage(usage, experts->index(), &warning);
+      fmt::print("usage history  {}\n", history ? fmt::format("{} ({} runs; --warm-start reads its hottest experts)", usage, history->runs)
+                                        : !warning.empty() ? warning
+                                                           : fmt::format("none yet ({})", usage));
+    }
     if (const ExpertStore* experts = model->experts())
       fmt::print("format         engine directory, version {}{}\n", experts->index().version,
                  experts->index().version < 2 ? " (records without headers, no dense checksums: --verify checks the "

@@ -1,6 +1,7 @@
 // simulate, profile and the streaming flags through the built binary.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -35,6 +36,53 @@ TEST(ProfileCommand, WritesCapsThatRunAccepts) {
   std::ofstream(dir + "/bad.json") << R"({"layer_caps": {"zero": 10}})";
   EXPECT_EQ(test::run_cli("run --prompt x --pool-profile " + dir + "/bad.json", &out, &err), 1);
   EXPECT_NE(err.find("'zero' is not a layer number"), std::string::npos) << err;
+}
+
+// A copy of the embedded model in a scratch directory: what runs write beside it stays there.
+std::string model_copy(const std::string& tag) {
+  const std::string dir = test::scratch_dir(tag) + "/model";
+  std::filesystem::copy(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", dir, std::filesystem::copy_options::recursive);
+  return dir;
+}
+
+// A run leaves its usage history beside the model; the next warm-starts from it, and --stats
+// says so; a damaged history is a warning, not a failure; --usage off writes nothing.
+TEST(WarmStartFlags, UsageHistoryWarmsTheNextRun) {
+  const std::string dir = model_copy("warm-cli");
+  const std::string run = "run --model " + dir + " --expert-slots 16 --max-tokens 16 --ignore-eos --usage auto ";
+  std::string out, err, first;
+  ASSERT_EQ(test::run_cli(run + "--prompt 'import os' --stats", &first, &err), 0) << err;
+  EXPECT_NE(err.find("pools at load: empty"), std::string::npos) << err;
+  ASSERT_TRUE(std::filesystem::exists(dir + "/usage.json"));
+  for (const char* mode : {"auto", "pin"}) {
+    ASSERT_EQ(test::run_cli(run + "--prompt 'def fib(n):' --stats --warm-start " + std::string(mode), &out, &err), 0) << err;
+    EXPECT_NE(err.find(std::string("warm start ") + mode + " read"), std::string::npos) << err;
+    EXPECT_NE(err.find(" tokens: hit rate"), std::string::npos) << err;
+  }
+  std::string plain;
+  ASSERT_EQ(test::run_cli(run + "--prompt 'def fib(n):' --warm-start off", &plain, &err), 0) << err;
+  EXPECT_EQ(out, plain);  // warm start changes what is resident, not the answer
+  std::ofstream(dir + "/usage.json") << "{\"format\": \"moestream-usage\", \"vers";
+  ASSERT_EQ(test::run_cli(run + "--prompt x --stats", &out, &err), 0) << err;
+  EXPECT_NE(err.find("warning: usage history " + dir + "/usage.json ignored"), std::string::npos) << err;
+  std::filesystem::remove(dir + "/usage.json");
+  ASSERT_EQ(test::run_cli("run --model " + dir + " --expert-slots 16 --max-tokens 4 --prompt x --usage off", &out, &err), 0);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/usage.json"));
+}
+
+// profile writes pool_profile.json into the model directory, and later runs use it unless told not to.
+TEST(WarmStartFlags, ThePoolProfileBesideTheModelIsTheDefault) {
+  const std::string dir = model_copy("profile-default");
+  std::ofstream(dir + "/../prompts.txt") << "def fib(n):\n";
+  std::string out, err;
+  ASSERT_EQ(test::run_cli("profile --model " + dir + " --prompts " + dir + "/../prompts.txt --max-tokens 4", &out, &err), 0) << err;
+  ASSERT_TRUE(std::filesystem::exists(dir + "/pool_profile.json"));
+  ASSERT_EQ(test::run_cli("run --model " + dir + " --prompt x --max-tokens 2 --stats", &out, &err), 0) << err;
+  EXPECT_NE(err.find("pool profile " + dir + "/pool_profile.json"), std::string::npos) << err;
+  ASSERT_EQ(test::run_cli("run --model " + dir + " --prompt x --max-tokens 2 --stats --pool-profile none", &out, &err), 0) << err;
+  EXPECT_NE(err.find("pool profile none"), std::string::npos) << err;
+  ASSERT_EQ(test::run_cli("inspect --model " + dir, &out, &err), 0) << err;
+  EXPECT_NE(out.find("pool profile   " + dir + "/pool_profile.json (used by default)"), std::string::npos) << out;
 }
 
 TEST(StreamingFlags, MemoryBudgetBelowTheFloorIsRefusedWithTheNumbers) {

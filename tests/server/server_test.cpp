@@ -672,6 +672,24 @@ TEST(ServerPool, StatsReportTheStreamingPool) {
   EXPECT_GT(stats["resident_bytes"]["experts"].get<uint64_t>(), 0u);
   const std::string metrics = c.Get("/metrics")->body;
   EXPECT_NE(metrics.find("moestream_pool_misses_total{layer=\"model.layers.0.mlp\"}"), std::string::npos);
+  // What the load put in the pools, and the first tokens' hits.
+  const json& w = stats["warm_start"];
+  EXPECT_EQ(w["mode"], "auto");
+  EXPECT_FALSE(w["loaded_whole"].get<bool>());
+  EXPECT_TRUE(w["usage"].is_null());  // the tests keep no history (MOESTREAM_USAGE=off)
+  EXPECT_GT(w["first_tokens"]["tokens"].get<int>(), 0);
+  EXPECT_GT(w["first_tokens"]["misses"].get<uint64_t>(), 0u);
+  EXPECT_NE(metrics.find("moestream_first_tokens_hit_rate "), std::string::npos);
+  EXPECT_NE(metrics.find("moestream_loaded_whole 0"), std::string::npos);
+}
+
+// Every expert fits: the server reads them all at load and says so.
+TEST(ServerPool, AModelThatFitsIsLoadedWhole) {
+  ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", {});
+  auto c = server.client();
+  const json w = json::parse(c.Get("/api/stats")->body)["warm_start"];
+  EXPECT_TRUE(w["loaded_whole"].get<bool>()) << w.dump();
+  EXPECT_NE(c.Get("/metrics")->body.find("moestream_loaded_whole 1"), std::string::npos);
 }
 
 // Prefetch on (auto: the pools stream): /api/stats and /metrics report what it predicted, read
