@@ -102,6 +102,9 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
                   "the user's state directory where that is read-only), a file, or off; default $MOESTREAM_USAGE, "
                   "else auto")
       ->check(non_empty());
+  cmd->add_flag("--no-load-whole", a.no_load_whole,
+                "Read experts as routing asks even where the pools hold them all (by default those are all read at "
+                "load, where the memory available allows)");
   cmd->add_option("--warm-start", a.warm_start,
                   "Read each layer's hottest experts by the usage history into its pool at load: auto (as residents "
                   "the policy may evict), pin (never evicted) or off")
@@ -188,6 +191,7 @@ ModelOptions model_options(const ModelArgs& a) {
   o.usage = a.usage == "auto" ? "" : a.usage;
   o.warm_start = a.warm_start == "pin" ? WarmStart::Pin : a.warm_start == "off" ? WarmStart::Off : WarmStart::Auto;
   o.warm_fraction = a.warm_fraction;
+  o.load_whole = !a.no_load_whole;
   o.progress = isatty(STDERR_FILENO) != 0;
   o.experts.policy = parse_policy(a.policy);
   o.experts.io = parse_io_kind(a.io);

@@ -17,7 +17,7 @@ struct ModelArgs {
   int context = 4096;
   bool no_direct_io = false, verify = false;
   std::string device = "auto", vram, host_cache, host_policy = "lru";
-  bool no_cuda_graphs = false;
+  bool no_cuda_graphs = false, no_load_whole = false;
   std::string prefetch = "auto", prefetch_ahead = "1", prefetch_width = "auto";
   int prefetch_staging = 0;
   std::string speculative = "off", draft = "auto";  // add_speculative_options'
