@@ -36,7 +36,7 @@ field() { grep -oP "$2" "$1" | head -1; }  # the first match of a Perl regex in 
 
 case_runs() {  # name cap model-args...: the history run, then cold / auto / pin on another prompt
   local name=$1 cap=$2; shift 2
-  local usage=$LOG/$name.usage.json ids_a=1000,2000,3000,4000 ids_b=5000,600,70,8000,9000
+  local usage=$LOG/$name.usage.json ids_a=1000,2000,3000,4000 ids_b=5000,600,70,8000,900
   rm -f "$usage"
   run "$cap" "$LOG/$name.history.log" generate "$@" --usage "$usage" --ids "$ids_a" --max-tokens 128 --ignore-eos
   printf '%-26s %8s %8s %10s %10s %10s\n' "$name" "hit@64" "load s" "32nd tok s" "tg256" "stall s"

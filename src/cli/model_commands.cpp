@@ -12,6 +12,7 @@
 #include "cli/model_options.h"
 #include "backends/load.h"
 #include "model/model.h"
+#include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "util/error.h"
 
@@ -114,6 +115,7 @@ void add_generate(CLI::App& app) {
                                            });
     const auto end = Clock::now();
     std::printf("%s\n", join_ids(out).c_str());
+    save_usage_or_warn(*model);
     if (a->stats) {
       const double prefill_s = std::chrono::duration<double>(first - start).count();
       const double decode_s = std::chrono::duration<double>(end - first).count();

@@ -64,53 +64,74 @@ int warm_slots(const ExpertStore& s, int layer, double fraction, int top_k, bool
 }  // namespace
 
 void Model::prepare_pools(const std::string& dir, const ModelOptions& opt) {
-  ExpertStore& s = *experts_;
-  const EngineIndex& index = s.index();
-  usage_base_ = empty_usage(index);
-  if (opt.usage != "off") {
-    warm_.usage_path = opt.usage.empty() ? default_usage_path(dir, index) : opt.usage;
-    std::string warning;
-    if (auto h = read_usage(warm_.usage_path, index, &warning)) usage_base_ = std::move(*h);
-    if (!warning.empty()) {
-      warm_.note = warning;
-      fmt::print(stderr, "moestream: warning: {}\n", warning);
-    }
-  }
+  read_usage_history(dir, opt);
   warm_.profile = opt.pool_profile;
   warm_.mode = opt.warm_start;
   const auto start = std::chrono::steady_clock::now();
-  const bool keeps = s.caches();  // not staging only (the GPU's host tier without --host-cache)
-  if (keeps && opt.load_whole && s.holds_everything()) {
-    size_t bytes = 0;
-    for (const ExpertLayer& l : index.layers) bytes += size_t(l.n_experts) * l.stride;
-    if (const uint64_t avail = available_memory(); bytes <= avail / 10 * 9) {
-      Progress progress(bytes, opt.progress);
-      size_t shown = 0;
-      s.load_all([&](size_t done, size_t) { progress.add(done - std::exchange(shown, done)); });
-      progress.finish();
-      warm_.loaded_whole = true;
-    } else {
-      warm_.note = fmt::format("not loaded whole: the experts ({:.1f} GiB) need more than 90 % of the memory available "
-                               "({:.1f} GiB); they are read as routed",
-                               double(bytes) / (1 << 30), double(avail) / (1 << 30));
-    }
-  } else if (keeps && opt.warm_start != WarmStart::Off && !usage_base_.empty()) {
-    const bool pin = opt.warm_start == WarmStart::Pin;
-    for (size_t l = 0; l < index.layers.size(); ++l) {
-      const std::vector<int> hot = usage_base_.hottest(l, warm_slots(s, int(l), opt.warm_fraction, cfg_.top_k, pin));
-      if (hot.empty()) continue;
-      if (pin) {
-        s.pin(int(l), hot);
-        warm_.pinned += int(hot.size());
-      } else {
-        s.acquire(int(l), hot);
-        s.release(int(l));
-      }
-      warm_.warmed += int(hot.size());
-    }
+  if (experts_->caches()) {  // not staging only (the GPU's host tier without --host-cache)
+    if (!(opt.load_whole && load_whole(opt)) && opt.warm_start != WarmStart::Off && !usage_base_.empty())
+      warm_from_usage(opt);
   }
   warm_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  s.reset_stats();  // the load's reads are not the run's misses
+  experts_->reset_stats();  // the load's reads are not the run's misses
+}
+
+void Model::read_usage_history(const std::string& dir, const ModelOptions& opt) {
+  const EngineIndex& index = experts_->index();
+  usage_base_ = empty_usage(index);
+  if (opt.usage == "off") return;
+  warm_.usage_path = opt.usage.empty() ? default_usage_path(dir, index) : opt.usage;
+  std::string warning;
+  if (auto h = read_usage(warm_.usage_path, index, &warning)) usage_base_ = std::move(*h);
+  if (warning.empty()) return;
+  warm_.note = warning;
+  fmt::print(stderr, "moestream: warning: {}\n", warning);
+}
+
+bool Model::load_whole(const ModelOptions& opt) {
+  ExpertStore& s = *experts_;
+  if (!s.holds_everything()) return false;
+  size_t bytes = 0;
+  for (const ExpertLayer& l : s.index().layers) bytes += size_t(l.n_experts) * l.stride;
+  // Pools a budget sized hold their memory already; unsized ones take it as they fill.
+  if (const uint64_t avail = available_memory(); !opt.experts.prefault && bytes > avail / 10 * 9) {
+    warm_.note = fmt::format("not loaded whole: the experts ({:.1f} GiB) need more than 90 % of the memory available "
+                             "({:.1f} GiB); they are read as routed",
+                             double(bytes) / (1 << 30), double(avail) / (1 << 30));
+    return false;
+  }
+  Progress progress(bytes, opt.progress);
+  size_t shown = 0;
+  s.load_all([&](size_t done, size_t) { progress.add(done - std::exchange(shown, done)); });
+  progress.finish();
+  warm_.loaded_whole = true;
+  return true;
+}
+
+void Model::warm_from_usage(const ModelOptions& opt) {
+  ExpertStore& s = *experts_;
+  const EngineIndex& index = s.index();
+  const bool pin = opt.warm_start == WarmStart::Pin;
+  std::vector<std::vector<int>> hot(index.layers.size());
+  size_t bytes = 0;
+  for (size_t l = 0; l < index.layers.size(); ++l) {
+    hot[l] = usage_base_.hottest(l, warm_slots(s, int(l), opt.warm_fraction, cfg_.top_k, pin));
+    bytes += hot[l].size() * index.layers[l].record_bytes;
+  }
+  Progress progress(bytes, opt.progress);
+  for (size_t l = 0; l < index.layers.size(); ++l) {
+    if (hot[l].empty()) continue;
+    if (pin) {
+      s.pin(int(l), hot[l]);
+      warm_.pinned += int(hot[l].size());
+    } else {
+      s.acquire(int(l), hot[l]);  // the layer's reads in flight together
+      s.release(int(l));
+    }
+    warm_.warmed += int(hot[l].size());
+    progress.add(hot[l].size() * index.layers[l].record_bytes);
+  }
+  progress.finish();
 }
 
 const char* warm_start_name(WarmStart w) { return w == WarmStart::Pin ? "pin" : w == WarmStart::Auto ? "auto" : "off"; }

@@ -97,6 +97,9 @@ class Model {
   // Reads the usage history, then loads every expert where the pools and the memory hold them
   // all, else warm-starts the pools from the history (opt.warm_start).
   void prepare_pools(const std::string& dir, const ModelOptions& opt);
+  void read_usage_history(const std::string& dir, const ModelOptions& opt);
+  bool load_whole(const ModelOptions& opt);  // whether it did; warm_.note says why not where it could not
+  void warm_from_usage(const ModelOptions& opt);
 
   TensorStore store_;
   ModelConfig cfg_;

@@ -49,9 +49,9 @@ Engine::~Engine() {
   if (model_) save_usage();
 }
 
-void Engine::save_usage() const {
+void save_usage_or_warn(const Model& model) {
   try {
-    model_->save_usage();
+    model.save_usage();
   } catch (const std::exception& e) {
     fmt::print(stderr, "moestream: warning: the usage history was not saved: {}\n", e.what());
   }

@@ -12,13 +12,15 @@
 
 namespace ms {
 
+// Model::save_usage, a failure a one-line warning on stderr: the history only ever warms pools.
+void save_usage_or_warn(const Model& model);
+
 class Engine {
  public:
   static std::unique_ptr<Engine> load(const std::string& dir, const ModelOptions& opt = {});
   // Writes the model's usage history (save_usage).
   ~Engine();
-  // Model::save_usage, a failure a one-line warning on stderr: the history only ever warms pools.
-  void save_usage() const;
+  void save_usage() const { save_usage_or_warn(*model_); }
 
   const std::string& dir() const { return dir_; }
   const Model& model() const { return *model_; }
