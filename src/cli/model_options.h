@@ -21,7 +21,7 @@ struct ModelArgs {
   std::string prefetch = "auto", prefetch_ahead = "1", prefetch_width = "auto";
   int prefetch_staging = 0;
   std::string speculative = "off", draft = "auto";  // add_speculative_options'
-  std::string usage = default_usage(), warm_start = "auto";
+  std::string usage = default_usage(), warm_start = "pin";
   double warm_fraction = 0.5;
   // --usage's default: $MOESTREAM_USAGE where set, else auto.
   static std::string default_usage();

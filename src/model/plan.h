@@ -58,7 +58,7 @@ struct ModelOptions {
   // The usage history (experts/usage.h): "off", "" where it lives by default
   // (default_usage_path; the CLI's default), or a file.
   std::string usage = "off";
-  WarmStart warm_start = WarmStart::Auto;
+  WarmStart warm_start = WarmStart::Pin;  // pin won bench/warm_start_bench.sh (docs/PERFORMANCE.md)
   double warm_fraction = 0.5;  // of each pool's slots that warm start fills
   // Where the pools hold every expert and the memory available does too, read them all at load.
   bool load_whole = true;

@@ -674,7 +674,7 @@ TEST(ServerPool, StatsReportTheStreamingPool) {
   EXPECT_NE(metrics.find("moestream_pool_misses_total{layer=\"model.layers.0.mlp\"}"), std::string::npos);
   // What the load put in the pools, and the first tokens' hits.
   const json& w = stats["warm_start"];
-  EXPECT_EQ(w["mode"], "auto");
+  EXPECT_EQ(w["mode"], "pin");
   EXPECT_FALSE(w["loaded_whole"].get<bool>());
   EXPECT_TRUE(w["usage"].is_null());  // the tests keep no history (MOESTREAM_USAGE=off)
   EXPECT_GT(w["first_tokens"]["tokens"].get<int>(), 0);
