@@ -23,7 +23,6 @@ double seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-
 // A draw from max(0, p - q) normalised: where a draft was rejected. p's candidates hold all of
 // its mass; where nothing is left (p == q, where no rejection can happen) p itself.
 int draw_residual(const cpu::Distribution& p, const cpu::Distribution& q, double u) {
