@@ -312,6 +312,12 @@ GenerationRequest HttpServer::generation_request(std::vector<int> prompt, const 
     } catch (const Error& e) {
       invalid_param("speculative", e.what(), "unsupported_value");
     }
+  // A verify keeps per-token states the memory plan counts only where the server speculates.
+  if (g.speculative && g.speculative->mtp && !engine_.speculative().mtp && engine_.model().memory_plan().total() > 0)
+    invalid_param("speculative",
+                  "this server's memory budget was planned without speculation: start it with --speculative auto "
+                  "(or mtp) to allow MTP drafts",
+                  "unsupported_value");
   return g;
 }
 

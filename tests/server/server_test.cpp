@@ -683,6 +683,23 @@ TEST(ServerPool, StatsReportTheStreamingPool) {
   EXPECT_NE(metrics.find("moestream_loaded_whole 0"), std::string::npos);
 }
 
+// Under a memory budget a request may speculate only where the server's plan counted it.
+TEST(ServerPool, SpeculationUnderABudgetNeedsThePlanToCountIt) {
+  const std::string body = R"({"prompt": "def f(", "max_tokens": 8, "speculative": "mtp"})";
+  {
+    ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", {"--memory", "64M"});
+    auto r = server.client().Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], "speculative") << r->body;
+    EXPECT_NE(r->body.find("--speculative auto"), std::string::npos) << r->body;
+  }
+  ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", {"--memory", "64M", "--speculative", "auto"});
+  auto r = server.client().Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
 // Every expert fits: the server reads them all at load and says so.
 TEST(ServerPool, AModelThatFitsIsLoadedWhole) {
   ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", {});
