@@ -3,7 +3,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -160,20 +159,19 @@ void add_inspect(CLI::App& app) {
                c.shared_inter ? fmt::format(", shared expert width {}", c.shared_inter) : "");
     fmt::print("mtp head       {}\n", model->has_mtp() ? "yes" : "no");
     if (const ExpertStore* experts = model->experts()) {
-      const std::string profile = (std::filesystem::path(*model_dir) / "pool_profile.json").string();
-      fmt::print("pool profile   {}\n", std::filesystem::exists(profile) ? profile + " (used by default)" : "none");
+      const std::string profile = default_pool_profile(*model_dir);
+      fmt::print("pool profile   {}\n", profile.empty() ? "none" : profile + " (used by default)");
       const std::string usage = default_usage_path(*model_dir, experts->index());
       std::string warning;
       const auto history = read_usage(usage, experts->index(), &warning);
       fmt::print("usage history  {}\n", history ? fmt::format("{} ({} runs; --warm-start reads its hottest experts)", usage, history->runs)
                                         : !warning.empty() ? warning
                                                            : fmt::format("none yet ({})", usage));
-    }
-    if (const ExpertStore* experts = model->experts())
       fmt::print("format         engine directory, version {}{}\n", experts->index().version,
                  experts->index().version < 2 ? " (records without headers, no dense checksums: --verify checks the "
                                                 "expert records only)"
                                               : "");
+    }
     fmt::print("parameters     dense {} ({})  experts {} ({})  total {}\n", w.dense_params, human_bytes(double(w.dense_bytes)),
                w.expert_params, human_bytes(double(w.expert_bytes)), w.dense_params + w.expert_params);
   });

@@ -54,9 +54,12 @@ void load_pool_profile(const std::string& path, StoreOptions& o) {
     }
   }
 }
-// dir/name.
-std::string fs_path(const std::string& dir, const char* name) { return (std::filesystem::path(dir) / name).string(); }
 }  // namespace
+
+std::string default_pool_profile(const std::string& model_dir) {
+  const std::string p = (std::filesystem::path(model_dir) / "pool_profile.json").string();
+  return std::filesystem::exists(p) ? p : "";
+}
 
 std::string ModelArgs::default_usage() {
   const char* env = std::getenv("MOESTREAM_USAGE");
@@ -183,9 +186,7 @@ void print_speculative_stats(const SpeculativeOptions& opt, const SpeculativeSta
 ModelOptions model_options(const ModelArgs& a) {
   ModelOptions o;
   o.experts.slots = a.expert_slots;
-  o.pool_profile = a.pool_profile;
-  if (o.pool_profile.empty() && std::filesystem::exists(fs_path(a.model, "pool_profile.json")))
-    o.pool_profile = fs_path(a.model, "pool_profile.json");
+  o.pool_profile = a.pool_profile.empty() ? default_pool_profile(a.model) : a.pool_profile;
   if (o.pool_profile == "none") o.pool_profile.clear();
   if (!o.pool_profile.empty()) load_pool_profile(o.pool_profile, o.experts);
   o.usage = a.usage == "auto" ? "" : a.usage;

@@ -27,6 +27,10 @@ struct ModelArgs {
   static std::string default_usage();
 };
 
+// The pool profile runs of a model directory use unless told otherwise: its pool_profile.json
+// where there is one, else "".
+std::string default_pool_profile(const std::string& model_dir);
+
 // --model defaults to the embedded pycoder-moe-q4 when `default_model` is set.
 void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model = false);
 ModelOptions model_options(const ModelArgs& a);

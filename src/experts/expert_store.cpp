@@ -257,18 +257,15 @@ bool ExpertStore::holds_everything() const {
   return true;
 }
 
-void ExpertStore::load_all(const std::function<void(size_t, size_t)>& progress) {
+void ExpertStore::load_all(const std::function<void(size_t)>& progress) {
   if (!holds_everything()) fail("{}: the pools cannot hold every expert, so they cannot all be loaded", files_.dir());
-  size_t total = 0, done = 0;
-  for (const ExpertLayer& l : index().layers) total += size_t(l.n_experts) * l.record_bytes;
   for (size_t l = 0; l < pools_.size(); ++l) {
     const ExpertLayer& layer = index().layers[l];
     std::vector<int> all(size_t(layer.n_experts));
     std::iota(all.begin(), all.end(), 0);
     acquire(int(l), all);  // every read of the layer in flight at once
     release(int(l));
-    done += size_t(layer.n_experts) * layer.record_bytes;
-    if (progress) progress(done, total);
+    if (progress) progress(size_t(layer.n_experts) * layer.record_bytes);
   }
 }
 

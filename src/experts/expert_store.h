@@ -111,9 +111,9 @@ class ExpertStore {
   // Whether every pool holds every expert of its layer.
   bool holds_everything() const;
   // Reads every expert of every layer into its pool (holds_everything() must be true), layer by
-  // layer, each layer's reads issued together; `progress` (may be empty) gets the bytes done and
-  // the total after each layer.
-  void load_all(const std::function<void(size_t done, size_t total)>& progress = {});
+  // layer, each layer's reads issued together; `progress` (may be empty) gets each layer's
+  // record bytes once they are in.
+  void load_all(const std::function<void(size_t bytes)>& progress = {});
 
   // The routed ids of a forward of `layer` (T·top_k of them): counted per expert for the usage
   // history (usage()), and the first kEarlyTokens tokens' pool hits kept apart (early()).

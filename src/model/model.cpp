@@ -1,17 +1,16 @@
 #include "model/model.h"
 
-#include <algorithm>
-#include <filesystem>
-
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <utility>
 
 #include "model/forward.h"
+#include "util/error.h"
 #include "util/memory.h"
 #include "util/progress.h"
-#include "util/error.h"
 
 namespace ms {
 
@@ -91,18 +90,20 @@ void Model::read_usage_history(const std::string& dir, const ModelOptions& opt) 
 bool Model::load_whole(const ModelOptions& opt) {
   ExpertStore& s = *experts_;
   if (!s.holds_everything()) return false;
-  size_t bytes = 0;
-  for (const ExpertLayer& l : s.index().layers) bytes += size_t(l.n_experts) * l.stride;
+  size_t slot_bytes = 0, read_bytes = 0;  // the pools' memory; the records they read
+  for (const ExpertLayer& l : s.index().layers) {
+    slot_bytes += size_t(l.n_experts) * l.stride;
+    read_bytes += size_t(l.n_experts) * l.record_bytes;
+  }
   // Pools a budget sized hold their memory already; unsized ones take it as they fill.
-  if (const uint64_t avail = available_memory(); !opt.experts.prefault && bytes > avail / 10 * 9) {
+  if (const uint64_t avail = available_memory(); !opt.experts.prefault && slot_bytes > avail / 10 * 9) {
     warm_.note = fmt::format("not loaded whole: the experts ({:.1f} GiB) need more than 90 % of the memory available "
                              "({:.1f} GiB); they are read as routed",
-                             double(bytes) / (1 << 30), double(avail) / (1 << 30));
+                             double(slot_bytes) / (1 << 30), double(avail) / (1 << 30));
     return false;
   }
-  Progress progress(bytes, opt.progress);
-  size_t shown = 0;
-  s.load_all([&](size_t done, size_t) { progress.add(done - std::exchange(shown, done)); });
+  Progress progress(read_bytes, opt.progress);
+  s.load_all([&](size_t bytes) { progress.add(bytes); });
   progress.finish();
   warm_.loaded_whole = true;
   return true;
