@@ -74,10 +74,10 @@ double time_prompt(const Model& m, int n, unsigned seed) {
   return seconds(start, Clock::now());
 }
 
-// Seconds of n decode steps after a one-token prompt, greedy, past any end-of-sequence token.
-double time_decode(const Model& m, int n, unsigned seed, const SpeculativeOptions& spec = {},
+// Seconds of n decode steps after a one-token prompt, greedy, past any end-of-sequence token,
+// from `state` (a context prefilled once, restored for each run).
+double time_decode(const Model& m, State& state, int n, unsigned seed, const SpeculativeOptions& spec = {},
                    SpeculativeStats* spec_stats = nullptr, DraftTuner* tuner = nullptr) {
-  State state = m.new_state();
   Clock::time_point first;
   generate_greedy(m, state, random_ids(1, m.config().vocab, seed),
                   {.max_tokens = n + 1, .stop_at_eos = false, .speculative = spec, .speculative_stats = spec_stats, .tuner = tuner},
@@ -91,7 +91,7 @@ void add_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Prompt and decode speed of a model beside the machine's memory bandwidth");
   struct Args {
     ModelArgs m;
-    std::vector<int> prompts{16, 128, 512};
+    std::vector<int> prompts{16, 128, 512}, depths{0};
     int tokens = 64, repeat = 3;
     bool no_preload = false;
   };
@@ -102,6 +102,11 @@ void add_bench(CLI::App& app) {
       ->delimiter(',')
       ->check(int_in(0, 1 << 20));
   cmd->add_option("--tokens", a->tokens, "Decode steps to time (tg<N>); 0 for none")->check(int_in(0, 1 << 20));
+  cmd->add_option("--depth", a->depths,
+                  "Context the decode test runs after (tg<N>@d<D>), comma-separated: a prompt of that many tokens, "
+                  "prefilled once, untimed")
+      ->delimiter(',')
+      ->check(int_in(0, 1 << 24));
   cmd->add_option("--repeat", a->repeat, "Runs of each test; the median is reported")->check(int_in(1, 1000));
   cmd->add_flag("--no-preload", a->no_preload,
                 "Do not read every expert at load where the pools hold them all, nor warm-start them (times the disk too)");
@@ -128,7 +133,10 @@ void add_bench(CLI::App& app) {
                 "GB/s", "of read");
     // A short warm-up of each path: first-touch allocations stay out of the timings.
     time_prompt(m, 16, 0);
-    if (a->tokens > 0) time_decode(m, 4, 0);
+    if (a->tokens > 0) {
+      State warm = m.new_state();
+      time_decode(m, warm, 4, 0);
+    }
     for (const int n : a->prompts) {
       if (n <= 0) continue;
       std::vector<double> t;
@@ -136,13 +144,25 @@ void add_bench(CLI::App& app) {
       std::printf("%-8s %10.2f\n", fmt::format("pp{}", n).c_str(), double(n) / median(t));
     }
     if (a->tokens > 0) {
-      std::vector<double> t;
       SpeculativeStats spec;
       DraftTuner tuner;  // kept across the runs, as a server's session keeps it
-      for (int r = 0; r < a->repeat; ++r)
-        t.push_back(time_decode(m, a->tokens, unsigned(r + 1), opt.speculative, &spec, &tuner));
-      const double tps = double(a->tokens) / median(t), gbs = tps * step_bytes / 1e9;
-      std::printf("%-8s %10.2f %10.2f %8.2f\n", fmt::format("tg{}", a->tokens).c_str(), tps, gbs, gbs / bw.read_gbs);
+      const double kv_position = double(m.kv_bytes_per_position());
+      std::printf("KV cache %s: %.0f B a position; at depth D a decode step reads D x that beside the weights\n",
+                  m.kv_format().describe().c_str(), kv_position);
+      for (const int depth : a->depths) {
+        State context = m.new_state();
+        if (depth > 0) m.forward(random_ids(depth, m.config().vocab, 7).data(), depth, context, {});
+        const State::Checkpoint start = context.checkpoint();
+        std::vector<double> t;
+        for (int r = 0; r < a->repeat; ++r) {
+          context.restore(start);
+          t.push_back(time_decode(m, context, a->tokens, unsigned(r + 1), opt.speculative, &spec, &tuner));
+        }
+        const double tps = double(a->tokens) / median(t);
+        const double gbs = tps * (step_bytes + double(depth) * kv_position) / 1e9;
+        const std::string name = depth > 0 ? fmt::format("tg{}@d{}", a->tokens, depth) : fmt::format("tg{}", a->tokens);
+        std::printf("%-8s %10.2f %10.2f %8.2f\n", name.c_str(), tps, gbs, gbs / bw.read_gbs);
+      }
       print_speculative_stats(opt.speculative, spec, stdout);
     }
     std::fflush(stdout);

@@ -75,7 +75,10 @@ void add_logits(CLI::App& app) {
       out.push_back(make_f32_tensor("mtp_logits", {T - 1, V}, m.data()));
     }
     write_safetensors(a->out, out);
-    if (a->stats) print_expert_stats(*model, stderr);
+    if (a->stats) {
+      print_kv_stats(*model, state.kv_bytes(), state.position(), stderr);
+      print_expert_stats(*model, stderr);
+    }
   });
 }
 
@@ -123,6 +126,7 @@ void add_generate(CLI::App& app) {
                    ids.size(), prefill_s, double(ids.size()) / prefill_s, out.size(), decode_s,
                    decode_s > 0 ? double(decoded) / decode_s : 0.0, prefill_s + decode_s);
       print_speculative_stats(opt.speculative, spec, stderr);
+      print_kv_stats(*model, state.kv_bytes(), state.position(), stderr);
       print_expert_stats(*model, stderr);
     }
   });
@@ -133,6 +137,14 @@ std::string human_bytes(double b) {
   int u = 0;
   while (b >= 1024 && u < 4) b /= 1024, ++u;
   return fmt::format("{:.2f} {}", b, units[u]);
+}
+
+// The KV bytes a position takes at k_bits, v_bits (group 64).
+std::string kv_position(const Model& m, int k_bits, int v_bits) {
+  KvFormat f;
+  f.k.bits = k_bits;
+  f.v.bits = v_bits;
+  return human_bytes(double(m.kv_bytes_per_position(&f)));
 }
 
 void add_inspect(CLI::App& app) {
@@ -158,6 +170,9 @@ void add_inspect(CLI::App& app) {
     fmt::print("experts        {} per MoE layer, top-{}, width {}{}\n", c.n_experts, c.top_k, c.moe_inter,
                c.shared_inter ? fmt::format(", shared expert width {}", c.shared_inter) : "");
     fmt::print("mtp head       {}\n", model->has_mtp() ? "yes" : "no");
+    fmt::print("KV cache       {} a position (float32); --kv-bits 16,16: {}, 8,8: {}, 4,3: {}\n",
+               human_bytes(double(model->kv_bytes_per_position())), kv_position(*model, 16, 16),
+               kv_position(*model, 8, 8), kv_position(*model, 4, 3));
     if (const ExpertStore* experts = model->experts()) {
       const std::string profile = default_pool_profile(*model_dir);
       fmt::print("pool profile   {}\n", profile.empty() ? "none" : profile + " (used by default)");

@@ -123,6 +123,19 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
                   "the sequence fits")
       ->capture_default_str()
       ->check(int_in(1, 1 << 24));
+  cmd->add_option("--kv-bits", a.kv_bits,
+                  "Bits of the KV cache's keys and values: K,V of 32 (float32, exact), 16 (bf16), 8, 4, 3 or 2 "
+                  "(affine groups with half scales), e.g. 16,16 or 4,3; one number for both")
+      ->capture_default_str()
+      ->check(parses_with([](const std::string& s) { KvFormat f; parse_kv_bits(s, f); }, "K,V"));
+  cmd->add_option("--kv-group", a.kv_group, "Values per scale and bias of a quantized KV cache (32, 64 or 128)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({32, 64, 128}));
+  cmd->add_option("--kv-rotation", a.kv_rotation,
+                  "Fixed orthogonal rotation of quantized keys and values (head_dim mixed before quantizing): so4 "
+                  "(blocks of 4), hadamard (the whole head), or none")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"so4", "hadamard", "none"}));
   cmd->add_option("--policy", a.policy, "Expert eviction policy")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
   cmd->add_option("--io", a.io, "Expert reads: io_uring or a pread thread pool")->check(CLI::IsMember({"auto", "uring", "pread"}));
   cmd->add_flag("--no-direct-io", a.no_direct_io, "Read experts through the page cache (no O_DIRECT)");
@@ -200,6 +213,9 @@ ModelOptions model_options(const ModelArgs& a) {
   o.experts.verify = a.verify;
   if (!a.memory.empty()) o.memory_budget = parse_bytes(a.memory);
   o.context = a.context;
+  parse_kv_bits(a.kv_bits, o.kv);
+  o.kv.k.group = o.kv.v.group = a.kv_group;
+  o.kv.rotation = parse_kv_rotation(a.kv_rotation);
   o.device = a.device == "cuda" ? Device::Cuda : a.device == "cpu" ? Device::Cpu : default_device();
   if (o.device == Device::Cpu && (!a.vram.empty() || !a.host_cache.empty()))
     fail("--vram and --host-cache size the GPU's expert tiers: they need --device cuda (and a GPU)");
@@ -214,6 +230,13 @@ ModelOptions model_options(const ModelArgs& a) {
   p.staging = a.prefetch_staging;
   o.speculative = {.mtp = a.speculative == "mtp", .automatic = a.speculative == "auto", .draft = parse_draft(a.draft)};
   return o;
+}
+
+void print_kv_stats(const Model& model, size_t held_bytes, int positions, std::FILE* out) {
+  const KvFormat f32;
+  fmt::print(out, "KV cache: {}, {:.1f} KiB a position (float32: {:.1f} KiB), {:.1f} MiB held for {} positions\n",
+             model.kv_format().describe(), double(model.kv_bytes_per_position()) / 1024,
+             double(model.kv_bytes_per_position(&f32)) / 1024, double(held_bytes) / (1 << 20), positions);
 }
 
 namespace {

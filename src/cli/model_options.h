@@ -15,6 +15,8 @@ struct ModelArgs {
   int expert_slots = 0;
   std::string pool_profile, memory, policy = "lru", io = "auto";
   int context = 4096;
+  std::string kv_bits = "32,32", kv_rotation = "so4";
+  int kv_group = 64;
   bool no_direct_io = false, verify = false;
   std::string device = "auto", vram, host_cache, host_policy = "lru";
   bool no_cuda_graphs = false, no_load_whole = false;
@@ -42,6 +44,10 @@ void print_speculative_stats(const SpeculativeOptions& opt, const SpeculativeSta
 
 // "8G", "512M", "1.5GiB", "1000000" -> bytes; throws naming the text.
 uint64_t parse_bytes(const std::string& text);
+
+// "KV cache: K4/V3 g64 so4, 1.1 KiB a position (float32: 10.0 KiB), 2.2 MiB held for 2048
+// positions" for --stats: the format, and what a state's caches hold.
+void print_kv_stats(const Model& model, size_t held_bytes, int positions, std::FILE* out);
 
 // Per-layer and total pool statistics of a streamed model (nothing for a checkpoint); on CUDA the
 // VRAM pool, the host tier and the achieved GB/s of each stage (SSD -> host, host -> VRAM).

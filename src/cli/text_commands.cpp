@@ -61,11 +61,12 @@ bool print_piece(const std::string& piece) {
   return true;
 }
 
-void print_stats(const Engine& engine, const GenerationResult& r) {
+void print_stats(const Engine& engine, const Session& session, const GenerationResult& r) {
   std::fprintf(stderr, "\n[prompt %d tokens (%d reused), %.1f tok/s | first token %.3f s | %zu tokens, decode %.1f tok/s | %s]\n",
                r.prompt_tokens, r.reused_tokens, r.prefill_tok_s, r.time_to_first_token_s, r.tokens.size(),
                r.decode_tok_s, r.finish_reason.c_str());
   print_speculative_stats(engine.speculative(), r.speculative, stderr);
+  print_kv_stats(engine.model(), session.state().kv_bytes(), session.state().position(), stderr);
 }
 
 // The conversation's prompt tokens; what the user typed is tokenized as text (see marked_text.h).
@@ -101,7 +102,7 @@ void add_run(CLI::App& app) {
     GenerationResult r = session.generate(make_request(*a, std::move(ids)), print_piece);
     std::printf("\n");
     if (a->stats) {
-      print_stats(*engine, r);
+      print_stats(*engine, session, r);
       print_expert_stats(engine->model(), stderr);
     }
   });
@@ -135,7 +136,7 @@ void add_chat(CLI::App& app) {
       // The session keeps the cache of the conversation so far: only the new turn is processed.
       GenerationResult r = session.generate(make_request(*a, chat_prompt(*engine, messages, a->no_think)), print_piece);
       std::printf("\n");
-      if (a->stats) print_stats(*engine, r);
+      if (a->stats) print_stats(*engine, session, r);
       messages.push_back({{"role", "assistant"}, {"content", r.text}});
     }
   });

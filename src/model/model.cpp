@@ -28,8 +28,12 @@ Model::Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> ex
 std::unique_ptr<Model> Model::open(const std::string& dir, const ModelOptions& opt) {
   check_prefill_chunk(opt.prefill_chunk);
   ModelConfig cfg = load_config(dir);
+  check_kv_side(opt.kv.k, cfg.head_dim, "--kv-bits (keys)");
+  check_kv_side(opt.kv.v, cfg.head_dim, "--kv-bits (values)");
+  if (opt.kv.rotates(opt.kv.k) || opt.kv.rotates(opt.kv.v)) KvRotator(opt.kv.rotation, cfg.head_dim);  // fails early on a shape it cannot rotate
   if (!is_engine_dir(dir)) {
     std::unique_ptr<Model> m(new Model(TensorStore::open(dir), std::move(cfg), nullptr, {}, opt.context, opt.prefill_chunk));
+    m->kv_format_ = opt.kv;
     if (opt.device == Device::Cpu && opt.memory_budget > 0)
       m->plan_ = plan_checkpoint(dir, m->cfg_, m->w_.dense_bytes + m->w_.expert_bytes, opt.memory_budget, opt,
                                  "memory budget");
@@ -46,8 +50,15 @@ std::unique_ptr<Model> Model::open(const std::string& dir, const ModelOptions& o
   const StoreOptions store_opt = host_store_options(dir, cfg, index, std::filesystem::file_size(dense_path), opt, plan);
   auto experts = std::make_unique<ExpertStore>(dir, index, store_opt);
   std::unique_ptr<Model> m(new Model(std::move(dense), std::move(cfg), std::move(experts), plan, opt.context, opt.prefill_chunk));
+  m->kv_format_ = opt.kv;
   m->prepare_pools(dir, opt);
   return m;
+}
+
+uint64_t Model::kv_bytes_per_position(const KvFormat* f) const {
+  int layers = has_mtp() ? 1 : 0;
+  for (auto t : cfg_.layer_types) layers += t == LayerType::FullAttention;
+  return uint64_t(layers) * (f ? *f : kv_format_).bytes_per_position(cfg_.n_kv_heads, cfg_.head_dim);
 }
 
 namespace {

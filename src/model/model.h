@@ -44,7 +44,11 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
-  State new_state() const { return State(cfg_, kv_positions_); }
+  State new_state() const { return State(cfg_, kv_positions_, kv_format_); }
+  const KvFormat& kv_format() const { return kv_format_; }
+  // Bytes one position takes in the KV caches of every full-attention layer and the MTP head's
+  // (where the model has one), in `f` (default: the model's format).
+  uint64_t kv_bytes_per_position(const KvFormat* f = nullptr) const;
 
   // Runs T tokens at the state's position through the model and advances the state; more than
   // prefill_chunk() tokens run chunk by chunk (next_chunk), their results joined.
@@ -108,6 +112,7 @@ class Model {
   ModelWeights w_;
   std::unique_ptr<Executor> executor_;  // after experts_ and w_: it borrows them
   int kv_positions_ = 0;                // ModelOptions::context: what new states' KV caches plan for
+  KvFormat kv_format_;                  // ModelOptions::kv
   int prefill_chunk_ = kPrefillChunk;   // ModelOptions::prefill_chunk
   WarmReport warm_;
   UsageHistory usage_base_;  // the history read at load

@@ -24,13 +24,14 @@ uint64_t per_slot_row(const EngineIndex& index) {  // one slot in every MoE laye
 // Floats a forward keeps live per token at its peak (the buffers of model/blocks.h and
 // model/moe.h): x, its norm and the layer's output beside the largest block's working set, the
 // quantized matmul's permuted copy of its input (kernels/cpu/quant_matmul.cpp) and the routes a
-// forward may keep.
-uint64_t activation_floats_per_token(const ModelConfig& c) {
+// forward may keep. A cache that is not float32 adds the rows it encodes from and the rotated q.
+uint64_t activation_floats_per_token(const ModelConfig& c, const KvFormat& kv) {
   const uint64_t H = uint64_t(c.hidden), E = uint64_t(c.n_experts), K = uint64_t(c.top_k);
   const bool gated = c.arch == Arch::Qwen3Next;
   const uint64_t q_width = uint64_t(c.n_heads) * uint64_t(c.head_dim), kv_width = uint64_t(c.n_kv_heads) * uint64_t(c.head_dim);
   // proj [q_raw, k, v], q, gate, then the normed k or the attention's output
-  const uint64_t attention = (gated ? 2 : 1) * q_width + 2 * kv_width + (gated ? 2 : 1) * q_width + std::max(kv_width, q_width);
+  const uint64_t attention = (gated ? 2 : 1) * q_width + 2 * kv_width + (gated ? 2 : 1) * q_width +
+                             std::max(kv_width, q_width) + (kv.exact() ? 0 : 2 * kv_width + q_width);
   const uint64_t kd = uint64_t(c.lin_k_heads) * uint64_t(c.lin_k_dim), vd = uint64_t(c.lin_v_heads) * uint64_t(c.lin_v_dim);
   const uint64_t nv = uint64_t(c.lin_v_heads), conv = 2 * kd + vd;
   // proj [qkvz, ba], q k v z g beta, then the conv's input and output (and b, a) or the rule's output
@@ -57,7 +58,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
   p.dense = dense_bytes;
   int full = 0;
   for (auto t : cfg.layer_types) full += t == LayerType::FullAttention;
-  const uint64_t kv_per_token = uint64_t(full + 1) * 2 * uint64_t(cfg.n_kv_heads) * uint64_t(cfg.head_dim) * sizeof(float);
+  const uint64_t kv_per_token = uint64_t(full + 1) * opt.kv.bytes_per_position(cfg.n_kv_heads, cfg.head_dim);
   const uint64_t linear = uint64_t(cfg.n_layers - full) *
                           (uint64_t(cfg.lin_v_heads) * cfg.lin_k_dim * cfg.lin_v_dim +
                            uint64_t(2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim) * 4) * sizeof(float);
@@ -66,7 +67,7 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
   // A prefill chunk's activations (Model::next_chunk keeps every forward within one; a context
   // shorter than a chunk holds no longer prompt) and the last position's logits.
   const uint64_t chunk = uint64_t(std::min(opt.prefill_chunk, context));
-  p.activations = (chunk * activation_floats_per_token(cfg) + uint64_t(cfg.vocab)) * sizeof(float);
+  p.activations = (chunk * activation_floats_per_token(cfg, opt.kv) + uint64_t(cfg.vocab)) * sizeof(float);
   const uint64_t per_slot = per_slot_row(index);
   // Staging where prefetch will run: always with On; with Auto where the pools stream, which
   // they do unless the budget holds every expert beside the staging too.

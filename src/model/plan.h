@@ -9,6 +9,7 @@
 #include "format/config.h"
 #include "format/engine_dir.h"
 #include "model/executor.h"
+#include "quant/kv_quant.h"
 
 namespace ms {
 
@@ -41,6 +42,7 @@ struct ModelOptions {
   StoreOptions experts;
   uint64_t memory_budget = 0;  // Cpu: bytes for everything (dense + KV + activations + pool); 0 = unset
   int context = 4096;          // tokens the KV budget provides for
+  KvFormat kv;                 // how the KV caches store keys and values (--kv-bits, --kv-group, --kv-rotation)
   // Most tokens one forward runs at once: longer prompts go through in chunks (Model::next_chunk)
   // whose activations the memory plan counts. A multiple of kPrefillChunkAlign, at least twice it.
   int prefill_chunk = kPrefillChunk;

@@ -13,37 +13,58 @@ int kv_capacity(int n, int have, int planned) {
 }
 
 void KVCache::reserve(int n) {
-  const size_t per_pos = size_t(n_kv) * size_t(head_dim);
-  const int have = int(k.size() / std::max<size_t>(1, per_pos));
+  const int have = capacity();
   if (n <= have) return;
   const size_t cap = size_t(kv_capacity(n, have, planned));
-  for (std::vector<float>* a : {&k, &v}) {
-    a->reserve(cap * per_pos);  // exactly: resize alone may take up to twice the old size
-    a->resize(cap * per_pos);
+  for (auto [a, stride] : {std::pair{&k, k_stride()}, std::pair{&v, v_stride()}}) {
+    a->reserve(cap * stride);  // exactly: resize alone may take up to twice the old size
+    a->resize(cap * stride);
   }
 }
 
-State::State(const ModelConfig& cfg, int planned_positions)
-    : planned_(planned_positions), kv_(size_t(cfg.n_layers)), linear_(size_t(cfg.n_layers)) {
+namespace {
+
+// A cache of n_kv heads of hd in format f, its rotations shared with the state's other caches.
+KVCache make_kv(int n_kv, int hd, int planned, const KvFormat& f, const std::shared_ptr<const KvRotator>& rot) {
+  KVCache c;
+  c.n_kv = n_kv;
+  c.head_dim = hd;
+  c.planned = planned;
+  c.k_side = f.k;
+  c.v_side = f.v;
+  if (f.rotates(f.k)) c.k_rot = rot;
+  if (f.rotates(f.v)) c.v_rot = rot;
+  return c;
+}
+
+}  // namespace
+
+State::State(const ModelConfig& cfg, int planned_positions, const KvFormat& kv)
+    : planned_(planned_positions), kv_format_(kv), kv_(size_t(cfg.n_layers)), linear_(size_t(cfg.n_layers)) {
+  check_kv_side(kv.k, cfg.head_dim, "--kv-bits (keys)");
+  check_kv_side(kv.v, cfg.head_dim, "--kv-bits (values)");
+  std::shared_ptr<const KvRotator> rot;
+  if (kv.rotates(kv.k) || kv.rotates(kv.v)) rot = std::make_shared<const KvRotator>(kv.rotation, cfg.head_dim, kv.seed);
   for (int l = 0; l < cfg.n_layers; ++l) {
     if (cfg.layer_types[size_t(l)] == LayerType::FullAttention) {
-      kv_[size_t(l)].n_kv = cfg.n_kv_heads;
-      kv_[size_t(l)].head_dim = cfg.head_dim;
-      kv_[size_t(l)].planned = planned_positions;
+      kv_[size_t(l)] = make_kv(cfg.n_kv_heads, cfg.head_dim, planned_positions, kv, rot);
     } else {
       const int conv_dim = 2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim;
       linear_[size_t(l)].conv.assign(size_t(conv_dim) * size_t(cfg.conv_kernel - 1), 0.f);
       linear_[size_t(l)].recurrent.assign(size_t(cfg.lin_v_heads) * size_t(cfg.lin_k_dim) * size_t(cfg.lin_v_dim), 0.f);
     }
   }
-  mtp_kv_.n_kv = cfg.n_kv_heads;
-  mtp_kv_.head_dim = cfg.head_dim;
-  mtp_kv_.planned = planned_positions;
+  mtp_kv_ = make_kv(cfg.n_kv_heads, cfg.head_dim, planned_positions, kv, rot);
+}
+
+size_t State::kv_bytes() const {
+  size_t b = mtp_kv_.bytes();
+  for (auto& c : kv_) b += c.bytes();
+  return b;
 }
 
 size_t State::bytes() const {
-  size_t b = mtp_kv_.bytes();
-  for (auto& c : kv_) b += c.bytes();
+  size_t b = kv_bytes();
   for (auto& s : linear_) b += (s.conv.size() + s.recurrent.size()) * sizeof(float);
   return b + step_bytes();
 }

@@ -2,10 +2,12 @@
 // Everything a sequence carries between forward calls: the KV cache of full-attention layers,
 // the conv and recurrent state of Gated DeltaNet layers, and the position. A checkpoint can be
 // taken at any position and restored later (speculative decoding rolls back rejected drafts).
+#include <algorithm>
 #include <memory>
 #include <vector>
 
 #include "format/config.h"
+#include "quant/kv_quant.h"
 
 namespace ms {
 
@@ -16,14 +18,22 @@ int kv_capacity(int n, int have, int planned);
 
 struct KVCache {
   int n_kv = 0, head_dim = 0, length = 0;
-  int planned = 0;          // kv_capacity's
-  std::vector<float> k, v;  // [capacity, n_kv, head_dim]
+  int planned = 0;  // kv_capacity's
+  // How keys and values are stored (quant/kv_quant.h); the rotations of quantized sides, shared
+  // by every cache of a state (null: not rotated).
+  KvSide k_side, v_side;
+  std::shared_ptr<const KvRotator> k_rot, v_rot;
+  std::vector<uint8_t> k, v;  // [capacity, n_kv] rows of k_side / v_side
 
   // Makes room for positions [0, n), kv_capacity's.
   void reserve(int n);
-  float* k_at(int pos) { return k.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
-  float* v_at(int pos) { return v.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
-  size_t bytes() const { return (k.capacity() + v.capacity()) * sizeof(float); }
+  bool exact() const { return k_side.bits == 32 && v_side.bits == 32; }
+  size_t k_stride() const { return size_t(n_kv) * k_side.row_bytes(head_dim); }  // bytes a position
+  size_t v_stride() const { return size_t(n_kv) * v_side.row_bytes(head_dim); }
+  uint8_t* k_at(int pos) { return k.data() + size_t(pos) * k_stride(); }
+  uint8_t* v_at(int pos) { return v.data() + size_t(pos) * v_stride(); }
+  int capacity() const { return int(k.size() / std::max<size_t>(1, k_stride())); }
+  size_t bytes() const { return k.capacity() + v.capacity(); }
 };
 
 struct LinearState {
@@ -43,7 +53,8 @@ class State {
  public:
   // planned_positions: the context the memory plan counted, which the KV caches do not outgrow
   // while the sequence fits in it (kv_capacity).
-  explicit State(const ModelConfig& cfg, int planned_positions = 0);
+  // kv: how the KV caches store keys and values (float32 by default).
+  explicit State(const ModelConfig& cfg, int planned_positions = 0, const KvFormat& kv = {});
 
   int position() const { return pos_; }
   int planned_positions() const { return planned_; }
@@ -52,6 +63,8 @@ class State {
   KVCache& mtp_kv() { return mtp_kv_; }
   void advance(int n) { pos_ += n; }
   size_t bytes() const;
+  size_t kv_bytes() const;  // the KV caches' share of bytes()
+  const KvFormat& kv_format() const { return kv_format_; }
 
   struct Checkpoint {
     int pos = 0;
@@ -96,6 +109,7 @@ class State {
   int pos_ = 0;
   int planned_ = 0;
   int last_hidden_at_ = -1;  // the position last_hidden belongs to
+  KvFormat kv_format_;
   std::vector<KVCache> kv_;
   std::vector<LinearState> linear_;
   KVCache mtp_kv_;

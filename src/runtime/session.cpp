@@ -95,7 +95,7 @@ const char* Session::interruption(const GenerationRequest& req) {
 void Session::record_stats(const ForwardResult& fr) {
   if (!stats_) return;
   stats_->record_routes(fr.routes);
-  stats_->set_state_bytes(state_.bytes());
+  stats_->set_state_bytes(state_.bytes(), state_.kv_bytes(), state_.position());
 }
 
 GenerationResult Session::generate(const GenerationRequest& req, const std::function<bool(const std::string&)>& on_text) {

@@ -49,6 +49,7 @@ class Session {
   // false cancels the generation.
   GenerationResult generate(const GenerationRequest& req, const std::function<bool(const std::string&)>& on_text = {});
   void reset();
+  const State& state() const { return state_; }
 
  private:
   // Rolls the state back to the longest cached prefix of `prompt`; returns its length.

@@ -16,6 +16,12 @@ EngineStats::EngineStats(const ModelConfig& cfg, ResidentBytes weights, const Mo
     ls.moe = cfg.is_moe(l);
     if (ls.moe) ls.routed.assign(size_t(cfg.n_experts), 0);
   }
+  if (model) {
+    const KvFormat f32;
+    s_.kv.format = model->kv_format().describe();
+    s_.kv.bytes_per_position = model->kv_bytes_per_position();
+    s_.kv.float32_bytes_per_position = model->kv_bytes_per_position(&f32);
+  }
 }
 
 void EngineStats::record_routes(const std::vector<std::vector<int>>& routes) {
@@ -57,9 +63,11 @@ void EngineStats::set_speculative_default(const SpeculativeOptions& o) {
   s_.speculative_default = o;
 }
 
-void EngineStats::set_state_bytes(size_t bytes) {
+void EngineStats::set_state_bytes(size_t bytes, size_t kv_bytes, int positions) {
   std::lock_guard lock(mu_);
   s_.resident.state = bytes;
+  s_.kv.bytes = kv_bytes;
+  s_.kv.positions = positions;
 }
 
 StatsSnapshot EngineStats::snapshot() const {
@@ -197,6 +205,12 @@ ojson to_json(const StatsSnapshot& s) {
             {"disk_load_ratio", all_miss_bytes ? double(total.bytes_read) / double(all_miss_bytes) : 0.0}}},
           {"prefetch", prefetch_json(s.prefetch)},
           {"speculative", speculative_json(s.speculative_default, s.speculative)},
+          {"kv_cache",
+           {{"format", s.kv.format},
+            {"bytes_per_position", s.kv.bytes_per_position},
+            {"float32_bytes_per_position", s.kv.float32_bytes_per_position},
+            {"bytes", s.kv.bytes},
+            {"positions", s.kv.positions}}},
           {"warm_start", warm_json(s.warm, s.early)}};
 }
 

@@ -32,6 +32,15 @@ struct ResidentBytes {
   size_t state = 0;    // KV cache and linear-attention state
 };
 
+// The KV cache (--kv-bits): its format, what a position takes in it (and in float32), and what
+// the serving session's caches hold.
+struct KvReport {
+  std::string format = "float32";
+  uint64_t bytes_per_position = 0, float32_bytes_per_position = 0;
+  size_t bytes = 0;
+  int positions = 0;
+};
+
 struct RequestRecord {
   int prompt_tokens = 0, reused_tokens = 0, completion_tokens = 0;
   double prefill_tok_s = 0, decode_tok_s = 0, time_to_first_token_s = 0;
@@ -62,6 +71,7 @@ struct StatsSnapshot {
   std::vector<LayerUsage> layers;
   std::vector<LayerStats> pool;  // per MoE block of a streamed model; empty otherwise
   PrefetchReport prefetch;
+  KvReport kv;
   WarmReport warm;             // what the load put in the pools
   ExpertStore::Early early;    // the pools' hits over the first tokens after start
   SpeculativeOptions speculative_default;  // what requests speculate with unless they ask otherwise
@@ -81,7 +91,8 @@ class EngineStats {
   void record_rejected();
   void record_speculative(const SpeculativeStats& s);
   void set_speculative_default(const SpeculativeOptions& o);
-  void set_state_bytes(size_t bytes);
+  // The session's state: all it holds, its KV caches' share and their positions.
+  void set_state_bytes(size_t bytes, size_t kv_bytes = 0, int positions = 0);
 
   StatsSnapshot snapshot() const;
 

@@ -81,6 +81,9 @@ std::string prometheus_text(const StatsSnapshot& s, const QueueState& q, const H
   w.sample("resident_bytes", double(s.resident.dense), "kind=\"dense\"");
   w.sample("resident_bytes", double(s.resident.experts), "kind=\"experts\"");
   w.sample("resident_bytes", double(s.resident.state), "kind=\"state\"");
+  w.metric("kv_cache_bytes", "gauge", "Bytes the serving session's KV caches hold.", double(s.kv.bytes));
+  w.metric("kv_cache_bytes_per_position", "gauge", "KV cache bytes one position takes in every attention layer.",
+           double(s.kv.bytes_per_position));
 
   w.family("layer_routed_total", "counter", "Expert routings (token x top-k) per MoE layer.");
   for (const LayerUsage& l : s.layers)

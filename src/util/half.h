@@ -51,4 +51,25 @@ inline float f16_to_f32(f16 h) {
   return f;
 }
 
+// Round to nearest even; beyond the largest finite half (65504) saturates to it, NaN stays a
+// quiet NaN. What CUDA's __float2half_rn gives for a value clamped to ±65504 first.
+inline f16 f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return f16(sign | 0x7e00u);
+  if (a >= 0x477fe000u) return f16(sign | 0x7bffu);  // rounds to 65536 or beyond: saturate
+  if (a < 0x38800000u) {                              // below the smallest normal half: subnormal or 0
+    if (a < 0x33000000u) return f16(sign);             // under half the smallest subnormal
+    const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+    const int shift = 126 - int(a >> 23);  // 14 .. 24
+    const uint32_t q = mant >> shift, rest = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    return f16(sign | (q + (rest > half || (rest == half && (q & 1u)))));
+  }
+  const uint32_t base = a - 0x38000000u;  // rebias 127 -> 15, still 23 mantissa bits
+  const uint32_t q = base >> 13, rest = base & 0x1fffu;
+  return f16(sign | (q + (rest > 0x1000u || (rest == 0x1000u && (q & 1u)))));
+}
+
 }  // namespace ms

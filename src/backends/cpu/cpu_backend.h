@@ -53,18 +53,38 @@ struct CpuBackend {
     for (size_t i = 0; i < n; ++i) x[i] += y[i];
     rmsnorm(x, rows, dim, w, offset, eps, out);
   }
+  // A float32 cache takes k and v in place; any other has them rotated and encoded
+  // (cpu::kv_store) from rows of their own.
   void attention_prepare(const float* q_raw, const float* k, const float* v, int T, int nh, int nkv, int hd, bool gated,
                          const float* q_norm, const float* k_norm, float offset, float eps, int rot_dim, int pos0,
                          double theta, float* q, float* gate, KV& cache) const {
+    const size_t rows = size_t(T) * size_t(nkv);
+    Buf k_rows, v_rows;
+    if (!cache.exact()) k_rows.resize(rows * size_t(hd)), v_rows.resize(rows * size_t(hd));
+    float* k_out = cache.exact() ? reinterpret_cast<float*>(cache.k_at(pos0)) : k_rows.data();
+    float* v_out = cache.exact() ? reinterpret_cast<float*>(cache.v_at(pos0)) : v_rows.data();
     cpu::attention_prepare({.q_raw = q_raw, .k = k, .v = v, .q_norm = q_norm, .k_norm = k_norm, .q = q, .gate = gate,
-                            .k_out = cache.k_at(pos0), .v_out = cache.v_at(pos0), .theta = theta, .offset = offset,
-                            .eps = eps, .T = T, .nh = nh, .nkv = nkv, .hd = hd, .rot_dim = rot_dim, .pos0 = pos0,
-                            .gated = gated});
+                            .k_out = k_out, .v_out = v_out, .theta = theta, .offset = offset, .eps = eps, .T = T,
+                            .nh = nh, .nkv = nkv, .hd = hd, .rot_dim = rot_dim, .pos0 = pos0, .gated = gated});
+    if (cache.exact()) return;
+    cpu::kv_store(k_out, rows, hd, cache.k_side, cache.k_rot.get(), cache.k_at(pos0));
+    cpu::kv_store(v_out, rows, hd, cache.v_side, cache.v_rot.get(), cache.v_at(pos0));
   }
+  // Over rotated keys q takes their rotation, and over rotated values the output is rotated back
+  // (quant/kv_quant.h: KvRotator), before the gate.
   void attention(const float* q, KV& cache, int T, int pos0, int nh, int nkv, int hd, const float* gate,
                  float* out) const {
-    cpu::attention(q, cache.k_at(0), cache.v_at(0), T, pos0, nh, nkv, hd, out);
-    if (gate) cpu::sigmoid_gate(out, gate, size_t(T) * size_t(nh) * size_t(hd));
+    const size_t rows = size_t(T) * size_t(nh);
+    Buf q_rot;
+    if (cache.k_rot) {
+      q_rot.assign(q, q + rows * size_t(hd));
+      cache.k_rot->apply(q_rot.data(), rows);
+      q = q_rot.data();
+    }
+    cpu::attention(q, cpu::KvRows{cache.k_at(0), cache.k_side}, cpu::KvRows{cache.v_at(0), cache.v_side}, T, pos0, nh,
+                   nkv, hd, out);
+    if (cache.v_rot) cache.v_rot->undo(out, rows);
+    if (gate) cpu::sigmoid_gate(out, gate, rows * size_t(hd));
   }
   void deltanet_prepare(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, const float* conv_w,
                         int conv_k, float* conv_state, const float* A_log, const float* dt_bias, float eps,

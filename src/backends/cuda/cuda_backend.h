@@ -51,21 +51,44 @@ struct CudaBackend {
                    float* out) const {
     cuda::add_rmsnorm(x, y, rows, dim, w, offset, eps, out);
   }
+  // A float32 cache takes k and v in place; any other has them rotated and encoded
+  // (cuda::kv_store) from rows of their own.
   void attention_prepare(const float* q_raw, const float* k, const float* v, int T, int nh, int nkv, int hd, bool gated,
                          const float* q_norm, const float* k_norm, float offset, float eps, int rot_dim, int pos0,
                          double theta, float* q, float* gate, KV& cache) const {
+    const size_t rows = size_t(T) * size_t(nkv) * size_t(hd);
+    const Buf k_rows = cache.exact() ? Buf{} : alloc(rows), v_rows = cache.exact() ? Buf{} : alloc(rows);
+    float* k_out = cache.exact() ? reinterpret_cast<float*>(cache.k.data()) : k_rows.data();
+    float* v_out = cache.exact() ? reinterpret_cast<float*>(cache.v.data()) : v_rows.data();
     cuda::attention_prepare({.q_raw = q_raw, .k = k, .v = v, .q_norm = q_norm, .k_norm = k_norm, .q = q, .gate = gate,
-                             .k_cache = cache.k.data(), .v_cache = cache.v.data(), .pos_on_device = step_pos,
-                             .theta = theta, .offset = offset, .eps = eps, .T = T, .nh = nh, .nkv = nkv, .hd = hd,
-                             .rot_dim = rot_dim, .pos0 = pos0, .gated = gated});
+                             .k_cache = k_out, .v_cache = v_out, .pos_on_device = step_pos, .theta = theta,
+                             .offset = offset, .eps = eps, .T = T, .nh = nh, .nkv = nkv, .hd = hd, .rot_dim = rot_dim,
+                             .pos0 = pos0, .gated = gated, .rows_from_zero = !cache.exact()});
+    if (cache.exact()) return;
+    cuda::kv_store(k_out, T, nkv, hd, cache.k_side, rotation(cache.k_rot), cache.k.data(), pos0, step_pos);
+    cuda::kv_store(v_out, T, nkv, hd, cache.v_side, rotation(cache.v_rot), cache.v.data(), pos0, step_pos);
   }
-  // A captured step's positions are bounded by its caches' rows; else they are pos0 + T.
+  // A captured step's positions are bounded by its caches' rows; else they are pos0 + T. Over
+  // rotated keys q takes their rotation, and over rotated values the output is rotated back
+  // before the gate.
   void attention(const float* q, const KV& cache, int T, int pos0, int nh, int nkv, int hd, const float* gate,
                  float* out) const {
     const int positions = step_pos ? cache.capacity() : pos0 + T;
     const Buf scratch = alloc(cuda::attention_scratch_floats(T, nh, hd, positions));
-    cuda::attention(q, cache.k_at(0), cache.v_at(0), T, pos0, nh, nkv, hd, out, scratch.data(), positions, step_pos,
-                    gate);
+    const size_t rows = size_t(T) * size_t(nh);
+    Buf q_rot;
+    if (cache.k_rot) {
+      q_rot = alloc(rows * size_t(hd));
+      cuda::copy_on_device(q_rot.data(), q, rows * size_t(hd) * sizeof(float));
+      cuda::kv_rotate(q_rot.data(), rows, hd, cache.k_rot->view(), false);
+      q = q_rot.data();
+    }
+    cuda::attention(q, cache.k_rows(), cache.v_rows(), T, pos0, nh, nkv, hd, out, scratch.data(), positions, step_pos,
+                    cache.v_rot ? nullptr : gate);
+    if (cache.v_rot) cuda::kv_rotate(out, rows, hd, cache.v_rot->view(), true, gate);
+  }
+  static cuda::KvRotationView rotation(const std::shared_ptr<const DeviceRotation>& r) {
+    return r ? r->view() : cuda::KvRotationView{};
   }
   // down(silu(gate x) * up x); gate and up in one launch for a decode token's affine weights.
   void mlp(const MlpWeights& w, const float* x, int T, float* out) const {

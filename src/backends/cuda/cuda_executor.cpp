@@ -104,8 +104,8 @@ class CudaExecutor final : public Executor {
   }
 
   // The KV caches' addresses for a decode step at pos0, each grown first where it must be.
-  std::vector<const float*> decode_step_kv(DeviceState& ds, int pos0) const {
-    std::vector<const float*> kv;
+  std::vector<const void*> decode_step_kv(DeviceState& ds, int pos0) const {
+    std::vector<const void*> kv;
     for (int l = 0; l < cfg_.n_layers; ++l)
       if (cfg_.layer_types[size_t(l)] == LayerType::FullAttention) {
         DeviceKV& c = ds.kv[size_t(l)];
@@ -118,7 +118,7 @@ class CudaExecutor final : public Executor {
   }
 
   // Captures the sequence's decode step anew unless its graph is of this kind and holds kv.
-  void capture_if_stale(const CudaBackend& be, int pos0, std::vector<const float*> kv, StepKind kind) const {
+  void capture_if_stale(const CudaBackend& be, int pos0, std::vector<const void*> kv, StepKind kind) const {
     DeviceState& ds = be.state;
     if (ds.decode_graph && ds.decode_graph->fits(kind, kv)) return;
     ds.decode_graph.reset();  // its arena back before the new capture takes one
@@ -159,7 +159,7 @@ class CudaExecutor final : public Executor {
     return r;
   }
 
-  std::unique_ptr<DecodeGraph> capture_decode_step(const CudaBackend& be, int pos0, std::vector<const float*> kv_at_capture,
+  std::unique_ptr<DecodeGraph> capture_decode_step(const CudaBackend& be, int pos0, std::vector<const void*> kv_at_capture,
                                                    StepKind kind) const {
     auto g = std::make_unique<DecodeGraph>();
     g->input = cuda::DeviceArray<float>(size_t(cfg_.hidden) + 1);
@@ -215,7 +215,7 @@ class CudaExecutor final : public Executor {
     cuda::ComputeMark done[2];  // step s's, in done[s % 2]: at most two steps are queued
     auto launch = [&](int step) {
       const int pos = pos0 + step;
-      std::vector<const float*> kv = decode_step_kv(ds, pos);
+      std::vector<const void*> kv = decode_step_kv(ds, pos);
       if (step == 0 || !ds.decode_graph || !ds.decode_graph->fits(kind, kv)) {
         // A graph made now starts from the host's token and position: the step before's must be
         // done, its token read, and its graph no longer running.

@@ -4,14 +4,18 @@
 
 namespace ms {
 
+DeviceRotation::DeviceRotation(const KvRotator& r)
+    : kind(r.kind()),
+      blocks(cuda::DeviceArray<float>::from(r.blocks().data(), r.blocks().size())),
+      signs(cuda::DeviceArray<float>::from(r.signs().data(), r.signs().size())) {}
+
 void DeviceKV::reserve(int n) {
-  const size_t per_pos = size_t(n_kv) * size_t(head_dim);
-  const int have = int(k.size() / std::max<size_t>(1, per_pos));
+  const int have = capacity();
   if (n <= have) return;
   const size_t cap = size_t(kv_capacity(n, have, planned));
-  for (cuda::DeviceArray<float>* a : {&k, &v}) {
-    cuda::DeviceArray<float> grown(cap * per_pos);
-    cuda::copy_on_device(grown.data(), a->data(), a->size() * sizeof(float));
+  for (auto [a, stride] : {std::pair{&k, k_stride()}, std::pair{&v, v_stride()}}) {
+    cuda::DeviceArray<uint8_t> grown(cap * stride);
+    cuda::copy_on_device(grown.data(), a->data(), a->size());
     *a = std::move(grown);
   }
 }
@@ -24,22 +28,35 @@ cuda::DeviceArray<float> zeros(size_t n) {
 }
 }  // namespace
 
-DeviceState::DeviceState(const ModelConfig& cfg, int planned_positions)
+namespace {
+DeviceKV make_kv(const ModelConfig& cfg, int planned, const KvFormat& f, const std::shared_ptr<const DeviceRotation>& rot) {
+  DeviceKV c;
+  c.n_kv = cfg.n_kv_heads;
+  c.head_dim = cfg.head_dim;
+  c.planned = planned;
+  c.k_side = f.k;
+  c.v_side = f.v;
+  if (f.rotates(f.k)) c.k_rot = rot;
+  if (f.rotates(f.v)) c.v_rot = rot;
+  return c;
+}
+}  // namespace
+
+DeviceState::DeviceState(const ModelConfig& cfg, int planned_positions, const KvFormat& f)
     : kv(size_t(cfg.n_layers)), linear(size_t(cfg.n_layers)), top_k(cfg.top_k), n_experts(cfg.n_experts) {
   const int conv_dim = 2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim;
+  std::shared_ptr<const DeviceRotation> rot;
+  if (f.rotates(f.k) || f.rotates(f.v))
+    rot = std::make_shared<const DeviceRotation>(KvRotator(f.rotation, cfg.head_dim, f.seed));
   for (int l = 0; l < cfg.n_layers; ++l) {
     if (cfg.layer_types[size_t(l)] == LayerType::FullAttention) {
-      kv[size_t(l)].n_kv = cfg.n_kv_heads;
-      kv[size_t(l)].head_dim = cfg.head_dim;
-      kv[size_t(l)].planned = planned_positions;
+      kv[size_t(l)] = make_kv(cfg, planned_positions, f, rot);
     } else {
       linear[size_t(l)].conv = zeros(size_t(conv_dim) * size_t(cfg.conv_kernel - 1));
       linear[size_t(l)].recurrent = zeros(size_t(cfg.lin_v_heads) * size_t(cfg.lin_k_dim) * size_t(cfg.lin_v_dim));
     }
   }
-  mtp_kv.n_kv = cfg.n_kv_heads;
-  mtp_kv.head_dim = cfg.head_dim;
-  mtp_kv.planned = planned_positions;
+  mtp_kv = make_kv(cfg, planned_positions, f, rot);
   if (cfg.n_experts > 0) {  // a layer more than the decoder's: the MTP head's
     route_ids = cuda::DeviceArray<int>(size_t(cfg.n_layers + 1) * size_t(cfg.top_k));
     route_probs = cuda::DeviceArray<float>(size_t(cfg.n_layers + 1) * size_t(cfg.n_experts));
@@ -47,7 +64,7 @@ DeviceState::DeviceState(const ModelConfig& cfg, int planned_positions)
 }
 
 DeviceState& DeviceState::of(State& state, const ModelConfig& cfg) {
-  if (!state.device) state.device = std::make_shared<DeviceState>(cfg, state.planned_positions());
+  if (!state.device) state.device = std::make_shared<DeviceState>(cfg, state.planned_positions(), state.kv_format());
   return static_cast<DeviceState&>(*state.device);  // only this backend makes a State's device caches
 }
 

@@ -11,16 +11,31 @@
 
 namespace ms {
 
+// A KV cache's rotation (quant/kv_quant.h, KvRotator) in device memory.
+struct DeviceRotation {
+  explicit DeviceRotation(const KvRotator& r);
+  cuda::KvRotationView view() const { return {kind, blocks.data(), signs.data()}; }
+  KvRotation kind;
+  cuda::DeviceArray<float> blocks, signs;
+};
+
 // KVCache (model/state.h) in device memory.
 struct DeviceKV {
   int n_kv = 0, head_dim = 0, length = 0;
-  int planned = 0;          // kv_capacity's (model/state.h)
-  cuda::DeviceArray<float> k, v;  // [capacity, n_kv, head_dim]
+  int planned = 0;  // kv_capacity's (model/state.h)
+  KvSide k_side, v_side;
+  std::shared_ptr<const DeviceRotation> k_rot, v_rot;  // null: not rotated
+  cuda::DeviceArray<uint8_t> k, v;                     // [capacity, n_kv] rows of k_side / v_side
 
   void reserve(int n);  // kv_capacity's, keeping what is there
-  float* k_at(int pos) const { return k.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
-  float* v_at(int pos) const { return v.data() + size_t(pos) * size_t(n_kv) * size_t(head_dim); }
-  int capacity() const { return int(k.size() / std::max<size_t>(1, size_t(n_kv) * size_t(head_dim))); }
+  bool exact() const { return k_side.bits == 32 && v_side.bits == 32; }
+  size_t k_stride() const { return size_t(n_kv) * k_side.row_bytes(head_dim); }
+  size_t v_stride() const { return size_t(n_kv) * v_side.row_bytes(head_dim); }
+  uint8_t* k_at(int pos) const { return k.data() + size_t(pos) * k_stride(); }
+  uint8_t* v_at(int pos) const { return v.data() + size_t(pos) * v_stride(); }
+  int capacity() const { return int(k.size() / std::max<size_t>(1, k_stride())); }
+  cuda::KvRowsView k_rows() const { return {k.data(), cuda::kv_side_view(k_side, head_dim)}; }
+  cuda::KvRowsView v_rows() const { return {v.data(), cuda::kv_side_view(v_side, head_dim)}; }
 };
 
 struct DeviceLinear {  // LinearState in device memory
@@ -46,19 +61,19 @@ struct DecodeGraph {
   cuda::DeviceArray<float> input;   // [hidden + 1]: the token's embedding (the layers' x), then its position, an int
   cuda::DeviceArray<float> normed;  // [hidden]: x after the final norm
   cuda::DeviceArray<float> logits;  // [vocab]
-  std::vector<const float*> kv_at_capture;
+  std::vector<const void*> kv_at_capture;
   StepKind kind = StepKind::HostInput;
   cuda::DeviceArray<int> token;    // ahead: [1], the token embedded, then the one picked
   cuda::SamplerWorkspace sampler;  // ahead: greedy_token's
 
   int* position() const { return reinterpret_cast<int*>(input.data() + input.size() - 1); }
   // Whether this graph runs a step of `k` over the KV caches at `kv` (else it must be captured anew).
-  bool fits(StepKind k, const std::vector<const float*>& kv) const { return kind == k && kv_at_capture == kv; }
+  bool fits(StepKind k, const std::vector<const void*>& kv) const { return kind == k && kv_at_capture == kv; }
 };
 
 // A State's caches on the GPU; State holds one once the sequence has run there.
 struct DeviceState final : DeviceCaches {
-  DeviceState(const ModelConfig& cfg, int planned_positions);  // State::planned_positions()
+  DeviceState(const ModelConfig& cfg, int planned_positions, const KvFormat& kv = {});  // State's
   // The state's, made at the sequence's first forward on the GPU.
   static DeviceState& of(State& state, const ModelConfig& cfg);
   void download_linear(std::vector<LinearState>& host) const override;

@@ -21,10 +21,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/matmul_tile-inl.h"
 #include "kernels/cpu/ops.h"
+#include "util/error.h"
+#include "util/half.h"
 #include "util/thread_pool.h"
 
 #ifndef MS_ATTENTION_SHARED_ONCE
@@ -32,6 +35,25 @@
 namespace ms::cpu::attention_detail {
 
 constexpr int kChunk = 128;  // positions: a chunk's key and value rows stay in the L2 for its heads
+
+// The hd codes of a quantized KV row (quant/affine.h's bit stream) as bytes; hd a multiple of 8.
+inline void UnpackCodes(const uint8_t* row, int hd, int bits, uint8_t* q) {
+  if (bits == 8) {
+    std::memcpy(q, row, size_t(hd));
+  } else if (bits == 4) {
+    for (int i = 0; i < hd / 2; ++i) {
+      q[2 * i] = row[i] & 15;
+      q[2 * i + 1] = uint8_t(row[i] >> 4);
+    }
+  } else {  // eight values in `bits` bytes
+    const uint64_t mask = (1u << bits) - 1;
+    for (int i = 0; i < hd / 8; ++i) {
+      uint64_t w = 0;
+      std::memcpy(&w, row + size_t(i) * size_t(bits), size_t(bits));
+      for (int j = 0; j < 8; ++j) q[8 * i + j] = uint8_t((w >> (j * bits)) & mask);
+    }
+  }
+}
 
 // One chunk's softmax for the G heads of a group: max m, sum l of exp(score - m), and
 // acc [G, hd] = Σ exp(score - m) · v.
@@ -100,24 +122,55 @@ float ExpSum(float* x, size_t n, float m) {
 
 }  // namespace
 
-// The chunk of positions [s0, s1) for the G query heads q [G, hd] of KV head kvh. scores: G·kChunk floats.
-void AttendChunk(const float* q, const float* k, const float* v, int n_kv, int kvh, int hd, int G, int s0, int s1,
+// The chunk of n positions for the G query heads q [G, hd] of one KV head: kc and vc its first key
+// and value rows, ldk and ldv their strides (floats). scores: G·kChunk floats.
+void AttendChunk(const float* q, const float* kc, size_t ldk, const float* vc, size_t ldv, int hd, int G, int n_pos,
                  float scale, float* scores, Partial out) {
-  const size_t n = size_t(s1 - s0), row = size_t(n_kv) * size_t(hd);
-  const float* kc = k + size_t(s0) * row + size_t(kvh) * size_t(hd);
-  const float* vc = v + size_t(s0) * row + size_t(kvh) * size_t(hd);
+  const size_t n = size_t(n_pos);
   for (int g = 0; g < G; ++g) {
     float* sc = scores + size_t(g) * kChunk;
     const float* qg = q + size_t(g) * size_t(hd);
     size_t s = 0;
-    for (; s + 4 <= n; s += 4) Dots<4>(qg, kc + s * row, row, size_t(hd), scale, sc + s);
-    for (; s < n; ++s) Dots<1>(qg, kc + s * row, row, size_t(hd), scale, sc + s);
+    for (; s + 4 <= n; s += 4) Dots<4>(qg, kc + s * ldk, ldk, size_t(hd), scale, sc + s);
+    for (; s < n; ++s) Dots<1>(qg, kc + s * ldk, ldk, size_t(hd), scale, sc + s);
     out.m[g] = *std::max_element(sc, sc + n);
     out.l[g] = ExpSum(sc, n, out.m[g]);
   }
   // acc [G, hd] = exp(scores) [G, n] · v [n, hd], the chunk's value rows read once for the group.
   std::fill(out.acc, out.acc + size_t(G) * size_t(hd), 0.f);
-  Matmul(scores, kChunk, 1, vc, row, out.acc, size_t(hd), G, int(n), hd, 1.0f, false);
+  Matmul(scores, kChunk, 1, vc, ldv, out.acc, size_t(hd), G, int(n), hd, 1.0f, false);
+}
+
+// Rows of a bf16 or quantized KV side as floats: n rows of hd at `stride` bytes from `rows`
+// into out [n, hd]. A quantized row's values are scale·q + bias (one fused multiply-add).
+void DecodeKvRows(const uint8_t* rows, size_t stride, int n, int bits, int group, int hd, float* HWY_RESTRICT out) {
+  const DF d;
+  const size_t L = hn::Lanes(d);
+  const hn::Rebind<uint16_t, DF> d16;
+  const hn::Rebind<uint8_t, DF> d8;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  HWY_ALIGN uint8_t q[1024];
+  for (int r = 0; r < n; ++r, rows += stride, out += hd) {
+    if (bits == 16) {
+      const uint16_t* b = reinterpret_cast<const uint16_t*>(rows);
+      size_t i = 0;
+      for (; i + L <= size_t(hd); i += L)
+        hn::StoreU(hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, b + i)))), d, out + i);
+      for (; i < size_t(hd); ++i) out[i] = bf16_to_f32(b[i]);
+      continue;
+    }
+    UnpackCodes(rows, hd, bits, q);
+    const uint16_t* params = reinterpret_cast<const uint16_t*>(rows + size_t(hd) * size_t(bits) / 8);
+    const int groups = hd / group;
+    for (int g = 0; g < groups; ++g) {
+      const auto scale = hn::Set(d, f16_to_f32(params[g])), bias = hn::Set(d, f16_to_f32(params[groups + g]));
+      for (size_t i = size_t(g) * size_t(group); i < size_t(g + 1) * size_t(group); i += L) {
+        const auto codes = hn::ConvertTo(d, hn::BitCast(di, hn::PromoteTo(du, hn::LoadU(d8, q + i))));
+        hn::StoreU(hn::MulAdd(scale, codes, bias), d, out + i);
+      }
+    }
+  }
 }
 
 // The running softmax `run` of G heads takes in the chunk `c`: both rescaled to their common max.
@@ -142,6 +195,7 @@ namespace ms::cpu {
 using namespace attention_detail;
 
 HWY_EXPORT(AttendChunk);
+HWY_EXPORT(DecodeKvRows);
 HWY_EXPORT(Fold);
 
 namespace {
@@ -162,10 +216,41 @@ void finish(const Partial& run, int G, int hd, float* out) {
     for (size_t i = size_t(g) * size_t(hd); i < size_t(g + 1) * size_t(hd); ++i) out[i] = run.acc[i] / run.l[g];
 }
 
+// What a thread's chunks use: the scores, and where a side is not float32 its decoded rows.
+struct Scratch {
+  Scratch(int G, int hd, KvRows k, KvRows v)
+      : scores(size_t(G) * kChunk),
+        k(k.side.bits == 32 ? 0 : size_t(kChunk) * size_t(hd)),
+        v(v.side.bits == 32 ? 0 : size_t(kChunk) * size_t(hd)) {}
+  std::vector<float> scores, k, v;
+};
+
+// Positions [s0, s1) of KV head kvh as float rows: in place where the side is float32, else
+// decoded into buf. ld: their stride in floats.
+const float* chunk_rows(KvRows r, int n_kv, int kvh, int hd, int s0, int s1, std::vector<float>& buf, size_t& ld) {
+  const size_t row = r.side.row_bytes(hd), stride = size_t(n_kv) * row;
+  const uint8_t* first = r.data + size_t(s0) * stride + size_t(kvh) * row;
+  if (r.side.bits == 32) {
+    ld = size_t(n_kv) * size_t(hd);
+    return reinterpret_cast<const float*>(first);
+  }
+  HWY_DYNAMIC_DISPATCH(DecodeKvRows)(first, stride, s1 - s0, r.side.bits, r.side.group, hd, buf.data());
+  ld = size_t(hd);
+  return buf.data();
+}
+
 }  // namespace
 
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
                float* out) {
+  attention(q, KvRows{reinterpret_cast<const uint8_t*>(k), KvSide{}}, KvRows{reinterpret_cast<const uint8_t*>(v), KvSide{}},
+            T, pos0, n_heads, n_kv, hd, out);
+}
+
+void attention(const float* q, KvRows k, KvRows v, int T, int pos0, int n_heads, int n_kv, int hd, float* out) {
+  check_kv_side(k.side, hd, "cpu::attention keys");
+  check_kv_side(v.side, hd, "cpu::attention values");
+  if ((k.side.bits != 32 || v.side.bits != 32) && hd > 1024) fail("cpu::attention: head_dim {} is above 1024", hd);
   const int G = n_heads / n_kv;
   const float scale = 1.0f / std::sqrt(float(hd));
   const size_t jobs = size_t(T) * size_t(n_kv);
@@ -175,9 +260,12 @@ void attention(const float* q, const float* k, const float* v, int T, int pos0, 
   };
   auto out_of = [&](size_t job) { return out + (q_of(job) - q); };
   auto len_of = [&](size_t job) { return pos0 + int(job / size_t(n_kv)) + 1; };
-  auto attend = [&](size_t job, int c, float* scores, Partial p) {
-    const int s0 = c * kChunk, s1 = std::min(len_of(job), s0 + kChunk);
-    HWY_DYNAMIC_DISPATCH(AttendChunk)(q_of(job), k, v, n_kv, int(job % size_t(n_kv)), hd, G, s0, s1, scale, scores, p);
+  auto attend = [&](size_t job, int c, Scratch& sc, Partial p) {
+    const int s0 = c * kChunk, s1 = std::min(len_of(job), s0 + kChunk), kvh = int(job % size_t(n_kv));
+    size_t ldk, ldv;
+    const float* kc = chunk_rows(k, n_kv, kvh, hd, s0, s1, sc.k, ldk);
+    const float* vc = chunk_rows(v, n_kv, kvh, hd, s0, s1, sc.v, ldv);
+    HWY_DYNAMIC_DISPATCH(AttendChunk)(q_of(job), kc, ldk, vc, ldv, hd, G, s1 - s0, scale, sc.scores.data(), p);
   };
 
   // Few jobs (a decode token's): every chunk of every job in parallel, then each job's fold.
@@ -190,11 +278,11 @@ void attention(const float* q, const float* k, const float* v, int T, int pos0, 
   if (chunks > jobs && chunks * size_t(G) * size_t(hd + 2) <= kMaxPartialFloats) {
     Partials parts(chunks * size_t(G), hd);
     pool.parallel_for(chunks, [&](size_t b, size_t e) {
-      std::vector<float> scores(size_t(G) * kChunk);
+      Scratch sc(G, hd, k, v);
       for (size_t i = b; i < e; ++i) {
         const auto after = std::upper_bound(first_chunk.begin(), first_chunk.end(), i);
         const size_t job = size_t(after - first_chunk.begin()) - 1;
-        attend(job, int(i - first_chunk[job]), scores.data(), parts.at(i * size_t(G)));
+        attend(job, int(i - first_chunk[job]), sc, parts.at(i * size_t(G)));
       }
     });
     pool.parallel_for(jobs, [&](size_t b, size_t e) {
@@ -209,12 +297,12 @@ void attention(const float* q, const float* k, const float* v, int T, int pos0, 
   }
   // Many jobs (a prompt's): each folds its chunks as it computes them.
   pool.parallel_for(jobs, [&](size_t b, size_t e) {
-    std::vector<float> scores(size_t(G) * kChunk);
+    Scratch sc(G, hd, k, v);
     Partials chunk(size_t(G), hd);
     for (size_t job = b; job < e; ++job) {
       Partials run(size_t(G), hd);
       for (int c = 0; c < chunks_of(len_of(job)); ++c) {
-        attend(job, c, scores.data(), chunk.at(0));
+        attend(job, c, sc, chunk.at(0));
         HWY_DYNAMIC_DISPATCH(Fold)(G, hd, chunk.at(0), run.at(0));
       }
       finish(run.at(0), G, hd, out_of(job));

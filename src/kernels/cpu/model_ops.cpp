@@ -67,6 +67,16 @@ void attention_prepare(const AttentionPrepareArgs& a) {
   std::copy_n(a.v, kv_size, a.v_out);
 }
 
+void kv_store(const float* rows, size_t n, int hd, KvSide side, const KvRotator* rot, uint8_t* out) {
+  std::vector<float> row(static_cast<size_t>(hd));
+  const size_t stride = side.row_bytes(hd);
+  for (size_t r = 0; r < n; ++r) {
+    std::copy_n(rows + r * size_t(hd), size_t(hd), row.data());
+    if (rot) rot->apply(row.data(), 1);
+    kv_encode(side, row.data(), hd, out + r * stride);
+  }
+}
+
 void sigmoid_gate(float* out, const float* gate, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] *= sigmoid(gate[i]);
 }

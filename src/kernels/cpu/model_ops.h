@@ -7,6 +7,7 @@
 
 #include "kernels/deltanet_prep.h"
 #include "kernels/weights.h"
+#include "quant/kv_quant.h"
 
 namespace ms::cpu {
 
@@ -23,6 +24,10 @@ struct AttentionPrepareArgs {
   bool gated;
 };
 void attention_prepare(const AttentionPrepareArgs& a);
+
+// n rows of hd values (keys or values of one position and head each) into a KV cache's rows of
+// `side` at out: each rotated by rot first where given, then kv_encode'd.
+void kv_store(const float* rows, size_t n, int hd, KvSide side, const KvRotator* rot, uint8_t* out);
 
 // out[i] *= sigmoid(gate[i]): a gated attention's output.
 void sigmoid_gate(float* out, const float* gate, size_t n);

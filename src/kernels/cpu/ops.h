@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/weights.h"
+#include "quant/kv_quant.h"
 
 namespace ms::cpu {
 
@@ -24,6 +25,15 @@ void rope(float* x, int T, int heads, int head_dim, int rot_dim, int pos0, doubl
 // (kernels/cpu/attention.cpp).
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
                float* out);
+// One side of a KV cache as attention reads it: a row of `side` (quant/kv_quant.h) per position
+// and KV head, [>= pos0+T, n_kv]. Quantized and bf16 rows are decoded a chunk of positions at a
+// time into the chunk's scratch (kv_decode's values, the scale·q + bias fused); float32 rows are
+// read in place, so that the float overload above is this one's bits.
+struct KvRows {
+  const uint8_t* data;
+  KvSide side;
+};
+void attention(const float* q, KvRows k, KvRows v, int T, int pos0, int n_heads, int n_kv, int hd, float* out);
 
 // 1 / (1 + exp(-v)), as the CUDA kernels' sigmoid (kernels/cuda/reduce.cuh) writes it.
 inline float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }

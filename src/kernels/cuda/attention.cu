@@ -8,13 +8,15 @@
 // two forms fold them alike, so a token's output is the same bits whatever T is.
 // Each lane holds head_dim / 32 of the query and output dims (strided by 32, so cache rows load
 // coalesced). A gated layer's sigmoid(gate) multiplies the output as it is stored, instead of in
-// a launch of its own.
+// a launch of its own. Over a cache that is not float32 (quant/kv_quant.h) the kernels' packed
+// form reads each value through kv_value, decoding it where it is loaded.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/kv_cache.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/ops.h"
@@ -53,6 +55,24 @@ __device__ __forceinline__ void fold(Softmax& run, float& acc, Softmax c, float 
   run.m = m;
 }
 
+struct AttnArgs {
+  const float* q;
+  const uint8_t *k, *v;
+  KvSideView ks, vs;
+  const float* gate;
+  float* out;
+  const int* pos_on_device;
+  int pos0, n_heads, n_kv, hd;
+  float scale;
+};
+
+// Value d of cache row `row` (position · n_kv + head) of a side: float32 read in place, or decoded.
+template <bool kPacked>
+__device__ __forceinline__ float cache_value(const uint8_t* base, const KvSideView& s, size_t row, int hd, int d) {
+  if constexpr (kPacked) return kv_value(base, s, row, hd, d);
+  return reinterpret_cast<const float*>(base)[row * hd + d];
+}
+
 struct ChunkSmem {
   float acc[kWarps][kMaxPerLane * 32];
   Softmax sm[kWarps];
@@ -60,19 +80,22 @@ struct ChunkSmem {
 
 // Positions [lo, hi) of one row (hi > lo), by every thread of the block: the chunk's softmax,
 // and in c_acc thread j's weighted value sum at output dim j (j = threadIdx.x < hd).
-__device__ Softmax chunk_softmax(const float (&qr)[kMaxPerLane], const float* k, const float* v, int n_kv, int kvh,
-                                 int hd, int lo, int hi, float scale, ChunkSmem& sh, float& c_acc) {
+template <bool kPacked>
+__device__ Softmax chunk_softmax(const float (&qr)[kMaxPerLane], const AttnArgs& a, int kvh, int lo, int hi,
+                                 ChunkSmem& sh, float& c_acc) {
+  const int hd = a.hd;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per_lane = hd / 32;
   const int s0 = lo + warp * kGroup;
+  const float scale = a.scale;
   float kr[kGroup][kMaxPerLane], vr[kGroup][kMaxPerLane];
 #pragma unroll
   for (int u = 0; u < kGroup; ++u) {
-    const size_t at = (size_t(s0 + u) * n_kv + kvh) * hd + lane;
+    const size_t row = size_t(s0 + u) * a.n_kv + kvh;
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       const bool in = s0 + u < hi && i < per_lane;
-      kr[u][i] = in ? k[at + i * 32] : 0.f;
-      vr[u][i] = in ? v[at + i * 32] : 0.f;
+      kr[u][i] = in ? cache_value<kPacked>(a.k, a.ks, row, hd, lane + i * 32) : 0.f;
+      vr[u][i] = in ? cache_value<kPacked>(a.v, a.vs, row, hd, lane + i * 32) : 0.f;
     }
   }
   float score[kGroup], m = -INFINITY;
@@ -129,15 +152,9 @@ __device__ __forceinline__ void store_row(const Softmax& run, float acc, int hd,
   out[at] = gate ? acc / run.l * sigmoid(gate[at]) : acc / run.l;
 }
 
-struct AttnArgs {
-  const float *q, *k, *v, *gate;
-  float* out;
-  const int* pos_on_device;
-  int pos0, n_heads, n_kv, hd;
-  float scale;
-};
 
 // A block per row, its chunks in turn.
+template <bool kPacked>
 __global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(AttnArgs a) {
   start_after_kernel_before();  // launched by launch_after
   __shared__ ChunkSmem sh;
@@ -149,7 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(AttnArgs a)
   float acc = 0.f;
   for (int lo = 0; lo < len; lo += kChunk) {
     float c_acc;
-    const Softmax c = chunk_softmax(qr, a.k, a.v, a.n_kv, kvh, a.hd, lo, min(len, lo + kChunk), a.scale, sh, c_acc);
+    const Softmax c = chunk_softmax<kPacked>(qr, a, kvh, lo, min(len, lo + kChunk), sh, c_acc);
     fold(run, acc, c, c_acc);
   }
   store_row(run, acc, a.hd, size_t(row), a.gate, a.out);
@@ -157,6 +174,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(AttnArgs a)
 
 // A block per (row, chunk) of n_chunks a row (those past the row's positions end at once): the
 // chunk's softmax to part and part_acc, for fold_chunks_kernel.
+template <bool kPacked>
 __global__ void __launch_bounds__(kWarps * 32) attention_chunks_kernel(AttnArgs a, int n_chunks, Softmax* part,
                                                                        float* part_acc) {
   start_after_kernel_before();  // launched by launch_after
@@ -168,7 +186,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_chunks_kernel(AttnArgs 
   float qr[kMaxPerLane];
   load_query(a.q + size_t(row) * a.hd, a.hd, qr);
   float c_acc;
-  const Softmax s = chunk_softmax(qr, a.k, a.v, a.n_kv, kvh, a.hd, lo, min(len, lo + kChunk), a.scale, sh, c_acc);
+  const Softmax s = chunk_softmax<kPacked>(qr, a, kvh, lo, min(len, lo + kChunk), sh, c_acc);
   if (int(threadIdx.x) < a.hd) part_acc[size_t(blockIdx.x) * a.hd + threadIdx.x] = c_acc;
   if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
@@ -207,6 +225,13 @@ size_t attention_scratch_floats(int T, int n_heads, int hd, int positions) {
 
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
                float* out, float* scratch, int positions, const int* pos_on_device, const float* gate) {
+  const KvSideView f32 = kv_side_view(KvSide{}, hd);
+  attention(q, KvRowsView{reinterpret_cast<const uint8_t*>(k), f32}, KvRowsView{reinterpret_cast<const uint8_t*>(v), f32},
+            T, pos0, n_heads, n_kv, hd, out, scratch, positions, pos_on_device, gate);
+}
+
+void attention(const float* q, KvRowsView k, KvRowsView v, int T, int pos0, int n_heads, int n_kv, int hd, float* out,
+               float* scratch, int positions, const int* pos_on_device, const float* gate) {
   if (hd <= 0 || hd % 32 != 0 || hd > kMaxPerLane * 32)
     arg_fail("cuda::attention: head_dim " + std::to_string(hd) + " is not a multiple of 32 up to 256");
   if (n_kv <= 0 || n_heads % n_kv != 0)
@@ -216,10 +241,12 @@ void attention(const float* q, const float* k, const float* v, int T, int pos0, 
   if (positions < (pos_on_device ? 1 : pos0 + T))
     arg_fail("cuda::attention: positions " + std::to_string(positions) + " is less than pos0 + T = " +
              std::to_string(pos0 + T));
-  const AttnArgs a{q, k, v, gate, out, pos_on_device, pos0, n_heads, n_kv, hd, 1.0f / std::sqrt(float(hd))};
+  const AttnArgs a{q, k.data, v.data, k.side, v.side, gate, out, pos_on_device, pos0, n_heads, n_kv, hd,
+                   1.0f / std::sqrt(float(hd))};
+  const bool packed = k.side.bits != 32 || v.side.bits != 32;
   const int rows = T * n_heads, n = chunk_blocks(rows, positions, hd);
   if (n == 0) {
-    launch_after(attention_rows_kernel, unsigned(rows), kWarps * 32, 0, a);
+    launch_after(packed ? attention_rows_kernel<true> : attention_rows_kernel<false>, unsigned(rows), kWarps * 32, 0, a);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -227,7 +254,8 @@ void attention(const float* q, const float* k, const float* v, int T, int pos0, 
     arg_fail("cuda::attention: " + std::to_string(rows) + " rows need scratch of attention_scratch_floats, 8-byte aligned");
   auto* part = reinterpret_cast<Softmax*>(scratch);
   float* part_acc = scratch + 2 * size_t(rows) * size_t(n);
-  launch_after(attention_chunks_kernel, unsigned(rows * n), kWarps * 32, 0, a, n, part, part_acc);
+  launch_after(packed ? attention_chunks_kernel<true> : attention_chunks_kernel<false>, unsigned(rows * n), kWarps * 32,
+               0, a, n, part, part_acc);
   CUDA_CHECK_LAUNCH();
   launch_after(fold_chunks_kernel, unsigned(rows), kWarps * 32, 0, a, n, static_cast<const Softmax*>(part),
                static_cast<const float*>(part_acc));

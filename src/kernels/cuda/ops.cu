@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) attention_prepare_kernel(const Atten
   extern __shared__ float normed[];  // [hd]: the head before its rotation
   const int head = blockIdx.x, t = blockIdx.y, hd = a.hd;
   const int pos = (a.pos_on_device ? *a.pos_on_device : a.pos0) + t;
-  const size_t kv_width = size_t(a.nkv) * hd, cache_row = size_t(pos) * kv_width;
+  const size_t kv_width = size_t(a.nkv) * hd, cache_row = size_t(a.rows_from_zero ? t : pos) * kv_width;
   if (head >= a.nh + a.nkv) {  // uniform over the block
     const size_t j = size_t(head - a.nh - a.nkv) * hd;
     for (int i = threadIdx.x; i < hd; i += kThreads) a.v_cache[cache_row + j + i] = a.v[t * kv_width + j + i];

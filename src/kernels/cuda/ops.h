@@ -10,6 +10,7 @@
 #include "kernels/deltanet_prep.h"
 #include "kernels/sampling.h"
 #include "kernels/weights.h"
+#include "quant/kv_quant.h"
 
 namespace ms::cuda {
 
@@ -32,6 +33,8 @@ void add_rmsnorm(float* x, const float* y, int rows, int dim, const float* w, fl
 // q_norm and k_norm [hd] (offset added to them); the caches' rows (nkv·hd wide) of positions
 // pos0 + t. pos0 is *pos_on_device instead where that is given: read on the GPU, so that a
 // captured decode step (a CUDA graph) serves every position.
+// Where rows_from_zero is set, k and v go to rows t of k_cache and v_cache (kv_store's input)
+// instead, still rotated by RoPE at pos0 + t.
 struct AttentionPrep {
   const float *q_raw, *k, *v, *q_norm, *k_norm;
   float *q, *gate, *k_cache, *v_cache;
@@ -40,6 +43,7 @@ struct AttentionPrep {
   float offset, eps;
   int T, nh, nkv, hd, rot_dim, pos0;
   bool gated;
+  bool rows_from_zero = false;
 };
 // q [T, nh·hd] and k: each head RMS-normalised (x / sqrt(mean(x²) + eps) · (offset + w)) and
 // rotated by RoPE over its first rot_dim dims; k to the k cache, v to the v cache, and the gate
@@ -56,6 +60,32 @@ size_t attention_scratch_floats(int T, int n_heads, int hd, int positions);
 void attention(const float* q, const float* k, const float* v, int T, int pos0, int n_heads, int n_kv, int hd,
                float* out, float* scratch, int positions, const int* pos_on_device = nullptr,
                const float* gate = nullptr);
+
+// The KV cache's formats (quant/kv_quant.h) as the kernels take them (kernels/cuda/kv_cache.cu).
+struct KvSideView {
+  int bits = 32, group = 64, row_bytes = 0, code_bytes = 0;  // code_bytes: a quantized row's codes
+};
+KvSideView kv_side_view(KvSide s, int hd);
+struct KvRotationView {
+  KvRotation kind = KvRotation::None;
+  const float* blocks = nullptr;  // So4: [hd/4][4][4], in device memory
+  const float* signs = nullptr;   // Hadamard: [hd]
+};
+// A side of a KV cache: a row of `side` per position and KV head, [positions, n_kv].
+struct KvRowsView {
+  const uint8_t* data;
+  KvSideView side;
+};
+// attention over a cache of any format: the float32 overload's bits where both sides are float32.
+void attention(const float* q, KvRowsView k, KvRowsView v, int T, int pos0, int n_heads, int n_kv, int hd, float* out,
+               float* scratch, int positions, const int* pos_on_device = nullptr, const float* gate = nullptr);
+// rows [T, n_kv, hd] rotated by r (where it rotates) and encoded as kv_encode does into the cache
+// rows of positions pos0 + t (pos0 *pos_on_device where given) of a side in `side`'s format.
+void kv_store(const float* rows, int T, int n_kv, int hd, KvSide side, const KvRotationView& r, uint8_t* cache,
+              int pos0, const int* pos_on_device = nullptr);
+// x [rows, hd] ← R·x, or Rᵀ·x where `inverse`, in place; then, where gate [rows, hd] is given,
+// multiplied by sigmoid(gate) (a gated attention's output over rotated values).
+void kv_rotate(float* x, size_t rows, int hd, const KvRotationView& r, bool inverse, const float* gate = nullptr);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void softmax(float* x, int rows, int n);
 // Per row of x [rows, n]: the indices of the k largest values, largest first, ties to the lower

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 #include <random>
 #include <string>
@@ -27,6 +28,18 @@ std::vector<float> random_vec(size_t n, uint32_t seed, float lo = -3.f, float hi
   return v;
 }
 
+// A float vector's bytes (a float32 KV cache's rows) and back.
+std::vector<uint8_t> bytes_of(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(float));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+std::vector<float> floats_of(const std::vector<uint8_t>& b) {
+  std::vector<float> v(b.size() / sizeof(float));
+  std::memcpy(v.data(), b.data(), v.size() * sizeof(float));
+  return v;
+}
+
 class CudaBackendGlue : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -36,6 +49,7 @@ class CudaBackendGlue : public ::testing::Test {
   }
   CudaBackend gpu() { return {*device_weights, *device_state}; }
   cuda::DeviceArray<float> up(const std::vector<float>& v) { return cuda::DeviceArray<float>::from(v.data(), v.size()); }
+  cuda::DeviceArray<uint8_t> up(const std::vector<uint8_t>& v) { return cuda::DeviceArray<uint8_t>::from(v.data(), v.size()); }
 
   ModelConfig cfg;
   State host_state{cfg};
@@ -53,9 +67,9 @@ TEST_F(CudaBackendGlue, AttentionGatedAndNot) {
   const auto q = random_vec(nq, 1), k = random_vec(nkvs, 2), v = random_vec(nkvs, 3), gate = random_vec(nq, 4);
   auto dq = up(q), dgate = up(gate);
   KVCache host_kv;
-  host_kv.n_kv = nkv, host_kv.head_dim = hd, host_kv.k = k, host_kv.v = v;
+  host_kv.n_kv = nkv, host_kv.head_dim = hd, host_kv.k = bytes_of(k), host_kv.v = bytes_of(v);
   DeviceKV device_kv;
-  device_kv.n_kv = nkv, device_kv.head_dim = hd, device_kv.k = up(k), device_kv.v = up(v);
+  device_kv.n_kv = nkv, device_kv.head_dim = hd, device_kv.k = up(host_kv.k), device_kv.v = up(host_kv.v);
   const float tol = 1e-5f * 3.0f;  // max|v| <= 3
   for (const bool gated : {false, true}) {
     std::vector<float> want(nq);
@@ -102,9 +116,8 @@ TEST_F(CudaBackendGlue, AttentionPrepareMatchesTheCpuSteps) {
     const auto q_norm = random_vec(size_t(c.hd), 33, -1.f, 1.f), k_norm = random_vec(size_t(c.hd), 34, -1.f, 1.f);
     KVCache want{c.nkv, c.hd};
     want.reserve(capacity);
-    std::fill(want.k.begin(), want.k.end(), 7.f);
-    std::fill(want.v.begin(), want.v.end(), 7.f);
-    const std::vector<float> untouched = want.k;
+    const std::vector<uint8_t> untouched = bytes_of(std::vector<float>(want.k.size() / sizeof(float), 7.f));
+    want.k = want.v = untouched;
     std::vector<float> q(size_t(c.T) * q_width), gate(c.gated ? q.size() : 0);
     cpu.attention_prepare(q_raw.data(), k.data(), v.data(), c.T, c.nh, c.nkv, c.hd, c.gated, q_norm.data(),
                           k_norm.data(), c.offset, 1e-6f, c.rot, c.pos0, c.theta, q.data(), gate.data(), want);
@@ -123,10 +136,10 @@ TEST_F(CudaBackendGlue, AttentionPrepareMatchesTheCpuSteps) {
                            c.offset, 1e-6f, c.rot, step_pos ? -1 : c.pos0, c.theta, dq.data(), dgate.data(), got);
       const std::string at = what + (step_pos ? ", position on the device" : ", position passed");
       EXPECT_LE(rel_err(dq.to_vector(), q), 2e-6) << at << ": q";
-      EXPECT_LE(rel_err(got.k.to_vector(), want.k), 2e-6) << at << ": k cache";
+      EXPECT_LE(rel_err(floats_of(got.k.to_vector()), floats_of(want.k)), 2e-6) << at << ": k cache";
       EXPECT_EQ(dgate.to_vector(), gate) << at;
       EXPECT_EQ(got.v.to_vector(), want.v) << at;
-      const std::vector<float> gk = got.k.to_vector();
+      const std::vector<float> gk = floats_of(got.k.to_vector());
       for (size_t i = 0; i < gk.size(); ++i)
         if (i / width < size_t(c.pos0) || i / width >= size_t(c.pos0 + c.T)) {
           ASSERT_EQ(gk[i], 7.f) << at << ": " << i;
