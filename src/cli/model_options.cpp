@@ -132,8 +132,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
       ->capture_default_str()
       ->check(CLI::IsMember({32, 64, 128}));
   cmd->add_option("--kv-rotation", a.kv_rotation,
-                  "Fixed orthogonal rotation of quantized keys and values (head_dim mixed before quantizing): so4 "
-                  "(blocks of 4), hadamard (the whole head), or none")
+                  "Fixed orthogonal rotation of quantized keys and values before they are quantized: hadamard (the "
+                  "whole head), so4 (blocks of 4), or none")
       ->capture_default_str()
       ->check(CLI::IsMember({"so4", "hadamard", "none"}));
   cmd->add_option("--policy", a.policy, "Expert eviction policy")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));

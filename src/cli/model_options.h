@@ -15,7 +15,7 @@ struct ModelArgs {
   int expert_slots = 0;
   std::string pool_profile, memory, policy = "lru", io = "auto";
   int context = 4096;
-  std::string kv_bits = "32,32", kv_rotation = "so4";
+  std::string kv_bits = "32,32", kv_rotation = "hadamard";
   int kv_group = 64;
   bool no_direct_io = false, verify = false;
   std::string device = "auto", vram, host_cache, host_policy = "lru";

@@ -151,7 +151,7 @@ KvRotator::KvRotator(KvRotation kind, int hd, uint64_t seed) : kind_(kind), hd_(
       so4_block(qa, qb, blocks_.data() + size_t(b) * 16);
     }
   } else if (kind == KvRotation::Hadamard) {
-    if (hd <= 0 || (hd & (hd - 1)) != 0) fail("--kv-rotation hadamard: head_dim {} is not a power of two", hd);
+    if (hd <= 0 || (hd & (hd - 1)) != 0) fail("--kv-rotation hadamard: head_dim {} is not a power of two (--kv-rotation so4 needs a multiple of 4)", hd);
     signs_.resize(size_t(hd));
     for (float& s : signs_) s = (rng.next() >> 63) ? -1.f : 1.f;
   }

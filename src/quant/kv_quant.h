@@ -68,7 +68,7 @@ class KvRotator {
 // to the quantized sides only.
 struct KvFormat {
   KvSide k, v;
-  KvRotation rotation = KvRotation::So4;
+  KvRotation rotation = KvRotation::Hadamard;  // beat so4 and none on pycoder-moe (docs/kv_cache.md)
   uint64_t seed = kKvRotationSeed;
 
   bool exact() const { return k.bits == 32 && v.bits == 32; }

@@ -55,6 +55,8 @@ const std::vector<Refused> kModelFlags = {
     {"--prefetch-ahead 2,1", "--prefetch-ahead"}, {"--prefetch-ahead x,1@4", "--prefetch-ahead"},
     {"--prefetch-ahead 2,1@-1", "--prefetch-ahead"}, {"--prefetch-width 0", "--prefetch-width"},
     {"--prefetch-width lots", "--prefetch-width"}, {"--prefetch-staging 0", "--prefetch-staging"},
+    {"--kv-bits 5,3", "--kv-bits"},     {"--kv-bits 4,", "--kv-bits"},     {"--kv-bits four", "--kv-bits"},
+    {"--kv-bits 4,3,2", "--kv-bits"},   {"--kv-group 48", "--kv-group"},   {"--kv-rotation so3", "--kv-rotation"},
 };
 
 const std::vector<Refused> kSamplingFlags = {

@@ -23,7 +23,7 @@ namespace {
 
 using test::ints;
 
-KvFormat format(int k_bits, int v_bits, KvRotation rotation = KvRotation::So4, int group = 64) {
+KvFormat format(int k_bits, int v_bits, KvRotation rotation = KvRotation::Hadamard, int group = 64) {
   KvFormat f;
   f.k = {k_bits, group};
   f.v = {v_bits, group};
@@ -90,7 +90,7 @@ TEST_F(KvCache, Bf16StaysWithinItsRounding) {
 TEST_F(KvCache, PackedVerifyRowsAreOneTokenStepsBits) {
   const std::vector<int> ids = ints(ref_->get("doc5.input_ids"));
   const int T = 40;
-  for (const KvFormat& f : {format(4, 3), format(8, 4, KvRotation::Hadamard), format(4, 4, KvRotation::None)}) {
+  for (const KvFormat& f : {format(4, 3), format(8, 4, KvRotation::So4), format(4, 4, KvRotation::None)}) {
     State whole = state(f), steps = state(f);
     const ForwardResult all = model_->forward(ids.data(), T, whole, {.all_logits = true, .verify = true});
     const size_t V = size_t(model_->config().vocab);
@@ -172,7 +172,9 @@ std::vector<Quality> quality(const Model& m, const std::vector<int>& ids, const 
 
 // The gates of the issue: over 4096 tokens of held-out documents (doc0 then doc1; all 24 in
 // windows of 4096 with MOESTREAM_FULL_KV_GATES=1), K4/V3 with a rotation keeps a mean logits
-// cosine of 0.99 and greedy agreement of 95 % against float32 KV, and each rotation beats none.
+// cosine of 0.99 and greedy agreement of 95 % against float32 KV. Hadamard (the default) beats no
+// rotation on both; so4's blocks of 4 only match it on this model (head_dim 64, one group a
+// head): its cosine is higher by 4e-5 and its agreement lower (docs/kv_cache.md).
 TEST_F(KvCache, QuantizedSettingsPassTheQualityGates) {
   std::vector<std::vector<int>> windows;
   std::vector<int> all;
@@ -205,6 +207,7 @@ TEST_F(KvCache, QuantizedSettingsPassTheQualityGates) {
     EXPECT_GE(q->agreement, 0.95);
     EXPECT_GT(q->cosine, none.cosine);
   }
+  EXPECT_GT(hadamard.agreement, none.agreement);
   EXPECT_GT(mean[0].cosine, 0.9999);  // bf16
 }
 

@@ -164,7 +164,7 @@ TEST(KvQuant, FlagsParseAndBadOnesNameTheFlag) {
   parse_kv_bits("4,3", f);
   EXPECT_EQ(f.k.bits, 4);
   EXPECT_EQ(f.v.bits, 3);
-  EXPECT_EQ(f.describe(), "K4/V3 g64 so4");
+  EXPECT_EQ(f.describe(), "K4/V3 g64 hadamard");
   parse_kv_bits("16", f);
   EXPECT_EQ(f.k.bits, 16);
   EXPECT_EQ(f.v.bits, 16);

@@ -683,6 +683,24 @@ TEST(ServerPool, StatsReportTheStreamingPool) {
   EXPECT_NE(metrics.find("moestream_loaded_whole 0"), std::string::npos);
 }
 
+// The KV cache's format and bytes (--kv-bits) in /api/stats and /metrics.
+TEST(ServerPool, StatsReportTheKvCache) {
+  ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", {"--kv-bits", "4,3"});
+  auto c = server.client();
+  auto r = c.Post("/v1/completions", R"({"prompt": "def f(", "max_tokens": 4})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json kv = json::parse(c.Get("/api/stats")->body)["kv_cache"];
+  EXPECT_EQ(kv["format"], "K4/V3 g64 hadamard");
+  // pycoder: two attention layers and the MTP head's, 2 KV heads of 64: (32 + 4) + (24 + 4) bytes a head
+  EXPECT_EQ(kv["bytes_per_position"], 3 * 2 * (36 + 28));
+  EXPECT_EQ(kv["float32_bytes_per_position"], 3 * 2 * 64 * 8);
+  EXPECT_GT(kv["positions"].get<int>(), 0);
+  EXPECT_GT(kv["bytes"].get<uint64_t>(), 0u);
+  const std::string metrics = c.Get("/metrics")->body;
+  EXPECT_NE(metrics.find("moestream_kv_cache_bytes_per_position 384"), std::string::npos) << metrics;
+}
+
 // Under a memory budget a request may speculate only where the server's plan counted it.
 TEST(ServerPool, SpeculationUnderABudgetNeedsThePlanToCountIt) {
   const std::string body = R"({"prompt": "def f(", "max_tokens": 8, "speculative": "mtp"})";

@@ -1,7 +1,8 @@
 // Causal GQA attention over the KV cache. Each (query token, head) row takes its cache positions
 // in chunks of kChunk: the block's warps take kGroup positions each, loading the group's key and
 // value rows at once so that their latencies overlap, and the block merges the warps into the
-// chunk's softmax (its max, sum and weighted values). The chunks are folded in position order,
+// chunk's softmax (its max, sum and weighted values). A block takes up to four query heads that
+// share a KV head, so that each cache row is read (and decoded) once for them. The chunks are folded in position order,
 // each rescaled to the running max. Where rows are few (a decode token's heads), each chunk is a
 // block of its own, so that they spread over the device, and a second kernel folds them; else a
 // block takes a row's chunks in turn. The chunks depend only on the row's own positions and the
@@ -45,13 +46,19 @@ __device__ __forceinline__ int row_length(int pos0, const int* pos_on_device, in
   return (pos_on_device ? *pos_on_device : pos0) + t + 1;
 }
 
+// x·a + y·b, each product rounded and then their sum: written out so that no kernel contracts it
+// into a fused multiply-add differently from another (the bits of both forms must agree).
+__device__ __forceinline__ float mix(float x, float a, float y, float b) {
+  return __fadd_rn(__fmul_rn(x, a), __fmul_rn(y, b));
+}
+
 // The running softmax `run` (and this thread's acc) takes in chunk c: both rescaled to their
 // common max. The one fold of both forms, so that they give the same bits.
 __device__ __forceinline__ void fold(Softmax& run, float& acc, Softmax c, float c_acc) {
   const float m = fmaxf(run.m, c.m);
   const float a = expf(run.m - m), b = expf(c.m - m);  // a is 0 at the first chunk (run.m -inf)
-  run.l = run.l * a + c.l * b;
-  acc = acc * a + c_acc * b;
+  run.l = mix(run.l, a, c.l, b);
+  acc = mix(acc, a, c_acc, b);
   run.m = m;
 }
 
@@ -73,16 +80,20 @@ __device__ __forceinline__ float cache_value(const uint8_t* base, const KvSideVi
   return reinterpret_cast<const float*>(base)[row * hd + d];
 }
 
+// A block's shared results for H query heads (of one KV head): each warp's sums, then merged.
+template <int H>
 struct ChunkSmem {
-  float acc[kWarps][kMaxPerLane * 32];
-  Softmax sm[kWarps];
+  float acc[H][kWarps][kMaxPerLane * 32];
+  Softmax sm[H][kWarps];
 };
 
-// Positions [lo, hi) of one row (hi > lo), by every thread of the block: the chunk's softmax,
-// and in c_acc thread j's weighted value sum at output dim j (j = threadIdx.x < hd).
-template <bool kPacked>
-__device__ Softmax chunk_softmax(const float (&qr)[kMaxPerLane], const AttnArgs& a, int kvh, int lo, int hi,
-                                 ChunkSmem& sh, float& c_acc) {
+// Positions [lo, hi) (hi > lo) for H query heads qr of KV head kvh, by every thread of the block:
+// each key and value row loaded (and decoded) once for the H heads, then each head's chunk
+// softmax in all[h], and in c_acc[h] thread j's weighted value sum at output dim j (j =
+// threadIdx.x < hd). A head's arithmetic is the same whatever H is: the same bits.
+template <bool kPacked, int H>
+__device__ void chunk_softmax(const float (&qr)[H][kMaxPerLane], const AttnArgs& a, int kvh, int lo, int hi,
+                              ChunkSmem<H>& sh, Softmax (&all)[H], float (&c_acc)[H]) {
   const int hd = a.hd;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per_lane = hd / 32;
   const int s0 = lo + warp * kGroup;
@@ -98,45 +109,62 @@ __device__ Softmax chunk_softmax(const float (&qr)[kMaxPerLane], const AttnArgs&
       vr[u][i] = in ? cache_value<kPacked>(a.v, a.vs, row, hd, lane + i * 32) : 0.f;
     }
   }
-  float score[kGroup], m = -INFINITY;
 #pragma unroll
-  for (int u = 0; u < kGroup; ++u) {
-    float dot = 0.f;
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) dot = fmaf(qr[i], kr[u][i], dot);
-    score[u] = s0 + u < hi ? warp_sum(dot) * scale : -INFINITY;  // s0 + u < hi is the same in the warp
-    m = fmaxf(m, score[u]);
-  }
-  Softmax mine;  // a warp with no positions keeps m -inf, l 0, acc 0
-  float acc[kMaxPerLane] = {};
-  if (s0 < hi) {
-    mine.m = m;
+  for (int h = 0; h < H; ++h) {
+    float score[kGroup], m = -INFINITY;
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
-      const float p = s0 + u < hi ? expf(score[u] - m) : 0.f;
-      mine.l += p;
+      float dot = 0.f;
 #pragma unroll
-      for (int i = 0; i < kMaxPerLane; ++i) acc[i] = fmaf(p, vr[u][i], acc[i]);
+      for (int i = 0; i < kMaxPerLane; ++i) dot = fmaf(qr[h][i], kr[u][i], dot);
+      score[u] = s0 + u < hi ? warp_sum(dot) * scale : -INFINITY;  // s0 + u < hi is the same in the warp
+      m = fmaxf(m, score[u]);
     }
-  }
+    Softmax mine;  // a warp with no positions keeps m -inf, l 0, acc 0
+    float acc[kMaxPerLane] = {};
+    if (s0 < hi) {
+      mine.m = m;
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i)
-    if (i < per_lane) sh.acc[warp][i * 32 + lane] = acc[i];
-  if (lane == 0) sh.sm[warp] = mine;
+      for (int u = 0; u < kGroup; ++u) {
+        const float p = s0 + u < hi ? expf(score[u] - m) : 0.f;
+        mine.l += p;
+#pragma unroll
+        for (int i = 0; i < kMaxPerLane; ++i) acc[i] = fmaf(p, vr[u][i], acc[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i)
+      if (i < per_lane) sh.acc[h][warp][i * 32 + lane] = acc[i];
+    if (lane == 0) sh.sm[h][warp] = mine;
+  }
   __syncthreads();
 
-  Softmax all;
-  for (int w = 0; w < kWarps; ++w) all.m = fmaxf(all.m, sh.sm[w].m);
-  float weight[kWarps];  // of each warp's sums; 0 for a warp with no positions
-  for (int w = 0; w < kWarps; ++w) {
-    weight[w] = sh.sm[w].l > 0.f ? expf(sh.sm[w].m - all.m) : 0.f;
-    all.l += sh.sm[w].l * weight[w];
+#pragma unroll
+  for (int h = 0; h < H; ++h) {
+    all[h] = Softmax{};
+    for (int w = 0; w < kWarps; ++w) all[h].m = fmaxf(all[h].m, sh.sm[h][w].m);
+    float weight[kWarps];  // of each warp's sums; 0 for a warp with no positions
+    for (int w = 0; w < kWarps; ++w) {
+      weight[w] = sh.sm[h][w].l > 0.f ? expf(sh.sm[h][w].m - all[h].m) : 0.f;
+      all[h].l = __fadd_rn(all[h].l, __fmul_rn(sh.sm[h][w].l, weight[w]));
+    }
+    c_acc[h] = 0.f;
+    if (int(threadIdx.x) < hd)
+      for (int w = 0; w < kWarps; ++w) c_acc[h] = __fadd_rn(c_acc[h], __fmul_rn(sh.acc[h][w][threadIdx.x], weight[w]));
   }
-  c_acc = 0.f;
-  if (int(threadIdx.x) < hd)
-    for (int w = 0; w < kWarps; ++w) c_acc += sh.acc[w][threadIdx.x] * weight[w];
   __syncthreads();  // before the next chunk writes sh
-  return all;
+}
+
+// The H query heads a block takes: block `group` of the T · n_kv · (G / H) groups is token t's
+// heads h0 .. h0 + H - 1 of KV head kvh (G = n_heads / n_kv).
+struct HeadGroup {
+  int t, kvh, h0;
+};
+template <int H>
+__device__ __forceinline__ HeadGroup head_group(const AttnArgs& a, int group) {
+  const int G = a.n_heads / a.n_kv, per_token = a.n_kv * (G / H);
+  const int t = group / per_token, rem = group % per_token, kvh = rem / (G / H);
+  return {t, kvh, kvh * G + (rem % (G / H)) * H};
 }
 
 __device__ __forceinline__ void load_query(const float* qv, int hd, float (&qr)[kMaxPerLane]) {
@@ -153,42 +181,54 @@ __device__ __forceinline__ void store_row(const Softmax& run, float acc, int hd,
 }
 
 
-// A block per row, its chunks in turn.
-template <bool kPacked>
+// A block per head group (head_group), its chunks in turn.
+template <bool kPacked, int H>
 __global__ void __launch_bounds__(kWarps * 32) attention_rows_kernel(AttnArgs a) {
   start_after_kernel_before();  // launched by launch_after
-  __shared__ ChunkSmem sh;
-  const int row = blockIdx.x, t = row / a.n_heads, kvh = row % a.n_heads / (a.n_heads / a.n_kv);
-  const int len = row_length(a.pos0, a.pos_on_device, t);
-  float qr[kMaxPerLane];
-  load_query(a.q + size_t(row) * a.hd, a.hd, qr);
-  Softmax run;
-  float acc = 0.f;
+  __shared__ ChunkSmem<H> sh;
+  const HeadGroup g = head_group<H>(a, blockIdx.x);
+  const int len = row_length(a.pos0, a.pos_on_device, g.t);
+  const size_t row0 = size_t(g.t) * a.n_heads + g.h0;
+  float qr[H][kMaxPerLane];
+#pragma unroll
+  for (int h = 0; h < H; ++h) load_query(a.q + (row0 + h) * a.hd, a.hd, qr[h]);
+  Softmax run[H];
+  float acc[H] = {};
   for (int lo = 0; lo < len; lo += kChunk) {
-    float c_acc;
-    const Softmax c = chunk_softmax<kPacked>(qr, a, kvh, lo, min(len, lo + kChunk), sh, c_acc);
-    fold(run, acc, c, c_acc);
+    Softmax c[H];
+    float c_acc[H];
+    chunk_softmax<kPacked, H>(qr, a, g.kvh, lo, min(len, lo + kChunk), sh, c, c_acc);
+#pragma unroll
+    for (int h = 0; h < H; ++h) fold(run[h], acc[h], c[h], c_acc[h]);
   }
-  store_row(run, acc, a.hd, size_t(row), a.gate, a.out);
+#pragma unroll
+  for (int h = 0; h < H; ++h) store_row(run[h], acc[h], a.hd, row0 + h, a.gate, a.out);
 }
 
-// A block per (row, chunk) of n_chunks a row (those past the row's positions end at once): the
-// chunk's softmax to part and part_acc, for fold_chunks_kernel.
-template <bool kPacked>
+// A block per (head group, chunk) of n_chunks a row (those past the rows' positions end at once):
+// each head's chunk softmax to part and part_acc at its row, for fold_chunks_kernel.
+template <bool kPacked, int H>
 __global__ void __launch_bounds__(kWarps * 32) attention_chunks_kernel(AttnArgs a, int n_chunks, Softmax* part,
                                                                        float* part_acc) {
   start_after_kernel_before();  // launched by launch_after
-  __shared__ ChunkSmem sh;
-  const int row = blockIdx.x / n_chunks, c = blockIdx.x % n_chunks;
-  const int t = row / a.n_heads, kvh = row % a.n_heads / (a.n_heads / a.n_kv);
-  const int len = row_length(a.pos0, a.pos_on_device, t), lo = c * kChunk;
+  __shared__ ChunkSmem<H> sh;
+  const HeadGroup g = head_group<H>(a, blockIdx.x / n_chunks);
+  const int c = blockIdx.x % n_chunks;
+  const int len = row_length(a.pos0, a.pos_on_device, g.t), lo = c * kChunk;
   if (lo >= len) return;
-  float qr[kMaxPerLane];
-  load_query(a.q + size_t(row) * a.hd, a.hd, qr);
-  float c_acc;
-  const Softmax s = chunk_softmax<kPacked>(qr, a, kvh, lo, min(len, lo + kChunk), sh, c_acc);
-  if (int(threadIdx.x) < a.hd) part_acc[size_t(blockIdx.x) * a.hd + threadIdx.x] = c_acc;
-  if (threadIdx.x == 0) part[blockIdx.x] = s;
+  const size_t row0 = size_t(g.t) * a.n_heads + g.h0;
+  float qr[H][kMaxPerLane];
+#pragma unroll
+  for (int h = 0; h < H; ++h) load_query(a.q + (row0 + h) * a.hd, a.hd, qr[h]);
+  Softmax s[H];
+  float c_acc[H];
+  chunk_softmax<kPacked, H>(qr, a, g.kvh, lo, min(len, lo + kChunk), sh, s, c_acc);
+#pragma unroll
+  for (int h = 0; h < H; ++h) {
+    const size_t at = (row0 + h) * n_chunks + c;
+    if (int(threadIdx.x) < a.hd) part_acc[at * a.hd + threadIdx.x] = c_acc[h];
+    if (threadIdx.x == 0) part[at] = s[h];
+  }
 }
 
 // A block per row: its chunks' results folded in order, as attention_rows_kernel folds them.
@@ -244,9 +284,14 @@ void attention(const float* q, KvRowsView k, KvRowsView v, int T, int pos0, int 
   const AttnArgs a{q, k.data, v.data, k.side, v.side, gate, out, pos_on_device, pos0, n_heads, n_kv, hd,
                    1.0f / std::sqrt(float(hd))};
   const bool packed = k.side.bits != 32 || v.side.bits != 32;
+  const int G = n_heads / n_kv, H = G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;  // query heads a block takes
+  const unsigned groups = unsigned(T * n_heads / H);
   const int rows = T * n_heads, n = chunk_blocks(rows, positions, hd);
   if (n == 0) {
-    launch_after(packed ? attention_rows_kernel<true> : attention_rows_kernel<false>, unsigned(rows), kWarps * 32, 0, a);
+    using Kernel = void (*)(AttnArgs);
+    const Kernel kernels[2][3] = {{attention_rows_kernel<false, 1>, attention_rows_kernel<false, 2>, attention_rows_kernel<false, 4>},
+                                  {attention_rows_kernel<true, 1>, attention_rows_kernel<true, 2>, attention_rows_kernel<true, 4>}};
+    launch_after(kernels[packed][H / 2], groups, kWarps * 32, 0, a);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -254,8 +299,10 @@ void attention(const float* q, KvRowsView k, KvRowsView v, int T, int pos0, int 
     arg_fail("cuda::attention: " + std::to_string(rows) + " rows need scratch of attention_scratch_floats, 8-byte aligned");
   auto* part = reinterpret_cast<Softmax*>(scratch);
   float* part_acc = scratch + 2 * size_t(rows) * size_t(n);
-  launch_after(packed ? attention_chunks_kernel<true> : attention_chunks_kernel<false>, unsigned(rows * n), kWarps * 32,
-               0, a, n, part, part_acc);
+  using Kernel = void (*)(AttnArgs, int, Softmax*, float*);
+  const Kernel kernels[2][3] = {{attention_chunks_kernel<false, 1>, attention_chunks_kernel<false, 2>, attention_chunks_kernel<false, 4>},
+                                {attention_chunks_kernel<true, 1>, attention_chunks_kernel<true, 2>, attention_chunks_kernel<true, 4>}};
+  launch_after(kernels[packed][H / 2], groups * unsigned(n), kWarps * 32, 0, a, n, part, part_acc);
   CUDA_CHECK_LAUNCH();
   launch_after(fold_chunks_kernel, unsigned(rows), kWarps * 32, 0, a, n, static_cast<const Softmax*>(part),
                static_cast<const float*>(part_acc));

@@ -28,9 +28,12 @@ __device__ void rotate_row(float* x, float* tmp, const KvRotationView& r, int hd
     for (int b = threadIdx.x; b < hd / 4; b += blockDim.x) {
       const float* m = r.blocks + size_t(b) * 16;
       const float in[4] = {x[4 * b], x[4 * b + 1], x[4 * b + 2], x[4 * b + 3]};
-      for (int i = 0; i < 4; ++i)
-        tmp[4 * b + i] = inverse ? m[i] * in[0] + m[4 + i] * in[1] + m[8 + i] * in[2] + m[12 + i] * in[3]
-                                 : m[4 * i] * in[0] + m[4 * i + 1] * in[1] + m[4 * i + 2] * in[2] + m[4 * i + 3] * in[3];
+      for (int i = 0; i < 4; ++i) {  // KvRotator's sums in its order, each product rounded (no FMA)
+        const int s = inverse ? 4 : 1, at = inverse ? i : 4 * i;
+        float acc = __fmul_rn(m[at], in[0]);
+        for (int j = 1; j < 4; ++j) acc = __fadd_rn(acc, __fmul_rn(m[at + j * s], in[j]));
+        tmp[4 * b + i] = acc;
+      }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < hd; i += blockDim.x) x[i] = tmp[i];

@@ -75,7 +75,9 @@ void check_vram_streaming_is_exact(const std::string& dir, const std::vector<int
   const uint64_t row = slot_row_bytes(dir);
   for (int slots : {cfg.top_k, cfg.top_k + 1, (cfg.top_k + cfg.n_experts) / 2})
     for (PolicyKind policy : {PolicyKind::LRU, PolicyKind::LFU})
-      for (uint64_t host_cache : {uint64_t(0), row * uint64_t(cfg.top_k), row * uint64_t(cfg.n_experts)})
+      // No host cache; a small one (a token's experts, and room for prefetch staging, which comes
+      // out of it); one holding every expert.
+      for (uint64_t host_cache : {uint64_t(0), row * uint64_t(2 * cfg.top_k), row * uint64_t(cfg.n_experts)})
         for (PrefetchMode prefetch : {PrefetchMode::Off, PrefetchMode::On}) {
           ModelOptions opt = on_gpu(slots, host_cache);
           opt.experts.policy = policy;
