@@ -22,23 +22,6 @@ void KVCache::reserve(int n) {
   }
 }
 
-namespace {
-
-// A cache of n_kv heads of hd in format f, its rotations shared with the state's other caches.
-KVCache make_kv(int n_kv, int hd, int planned, const KvFormat& f, const std::shared_ptr<const KvRotator>& rot) {
-  KVCache c;
-  c.n_kv = n_kv;
-  c.head_dim = hd;
-  c.planned = planned;
-  c.k_side = f.k;
-  c.v_side = f.v;
-  if (f.rotates(f.k)) c.k_rot = rot;
-  if (f.rotates(f.v)) c.v_rot = rot;
-  return c;
-}
-
-}  // namespace
-
 State::State(const ModelConfig& cfg, int planned_positions, const KvFormat& kv)
     : planned_(planned_positions), kv_format_(kv), kv_(size_t(cfg.n_layers)), linear_(size_t(cfg.n_layers)) {
   check_kv_side(kv.k, cfg.head_dim, "--kv-bits (keys)");
@@ -47,14 +30,14 @@ State::State(const ModelConfig& cfg, int planned_positions, const KvFormat& kv)
   if (kv.rotates(kv.k) || kv.rotates(kv.v)) rot = std::make_shared<const KvRotator>(kv.rotation, cfg.head_dim, kv.seed);
   for (int l = 0; l < cfg.n_layers; ++l) {
     if (cfg.layer_types[size_t(l)] == LayerType::FullAttention) {
-      kv_[size_t(l)] = make_kv(cfg.n_kv_heads, cfg.head_dim, planned_positions, kv, rot);
+      kv_[size_t(l)] = make_kv_cache<KVCache>(cfg.n_kv_heads, cfg.head_dim, planned_positions, kv, rot);
     } else {
       const int conv_dim = 2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim;
       linear_[size_t(l)].conv.assign(size_t(conv_dim) * size_t(cfg.conv_kernel - 1), 0.f);
       linear_[size_t(l)].recurrent.assign(size_t(cfg.lin_v_heads) * size_t(cfg.lin_k_dim) * size_t(cfg.lin_v_dim), 0.f);
     }
   }
-  mtp_kv_ = make_kv(cfg.n_kv_heads, cfg.head_dim, planned_positions, kv, rot);
+  mtp_kv_ = make_kv_cache<KVCache>(cfg.n_kv_heads, cfg.head_dim, planned_positions, kv, rot);
 }
 
 size_t State::kv_bytes() const {

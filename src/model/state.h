@@ -36,6 +36,21 @@ struct KVCache {
   size_t bytes() const { return k.capacity() + v.capacity(); }
 };
 
+// A KV cache (KVCache, or the GPU's DeviceKV) of n_kv heads of hd in format f, planning for
+// `planned` positions, holding the shared rotation `rot` for each side f rotates.
+template <class Cache, class Rotation>
+Cache make_kv_cache(int n_kv, int hd, int planned, const KvFormat& f, const Rotation& rot) {
+  Cache c;
+  c.n_kv = n_kv;
+  c.head_dim = hd;
+  c.planned = planned;
+  c.k_side = f.k;
+  c.v_side = f.v;
+  if (f.rotates(f.k)) c.k_rot = rot;
+  if (f.rotates(f.v)) c.v_rot = rot;
+  return c;
+}
+
 struct LinearState {
   std::vector<float> conv;       // [conv_dim, kernel - 1]: the last inputs, oldest first
   std::vector<float> recurrent;  // [linear_num_value_heads, key_head_dim, value_head_dim]

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numbers>
 
 #include "quant/affine.h"
 #include "util/error.h"
@@ -28,7 +29,10 @@ struct SplitMix {
     return z ^ (z >> 31);
   }
   double uniform() { return (double(next() >> 11) + 0.5) * 0x1.0p-53; }  // in (0, 1)
-  double normal() { return std::sqrt(-2.0 * std::log(uniform())) * std::cos(2.0 * M_PI * uniform()); }
+  double normal() {  // Box-Muller, its two draws in order
+    const double u = uniform(), v = uniform();
+    return std::sqrt(-2.0 * std::log(u)) * std::cos(2.0 * std::numbers::pi * v);
+  }
 };
 
 struct Quaternion {

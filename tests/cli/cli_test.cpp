@@ -82,6 +82,19 @@ TEST(Cli, WrongArgumentsExitTwoWithOneLine) {
   expect_usage_error("logits " + m + " --ids 3,4 --out x.safetensors --mtp-hidden middle", "--mtp-hidden");
 }
 
+// --kv-bits shrinks the KV the memory plan counts: a context whose float32 KV does not fit in a
+// budget runs there at K4/V3 (pycoder: 3 KiB a position in float32, 384 bytes at K4/V3).
+TEST(Cli, KvBitsFitAContextFloat32KvDoesNot) {
+  const std::string cmd = "generate --model " MOESTREAM_SOURCE_DIR
+                          "/models/pycoder-moe-q4 --ids 1,2,3 --max-tokens 4 --memory 100M --context 100000";
+  std::string out, err;
+  EXPECT_EQ(run_cli(cmd, &out, &err), 1);
+  EXPECT_NE(err.find("KV/state for 100000 tokens 293.4 MiB"), std::string::npos) << err;
+  EXPECT_EQ(run_cli(cmd + " --kv-bits 4,3 --stats", &out, &err), 0) << err;
+  EXPECT_NE(err.find("KV cache: K4/V3 g64 hadamard, 0.4 KiB a position (float32: 3.0 KiB)"), std::string::npos) << err;
+  EXPECT_NE(err.find("KV/state 37.0 MiB"), std::string::npos) << err;
+}
+
 TEST(Cli, MissingModelDirExitsOneNamingIt) {
   const std::string dir = test::scratch_dir("cli-nomodel") + "/no-such-model";
   for (const std::string& cmd : {"inspect --model " + dir, "generate --ids 3 --model " + dir,

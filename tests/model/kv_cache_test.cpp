@@ -119,6 +119,25 @@ TEST_F(KvCache, SpeculativeGreedyOverAPackedCacheIsPlainGreedy) {
   }
 }
 
+// Streaming experts through a small pool over a packed cache gives the resident run's bits
+// (the embedded pycoder-moe-q4 engine directory, 16 slots a layer of 128).
+TEST(KvCacheStreaming, APackedCacheStreamsBitIdentically) {
+  const std::string dir = std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4";
+  ModelOptions resident, streamed;
+  resident.kv = streamed.kv = format(4, 3);
+  streamed.experts.slots = 16;
+  const auto a = load_model(dir, resident), b = load_model(dir, streamed);
+  std::vector<int> ids;
+  for (int i = 0; i < 200; ++i) ids.push_back((i * 37 + 11) % a->config().vocab);
+  State sa = a->new_state(), sb = b->new_state();
+  EXPECT_EQ(sa.kv_format().describe(), "K4/V3 g64 hadamard");
+  const ForwardResult ra = a->forward(ids.data(), int(ids.size()), sa, {.all_logits = true});
+  const ForwardResult rb = b->forward(ids.data(), int(ids.size()), sb, {.all_logits = true});
+  EXPECT_EQ(ra.logits, rb.logits);
+  EXPECT_EQ(generate_greedy(*a, sa, {5}, {.max_tokens = 32, .stop_at_eos = false}),
+            generate_greedy(*b, sb, {5}, {.max_tokens = 32, .stop_at_eos = false}));
+}
+
 // The memory plan counts the chosen format's bytes a position, and a state's caches hold them.
 TEST_F(KvCache, ThePlanAndTheStateCountTheFormatsBytes) {
   const ModelConfig& c = model_->config();

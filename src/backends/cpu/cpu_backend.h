@@ -59,8 +59,7 @@ struct CpuBackend {
                          const float* q_norm, const float* k_norm, float offset, float eps, int rot_dim, int pos0,
                          double theta, float* q, float* gate, KV& cache) const {
     const size_t rows = size_t(T) * size_t(nkv);
-    Buf k_rows, v_rows;
-    if (!cache.exact()) k_rows.resize(rows * size_t(hd)), v_rows.resize(rows * size_t(hd));
+    Buf k_rows(cache.exact() ? 0 : rows * size_t(hd)), v_rows(k_rows.size());
     float* k_out = cache.exact() ? reinterpret_cast<float*>(cache.k_at(pos0)) : k_rows.data();
     float* v_out = cache.exact() ? reinterpret_cast<float*>(cache.v_at(pos0)) : v_rows.data();
     cpu::attention_prepare({.q_raw = q_raw, .k = k, .v = v, .q_norm = q_norm, .k_norm = k_norm, .q = q, .gate = gate,

@@ -28,20 +28,6 @@ cuda::DeviceArray<float> zeros(size_t n) {
 }
 }  // namespace
 
-namespace {
-DeviceKV make_kv(const ModelConfig& cfg, int planned, const KvFormat& f, const std::shared_ptr<const DeviceRotation>& rot) {
-  DeviceKV c;
-  c.n_kv = cfg.n_kv_heads;
-  c.head_dim = cfg.head_dim;
-  c.planned = planned;
-  c.k_side = f.k;
-  c.v_side = f.v;
-  if (f.rotates(f.k)) c.k_rot = rot;
-  if (f.rotates(f.v)) c.v_rot = rot;
-  return c;
-}
-}  // namespace
-
 DeviceState::DeviceState(const ModelConfig& cfg, int planned_positions, const KvFormat& f)
     : kv(size_t(cfg.n_layers)), linear(size_t(cfg.n_layers)), top_k(cfg.top_k), n_experts(cfg.n_experts) {
   const int conv_dim = 2 * cfg.lin_k_heads * cfg.lin_k_dim + cfg.lin_v_heads * cfg.lin_v_dim;
@@ -50,13 +36,13 @@ DeviceState::DeviceState(const ModelConfig& cfg, int planned_positions, const Kv
     rot = std::make_shared<const DeviceRotation>(KvRotator(f.rotation, cfg.head_dim, f.seed));
   for (int l = 0; l < cfg.n_layers; ++l) {
     if (cfg.layer_types[size_t(l)] == LayerType::FullAttention) {
-      kv[size_t(l)] = make_kv(cfg, planned_positions, f, rot);
+      kv[size_t(l)] = make_kv_cache<DeviceKV>(cfg.n_kv_heads, cfg.head_dim, planned_positions, f, rot);
     } else {
       linear[size_t(l)].conv = zeros(size_t(conv_dim) * size_t(cfg.conv_kernel - 1));
       linear[size_t(l)].recurrent = zeros(size_t(cfg.lin_v_heads) * size_t(cfg.lin_k_dim) * size_t(cfg.lin_v_dim));
     }
   }
-  mtp_kv = make_kv(cfg, planned_positions, f, rot);
+  mtp_kv = make_kv_cache<DeviceKV>(cfg.n_kv_heads, cfg.head_dim, planned_positions, f, rot);
   if (cfg.n_experts > 0) {  // a layer more than the decoder's: the MTP head's
     route_ids = cuda::DeviceArray<int>(size_t(cfg.n_layers + 1) * size_t(cfg.top_k));
     route_probs = cuda::DeviceArray<float>(size_t(cfg.n_layers + 1) * size_t(cfg.n_experts));

@@ -5,8 +5,9 @@
 // order, each rescaled to the running max. The chunks depend only on a token's own positions, so
 // its output is the same bits whatever T is and however the work is split among threads: a decode
 // token's few jobs compute their chunks in parallel and then fold them in the same order, where a
-// prompt's many jobs each fold theirs as they go. Compiled once per SIMD target by Highway's
-// foreach_target and picked at run time.
+// prompt's many jobs each fold theirs as they go. A bf16 or quantized cache (quant/kv_quant.h) is
+// decoded a chunk of one KV head at a time into the job's scratch, once for its group of heads.
+// Compiled once per SIMD target by Highway's foreach_target and picked at run time.
 // AVX-512, AVX2 and the portable fallback, as quant_matmul.cpp: the SSE targets would only add
 // build time.
 #ifndef HWY_DISABLED_TARGETS
@@ -23,6 +24,9 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/matmul_tile-inl.h"
 #include "kernels/cpu/ops.h"
@@ -37,21 +41,42 @@ namespace ms::cpu::attention_detail {
 constexpr int kChunk = 128;  // positions: a chunk's key and value rows stay in the L2 for its heads
 
 // The hd codes of a quantized KV row (quant/affine.h's bit stream) as bytes; hd a multiple of 8.
+// Eight codes of `bits` ≤ 4 are one word of 8·bits bits (read as 4 bytes: the row's scales follow
+// its codes, so the read stays in the row), spread a code a byte.
+inline uint64_t Spread(uint32_t w, int bits) {
+  uint64_t v = 0;
+  for (int j = 0; j < 8; ++j) v |= uint64_t((w >> (j * bits)) & ((1u << bits) - 1)) << (8 * j);
+  return v;
+}
+#if defined(__x86_64__)
+// BMI2's pdep spreads the eight codes in one instruction.
+__attribute__((target("bmi2"))) inline void UnpackCodesBmi2(const uint8_t* row, int hd, int bits, uint8_t* q) {
+  const uint64_t lanes = 0x0101010101010101ull * ((1u << bits) - 1);
+  for (int i = 0; i < hd / 8; ++i) {
+    uint32_t w;
+    std::memcpy(&w, row + size_t(i) * size_t(bits), 4);
+    const uint64_t v = _pdep_u64(w, lanes);
+    std::memcpy(q + 8 * i, &v, 8);
+  }
+}
+inline bool HasBmi2() {
+  static const bool has = __builtin_cpu_supports("bmi2");
+  return has;
+}
+#endif
 inline void UnpackCodes(const uint8_t* row, int hd, int bits, uint8_t* q) {
   if (bits == 8) {
     std::memcpy(q, row, size_t(hd));
-  } else if (bits == 4) {
-    for (int i = 0; i < hd / 2; ++i) {
-      q[2 * i] = row[i] & 15;
-      q[2 * i + 1] = uint8_t(row[i] >> 4);
-    }
-  } else {  // eight values in `bits` bytes
-    const uint64_t mask = (1u << bits) - 1;
-    for (int i = 0; i < hd / 8; ++i) {
-      uint64_t w = 0;
-      std::memcpy(&w, row + size_t(i) * size_t(bits), size_t(bits));
-      for (int j = 0; j < 8; ++j) q[8 * i + j] = uint8_t((w >> (j * bits)) & mask);
-    }
+    return;
+  }
+#if defined(__x86_64__)
+  if (HasBmi2()) return UnpackCodesBmi2(row, hd, bits, q);
+#endif
+  for (int i = 0; i < hd / 8; ++i) {
+    uint32_t w;
+    std::memcpy(&w, row + size_t(i) * size_t(bits), 4);
+    const uint64_t v = Spread(w, bits);
+    std::memcpy(q + 8 * i, &v, 8);
   }
 }
 
@@ -291,6 +316,36 @@ void attention(const float* q, KvRows k, KvRows v, int T, int pos0, int n_heads,
         for (size_t i = first_chunk[job]; i < first_chunk[job + 1]; ++i)
           HWY_DYNAMIC_DISPATCH(Fold)(G, hd, parts.at(i * size_t(G)), run.at(0));
         finish(run.at(0), G, hd, out_of(job));
+      }
+    });
+    return;
+  }
+  // Many jobs over a packed cache: a block of kTokens consecutive tokens of one KV head decodes each
+  // chunk once for all its tokens, each folding its chunks in order (the same bits as alone).
+  if (k.side.bits != 32 || v.side.bits != 32) {
+    constexpr int kTokens = 16;
+    const size_t blocks = size_t((T + kTokens - 1) / kTokens) * size_t(n_kv);
+    pool.parallel_for(blocks, [&](size_t b, size_t e) {
+      Scratch sc(G, hd, k, v);
+      Partials chunk(size_t(G), hd);
+      for (size_t blk = b; blk < e; ++blk) {
+        const int kvh = int(blk % size_t(n_kv)), t0 = int(blk / size_t(n_kv)) * kTokens, t1 = std::min(T, t0 + kTokens);
+        Partials run(size_t(t1 - t0) * size_t(G), hd);
+        const int last = pos0 + t1;  // the positions the block's last token attends
+        for (int c = 0; c < chunks_of(last); ++c) {
+          const int s0 = c * kChunk;
+          size_t ldk, ldv;
+          const float* kc = chunk_rows(k, n_kv, kvh, hd, s0, std::min(last, s0 + kChunk), sc.k, ldk);
+          const float* vc = chunk_rows(v, n_kv, kvh, hd, s0, std::min(last, s0 + kChunk), sc.v, ldv);
+          for (int t = std::max(t0, s0 - pos0); t < t1; ++t) {  // the tokens that attend position s0
+            const size_t job = size_t(t) * size_t(n_kv) + size_t(kvh);
+            const int n = std::min(len_of(job), s0 + kChunk) - s0;
+            HWY_DYNAMIC_DISPATCH(AttendChunk)(q_of(job), kc, ldk, vc, ldv, hd, G, n, scale, sc.scores.data(), chunk.at(0));
+            HWY_DYNAMIC_DISPATCH(Fold)(G, hd, chunk.at(0), run.at(size_t(t - t0) * size_t(G)));
+          }
+        }
+        for (int t = t0; t < t1; ++t)
+          finish(run.at(size_t(t - t0) * size_t(G)), G, hd, out_of(size_t(t) * size_t(n_kv) + size_t(kvh)));
       }
     });
     return;
