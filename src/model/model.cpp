@@ -28,9 +28,7 @@ Model::Model(TensorStore store, ModelConfig cfg, std::unique_ptr<ExpertStore> ex
 std::unique_ptr<Model> Model::open(const std::string& dir, const ModelOptions& opt) {
   check_prefill_chunk(opt.prefill_chunk);
   ModelConfig cfg = load_config(dir);
-  check_kv_side(opt.kv.k, cfg.head_dim, "--kv-bits (keys)");
-  check_kv_side(opt.kv.v, cfg.head_dim, "--kv-bits (values)");
-  if (opt.kv.rotates(opt.kv.k) || opt.kv.rotates(opt.kv.v)) KvRotator(opt.kv.rotation, cfg.head_dim);  // fails early on a shape it cannot rotate
+  check_kv_format(opt.kv, cfg.head_dim);  // before any weight is read
   if (!is_engine_dir(dir)) {
     std::unique_ptr<Model> m(new Model(TensorStore::open(dir), std::move(cfg), nullptr, {}, opt.context, opt.prefill_chunk));
     m->kv_format_ = opt.kv;

@@ -24,8 +24,7 @@ void KVCache::reserve(int n) {
 
 State::State(const ModelConfig& cfg, int planned_positions, const KvFormat& kv)
     : planned_(planned_positions), kv_format_(kv), kv_(size_t(cfg.n_layers)), linear_(size_t(cfg.n_layers)) {
-  check_kv_side(kv.k, cfg.head_dim, "--kv-bits (keys)");
-  check_kv_side(kv.v, cfg.head_dim, "--kv-bits (values)");
+  check_kv_format(kv, cfg.head_dim);
   std::shared_ptr<const KvRotator> rot;
   if (kv.rotates(kv.k) || kv.rotates(kv.v)) rot = std::make_shared<const KvRotator>(kv.rotation, cfg.head_dim, kv.seed);
   for (int l = 0; l < cfg.n_layers; ++l) {

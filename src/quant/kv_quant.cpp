@@ -145,17 +145,33 @@ const char* kv_rotation_name(KvRotation r) {
   return "?";
 }
 
+namespace {
+
+// Throws naming the flag unless `kind` can rotate heads of hd.
+void check_rotation(KvRotation kind, int hd) {
+  if (kind == KvRotation::So4 && hd % 4 != 0) fail("--kv-rotation so4: head_dim {} is not a multiple of 4", hd);
+  if (kind == KvRotation::Hadamard && (hd <= 0 || (hd & (hd - 1)) != 0))
+    fail("--kv-rotation hadamard: head_dim {} is not a power of two (--kv-rotation so4 needs a multiple of 4)", hd);
+}
+
+}  // namespace
+
+void check_kv_format(const KvFormat& f, int hd) {
+  check_kv_side(f.k, hd, "--kv-bits (keys)");
+  check_kv_side(f.v, hd, "--kv-bits (values)");
+  if (f.rotates(f.k) || f.rotates(f.v)) check_rotation(f.rotation, hd);
+}
+
 KvRotator::KvRotator(KvRotation kind, int hd, uint64_t seed) : kind_(kind), hd_(hd) {
+  check_rotation(kind, hd);
   SplitMix rng{seed};
   if (kind == KvRotation::So4) {
-    if (hd % 4 != 0) fail("--kv-rotation so4: head_dim {} is not a multiple of 4", hd);
     blocks_.resize(size_t(hd) * 4);
     for (int b = 0; b < hd / 4; ++b) {
       const Quaternion qa = random_unit_quaternion(rng), qb = random_unit_quaternion(rng);
       so4_block(qa, qb, blocks_.data() + size_t(b) * 16);
     }
   } else if (kind == KvRotation::Hadamard) {
-    if (hd <= 0 || (hd & (hd - 1)) != 0) fail("--kv-rotation hadamard: head_dim {} is not a power of two (--kv-rotation so4 needs a multiple of 4)", hd);
     signs_.resize(size_t(hd));
     for (float& s : signs_) s = (rng.next() >> 63) ? -1.f : 1.f;
   }
@@ -173,34 +189,28 @@ void KvRotator::hadamard(float* x) const {
   for (int i = 0; i < hd_; ++i) x[i] *= norm;
 }
 
-void KvRotator::apply(float* x, size_t rows) const {
-  for (size_t r = 0; r < rows; ++r, x += hd_) {
-    if (kind_ == KvRotation::So4) {
-      for (int b = 0; b < hd_ / 4; ++b) {
-        const float* m = blocks_.data() + size_t(b) * 16;
-        float* p = x + 4 * b;
-        const float in[4] = {p[0], p[1], p[2], p[3]};
-        for (int i = 0; i < 4; ++i) p[i] = m[4 * i] * in[0] + m[4 * i + 1] * in[1] + m[4 * i + 2] * in[2] + m[4 * i + 3] * in[3];
-      }
-    } else if (kind_ == KvRotation::Hadamard) {
-      for (int i = 0; i < hd_; ++i) x[i] *= signs_[size_t(i)];
-      hadamard(x);
-    }
-  }
-}
+void KvRotator::apply(float* x, size_t rows) const { rotate(x, rows, false); }
+void KvRotator::undo(float* x, size_t rows) const { rotate(x, rows, true); }
 
-void KvRotator::undo(float* x, size_t rows) const {
+void KvRotator::rotate(float* x, size_t rows, bool inverse) const {
   for (size_t r = 0; r < rows; ++r, x += hd_) {
     if (kind_ == KvRotation::So4) {
+      const int step = inverse ? 4 : 1;  // Rᵀ's row i is R's column i
       for (int b = 0; b < hd_ / 4; ++b) {
         const float* m = blocks_.data() + size_t(b) * 16;
         float* p = x + 4 * b;
         const float in[4] = {p[0], p[1], p[2], p[3]};
-        for (int i = 0; i < 4; ++i) p[i] = m[i] * in[0] + m[4 + i] * in[1] + m[8 + i] * in[2] + m[12 + i] * in[3];
+        for (int i = 0; i < 4; ++i) {
+          const float* row = m + (inverse ? i : 4 * i);
+          p[i] = row[0] * in[0] + row[step] * in[1] + row[2 * step] * in[2] + row[3 * step] * in[3];
+        }
       }
     } else if (kind_ == KvRotation::Hadamard) {
+      if (!inverse)
+        for (int i = 0; i < hd_; ++i) x[i] *= signs_[size_t(i)];
       hadamard(x);  // H is symmetric: Rᵀ = D·H/√hd
-      for (int i = 0; i < hd_; ++i) x[i] *= signs_[size_t(i)];
+      if (inverse)
+        for (int i = 0; i < hd_; ++i) x[i] *= signs_[size_t(i)];
     }
   }
 }

@@ -58,6 +58,7 @@ class KvRotator {
   const std::vector<float>& signs() const { return signs_; }
 
  private:
+  void rotate(float* x, size_t rows, bool inverse) const;
   void hadamard(float* x) const;  // the normalised transform, in place
   KvRotation kind_;
   int hd_;
@@ -78,6 +79,10 @@ struct KvFormat {
   // "float32", "bf16", "K4/V3 g64 so4", ...
   std::string describe() const;
 };
+
+// Throws naming the flag unless f suits heads of hd: each side (check_kv_side) and, where a
+// quantized side is rotated, the rotation (so4: hd a multiple of 4; hadamard: a power of two).
+void check_kv_format(const KvFormat& f, int hd);
 
 // Parses --kv-bits ("32,32", "16,16", "8,8", "4,3", or one number for both) and --kv-rotation;
 // throws naming the flag and the value.

@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "model/plan.h"
 #include "runtime/generate.h"
+#include "pycoder_fixture.h"
 #include "test_support.h"
 
 namespace ms {
@@ -31,31 +32,10 @@ KvFormat format(int k_bits, int v_bits, KvRotation rotation = KvRotation::Hadama
   return f;
 }
 
-class KvCache : public ::testing::Test {
+class KvCache : public test::PycoderSuite {
  protected:
-  static void SetUpTestSuite() {
-    const std::string dir = test::shared_path("models/pycoder-moe");
-    if (dir.empty()) return;
-    model_ = load_model(dir).release();
-    ref_ = new TensorStore(TensorStore::open(dir + "/reference.safetensors"));
-    routes_ = new TensorStore(TensorStore::open(dir + "/routes.safetensors"));
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete ref_;
-    delete routes_;
-  }
-  void SetUp() override {
-    if (!model_) GTEST_SKIP() << "models/pycoder-moe not found: set MOESTREAM_SHARED to the shared/ folder";
-  }
   State state(const KvFormat& f) const { return State(model_->config(), 0, f); }
-  static Model* model_;
-  static TensorStore* ref_;
-  static TensorStore* routes_;
 };
-Model* KvCache::model_ = nullptr;
-TensorStore* KvCache::ref_ = nullptr;
-TensorStore* KvCache::routes_ = nullptr;
 
 // bf16 keys and values (8 significant bits: each off by up to 2^-9 of itself) move the median
 // position's largest logit change by under 0.05 over doc5 (measured 0.012, logits up to ~19).

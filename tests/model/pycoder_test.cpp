@@ -12,6 +12,7 @@
 #include "backends/load.h"
 #include "model/model.h"
 #include "runtime/generate.h"
+#include "pycoder_fixture.h"
 #include "test_support.h"
 
 namespace ms {
@@ -20,30 +21,7 @@ namespace {
 using test::ints;
 using test::max_abs_diff;
 
-class Pycoder : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    std::string dir = test::shared_path("models/pycoder-moe");
-    if (dir.empty()) return;
-    model_ = load_model(dir).release();
-    ref_ = new TensorStore(TensorStore::open(dir + "/reference.safetensors"));
-    routes_ = new TensorStore(TensorStore::open(dir + "/routes.safetensors"));
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete ref_;
-    delete routes_;
-  }
-  void SetUp() override {
-    if (!model_) GTEST_SKIP() << "models/pycoder-moe not found: set MOESTREAM_SHARED to the shared/ folder";
-  }
-  static Model* model_;
-  static TensorStore* ref_;
-  static TensorStore* routes_;
-};
-Model* Pycoder::model_ = nullptr;
-TensorStore* Pycoder::ref_ = nullptr;
-TensorStore* Pycoder::routes_ = nullptr;
+using Pycoder = test::PycoderSuite;
 
 TEST_F(Pycoder, Doc5LogitsAndMtpLogitsMatchTransformers) {
   std::vector<int> ids = ints(ref_->get("doc5.input_ids"));
