@@ -24,14 +24,19 @@ void add_engine_output_options(CLI::App* cmd, std::string& out, int& expert_bits
 namespace {
 
 void add_convert(CLI::App& app) {
-  auto* cmd = app.add_subcommand("convert", "Convert a Hugging Face checkpoint into an engine model directory");
+  auto* cmd = app.add_subcommand("convert", "Convert a Hugging Face or MLX checkpoint into an engine model directory");
   struct Args {
     ConvertOptions opt;
     std::string proj_bits, layer_bits;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--from", a->opt.from, "Hugging Face checkpoint directory (config.json, safetensors)")
+  cmd->add_option("--from", a->opt.from,
+                  "Checkpoint: a Hugging Face directory (config.json, safetensors) or an mlx-lm quantized directory "
+                  "(imported losslessly: affine 2/3/4/8-bit, bf16 scales)")
       ->required()
+      ->check(non_empty());
+  cmd->add_option("--mtp-from", a->opt.mtp_from,
+                  "With an MLX --from (mlx-lm drops the MTP head): the original Hugging Face checkpoint to take mtp.* from")
       ->check(non_empty());
   add_engine_output_options(cmd, a->opt.out, a->opt.expert_bits, a->opt.expert_group);
   cmd->add_option("--proj-bits", a->proj_bits, "Per-projection expert bits, e.g. gate=2,up=2,down=3")

@@ -16,7 +16,9 @@
 #include "format/safetensors.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "writers/convert_parts.h"
 #include "writers/engine_writer.h"
+#include "writers/import_mlx.h"
 
 namespace ms {
 
@@ -27,12 +29,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Files of the checkpoint copied as they are; config.json is required, the rest when present.
-constexpr const char* kCopiedFiles[] = {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"};
+constexpr const char* kCopiedFiles[] = {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                                        "chat_template.jinja"};
 
 bool is_float(DType t) { return t == DType::BF16 || t == DType::F16 || t == DType::F32; }
 
-// Drops the pages of a consumed source tensor from this process: the shards are mmap'ed, and
-// without this the resident set would grow to the whole checkpoint.
+}  // namespace
+
+// Without this the resident set would grow to the whole checkpoint.
 void release(const TensorView& t) {
   if (t.nbytes == 0) return;
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
@@ -40,6 +44,8 @@ void release(const TensorView& t) {
   const uintptr_t end = reinterpret_cast<uintptr_t>(t.data) + t.nbytes;
   madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
+
+namespace {
 
 // Elements [first, first + n) of a float tensor as float32.
 void read_f32(const TensorView& t, size_t first, size_t n, float* out) {
@@ -69,11 +75,6 @@ void read_bf16(const TensorView& t, uint16_t* out) {
 
 // ---- planning ----
 
-struct ExpertPlan {
-  ExpertLayer layout;
-  std::vector<std::array<const TensorView*, 3>> sources;  // per expert: gate, up, down
-};
-
 std::string expert_tensor(const std::string& block, int e, size_t proj) {
   return fmt::format("{}.experts.{}.{}_proj.weight", block, e, kExpertProjections[proj]);
 }
@@ -83,6 +84,8 @@ int bits_for(const ConvertOptions& opt, const std::string& layer_key, size_t pro
   if (auto it = opt.proj_bits.find(kExpertProjections[proj]); it != opt.proj_bits.end()) return it->second;
   return opt.expert_bits;
 }
+
+}  // namespace
 
 ExpertPlan plan_expert_block(const ModelConfig& cfg, const TensorStore& store, const ConvertOptions& opt,
                              const std::string& block, const std::string& layer_key) {
@@ -105,6 +108,8 @@ ExpertPlan plan_expert_block(const ModelConfig& cfg, const TensorStore& store, c
   return plan;
 }
 
+namespace {
+
 std::vector<ExpertPlan> plan_experts(const ModelConfig& cfg, const TensorStore& store, const ConvertOptions& opt) {
   std::vector<ExpertPlan> plans;
   for (int l = 0; l < cfg.n_layers; ++l)
@@ -119,14 +124,6 @@ std::vector<ExpertPlan> plan_experts(const ModelConfig& cfg, const TensorStore& 
   return plans;
 }
 
-// One source tensor of dense.safetensors: copied as stored (bits 16) or quantized into
-// NAME.q / NAME.scales / NAME.biases.
-struct DenseItem {
-  const TensorView* src;
-  int bits = kRawBits, group = 0;
-  size_t first_spec = 0;  // its (first) output tensor in the writer's declaration order
-};
-
 bool is_expert_tensor(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
 
 std::vector<DenseItem> plan_dense(const TensorStore& store, const std::vector<ExpertPlan>& experts,
@@ -139,11 +136,17 @@ std::vector<DenseItem> plan_dense(const TensorStore& store, const std::vector<Ex
     const TensorView& t = store.get(name);
     if (expert_sources.count(&t)) continue;
     if (is_expert_tensor(name)) fail("{}: tensor '{}' looks like a routed expert but is outside the model's experts", t.file, name);
-    DenseItem item{&t, dense_bits_for(name, t.shape, is_float(t.dtype), opt.dense_bits, opt.dense_group), opt.dense_group};
-    item.first_spec = add_dense_specs(name, t.dtype, t.shape, item.bits, item.group, specs);
-    items.push_back(item);
+    items.push_back(plan_dense_tensor(t, opt, specs));
   }
   return items;
+}
+
+}  // namespace
+
+DenseItem plan_dense_tensor(const TensorView& t, const ConvertOptions& opt, std::vector<TensorSpec>* specs) {
+  DenseItem item{&t, dense_bits_for(t.name, t.shape, is_float(t.dtype), opt.dense_bits, opt.dense_group), opt.dense_group};
+  item.first_spec = add_dense_specs(t.name, t.dtype, t.shape, item.bits, item.group, specs);
+  return item;
 }
 
 // ---- writing ----
@@ -170,6 +173,8 @@ void write_dense_item(SafetensorsWriter& w, const DenseItem& item, Progress& pro
   progress.add(t.nbytes);
 }
 
+namespace {
+
 // One expert's record: each projection quantized (or as bf16) into its place.
 void fill_record(const ExpertLayer& layout, const std::array<const TensorView*, 3>& src, std::vector<uint8_t>& rec,
                  std::vector<float>& f) {
@@ -186,6 +191,8 @@ void fill_record(const ExpertLayer& layout, const std::array<const TensorView*, 
   }
 }
 
+}  // namespace
+
 void write_experts(const fs::path& dir, ExpertPlan& plan, Progress& progress) {
   write_expert_blob(
       dir, plan.layout,
@@ -199,6 +206,24 @@ void write_experts(const fs::path& dir, ExpertPlan& plan, Progress& progress) {
         progress.add(consumed);
       });
 }
+
+void copy_side_files(const fs::path& from, const fs::path& dir) {
+  for (const char* f : kCopiedFiles) {
+    const fs::path src = from / f;
+    if (!fs::exists(src)) continue;
+    fs::copy_file(src, dir / f);
+    fs::permissions(dir / f, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
+  }
+}
+
+size_t directory_bytes(const fs::path& dir) {
+  size_t n = 0;
+  for (auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) n += e.file_size();
+  return n;
+}
+
+namespace {
 
 void check_options(const ConvertOptions& opt) {
   if (opt.from.empty()) fail("--from: a checkpoint directory is required");
@@ -245,6 +270,8 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
   const fs::path out(opt.out);
   if (fs::exists(out) && !opt.force) fail("{}: already exists (use --force to replace it)", opt.out);
   if (!fs::is_directory(opt.from)) fail("--from {}: not a checkpoint directory", opt.from);
+  if (is_mlx_checkpoint(opt.from)) return convert_mlx(opt);
+  if (!opt.mtp_from.empty()) fail("--mtp-from: only an MLX checkpoint (which has no MTP head) takes it");
   const ModelConfig cfg = load_config(opt.from);
   const TensorStore store = TensorStore::open(opt.from);
 
@@ -270,16 +297,10 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
     index.layers.push_back(plan.layout);
   }
   progress.finish();
-  for (const char* f : kCopiedFiles) {
-    const fs::path src = fs::path(opt.from) / f;
-    if (!fs::exists(src)) continue;
-    fs::copy_file(src, tmp.path() / f);
-    fs::permissions(tmp.path() / f, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
-  }
+  copy_side_files(opt.from, tmp.path());
   // The index last: a directory holding moestream.json holds everything it names.
   write_text_file(tmp.path() / kEngineIndexFile, engine_index_json(index, cfg));
-  for (auto& e : fs::recursive_directory_iterator(tmp.path()))
-    if (e.is_regular_file()) stats.bytes_out += e.file_size();
+  stats.bytes_out = directory_bytes(tmp.path());
   tmp.commit(out, opt.force);
   stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return stats;

@@ -1,6 +1,7 @@
 #pragma once
 // `moestream convert`: a Hugging Face checkpoint -> an engine model directory (docs/FORMAT.md),
-// tensor by tensor from the mmap'ed shards in bounded memory.
+// tensor by tensor from the mmap'ed shards in bounded memory. An MLX checkpoint (import_mlx.h)
+// or a GGUF file (import_gguf.h) given as --from goes to its importer.
 #include <map>
 #include <string>
 
@@ -14,6 +15,7 @@ struct ConvertOptions {
   std::map<std::string, int> layer_bits;  // "3" or "mtp" -> bits of every projection of that layer
   int dense_bits = 16;    // 16 (as stored), 8 or 4
   int dense_group = 64;
+  std::string mtp_from;   // MLX import: the Hugging Face checkpoint to take `mtp.*` from
   bool force = false;     // replace an existing output directory
   bool progress = false;  // progress bar on stderr
   // The engine format written (docs/FORMAT.md): 2, or 1 only to reproduce a version-1
