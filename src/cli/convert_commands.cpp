@@ -32,7 +32,7 @@ void add_convert(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("--from", a->opt.from,
                   "Checkpoint: a Hugging Face directory (config.json, safetensors) or an mlx-lm quantized directory "
-                  "(imported losslessly: affine 2/3/4/8-bit, bf16 scales)")
+                  "(imported losslessly: affine 2, 3, 4, 5, 6 or 8 bits, bf16 or f16 scales)")
       ->required()
       ->check(non_empty());
   cmd->add_option("--mtp-from", a->opt.mtp_from,

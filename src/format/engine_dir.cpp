@@ -23,7 +23,9 @@ namespace {
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-bool valid_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 8 || bits == kRawBits; }
+bool valid_bits(int bits) {
+  return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8 || bits == kRawBits;
+}
 
 // Bounds that keep every record, stride and blob size far from size_t overflow (a 2^20 x 2^20
 // bf16 projection is 2 TiB; real experts are a few MiB).
@@ -31,13 +33,15 @@ constexpr int kMaxProjectionDim = 1 << 20;
 constexpr int kMaxExperts = 1 << 16;
 
 ProjLayout place_projection(const std::string& where, const ProjSpec& s, size_t& offset) {
-  if (!valid_bits(s.bits)) fail("{}: bits {} is not one of 2, 3, 4, 8, 16", where, s.bits);
+  if (!valid_bits(s.bits)) fail("{}: bits {} is not one of 2, 3, 4, 5, 6, 8, 16", where, s.bits);
   if (s.rows <= 0 || s.cols <= 0) fail("{}: shape [{}, {}] is empty", where, s.rows, s.cols);
   if (s.rows > kMaxProjectionDim || s.cols > kMaxProjectionDim)
     fail("{}: shape [{}, {}] is larger than {} in a dimension", where, s.rows, s.cols, kMaxProjectionDim);
   ProjLayout p{s.bits, s.bits == kRawBits ? 0 : s.group, s.rows, s.cols};
+  p.scale_type = s.bits == kRawBits ? ScaleType::BF16 : s.scale_type;
   if (s.bits != kRawBits) {
-    if (s.group != 32 && s.group != 64 && s.group != 128) fail("{}: group {} is not one of 32, 64, 128", where, s.group);
+    if (s.group != 32 && s.group != 64 && s.group != 128 && !(s.group == 16 && s.bits >= 4))
+      fail("{}: group {} is not one of 32, 64, 128 (or 16 with 4 or more bits)", where, s.group);
     if (s.cols % s.group != 0)
       fail("{}: {} input columns are not a multiple of the group size {} (choose a smaller --expert-group)", where,
            s.cols, s.group);
@@ -46,7 +50,7 @@ ProjLayout place_projection(const std::string& where, const ProjSpec& s, size_t&
   p.q_bytes = s.bits == kRawBits ? size_t(s.rows) * size_t(s.cols) * 2 : size_t(s.rows) * (size_t(s.cols) * size_t(s.bits) / 8);
   offset += p.q_bytes;
   if (s.bits != kRawBits) {
-    p.scales_bytes = size_t(s.rows) * size_t(s.cols / s.group) * 2;
+    p.scales_bytes = size_t(s.rows) * size_t(s.cols / s.group) * scale_size(p.scale_type);
     p.scales_offset = offset = align_up(offset, kRecordRegionAlign);
     offset += p.scales_bytes;
     p.biases_offset = offset = align_up(offset, kRecordRegionAlign);
@@ -55,10 +59,13 @@ ProjLayout place_projection(const std::string& where, const ProjSpec& s, size_t&
   return p;
 }
 
+// `scales` is written only where it is not bf16, so directories without imports keep their bytes.
 json proj_json(const ProjLayout& p) {
-  return {{"bits", p.bits},         {"group", p.group},     {"rows", p.rows},
-          {"cols", p.cols},         {"q_offset", p.q_offset}, {"q_bytes", p.q_bytes},
-          {"scales_offset", p.scales_offset}, {"biases_offset", p.biases_offset}, {"scales_bytes", p.scales_bytes}};
+  json j = {{"bits", p.bits},         {"group", p.group},     {"rows", p.rows},
+            {"cols", p.cols},         {"q_offset", p.q_offset}, {"q_bytes", p.q_bytes},
+            {"scales_offset", p.scales_offset}, {"biases_offset", p.biases_offset}, {"scales_bytes", p.scales_bytes}};
+  if (p.scale_type != ScaleType::BF16) j["scales"] = scale_type_name(p.scale_type);
+  return j;
 }
 
 std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
@@ -91,6 +98,7 @@ class Fields {
     return v.get<std::string>();
   }
   Fields object(const char* key) const { return Fields(at(key), file_, where_ + "." + key); }
+  bool has(const char* key) const { return j_.contains(key); }
   const std::string& file() const { return file_; }
   const std::string& where() const { return where_; }
 
@@ -136,6 +144,11 @@ ExpertLayer read_layer(const Fields& f, int version, const ModelConfig& cfg) {
       return int(v);
     };
     spec[i] = {small("bits"), small("group"), small("rows"), small("cols")};
+    if (p.has("scales")) {
+      const std::string t = p.string("scales");
+      if (!parse_scale_type(t, &spec[i].scale_type) || t == "bf16")
+        fail("{}: {}: scales '{}' is not f16 or f32 (bf16 is written by leaving it out)", p.file(), p.where(), t);
+    }
   }
   check_layer_shape(f, l.name, n, spec, cfg);
   // The layout is a function of the shapes: recompute it and require the stored one to agree,

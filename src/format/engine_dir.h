@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "format/config.h"
+#include "quant/affine.h"
 #include "format/safetensors.h"
 
 namespace ms {
@@ -36,7 +37,8 @@ inline constexpr std::array<const char*, 3> kExpertProjections = {"gate", "up", 
 struct ProjLayout {
   int bits = kRawBits, group = 0, rows = 0, cols = 0;
   size_t q_offset = 0, q_bytes = 0;
-  size_t scales_offset = 0, biases_offset = 0, scales_bytes = 0;  // bf16 [rows, cols/group] each
+  size_t scales_offset = 0, biases_offset = 0, scales_bytes = 0;  // [rows, cols/group] of scale_type each
+  ScaleType scale_type = ScaleType::BF16;
 };
 
 struct ExpertLayer {
@@ -52,6 +54,7 @@ struct ExpertLayer {
 
 struct ProjSpec {
   int bits = kRawBits, group = 0, rows = 0, cols = 0;
+  ScaleType scale_type = ScaleType::BF16;
 };
 
 // Lays out the record header (version 2), then gate, up, down (q, scales, biases each) one

@@ -19,12 +19,13 @@ struct Mat {
   int bits = 0, group = 0;
   const uint16_t* scales = nullptr;
   const uint16_t* biases = nullptr;
+  ScaleType scale_type = ScaleType::BF16;
 
   static Mat affine(const QuantMat& q) {
-    return {WeightType::Affine, q.q, q.rows, q.cols, q.bits, q.group, q.scales, q.biases};
+    return {WeightType::Affine, q.q, q.rows, q.cols, q.bits, q.group, q.scales, q.biases, q.scale_type};
   }
   QuantMat quant() const {
-    return {static_cast<const uint8_t*>(data), scales, biases, rows, cols, bits, group};
+    return {static_cast<const uint8_t*>(data), scales, biases, rows, cols, bits, group, scale_type};
   }
 };
 

@@ -36,21 +36,29 @@ class Loader {
     return m;
   }
 
-  // NAME.q U8 [rows, cols·bits/8], NAME.scales and NAME.biases BF16 [rows, cols/group]: bits
-  // and group follow from the shapes, given the [rows, cols] the architecture expects.
+  // NAME.q U8 [rows, cols·bits/8], NAME.scales and NAME.biases [rows, cols/group] (BF16, or F16 /
+  // F32 from an import): bits and group follow from the shapes, given the [rows, cols] the
+  // architecture expects.
   Mat quantized_mat(const std::string& name, int rows, int cols) {
     const TensorView& q = store_.get(name + ".q");
     const TensorView& s = store_.get(name + ".scales");
     const TensorView& b = store_.get(name + ".biases");
     q.expect(DType::U8, {rows, -1});
-    s.expect(DType::BF16, {rows, -1});
-    b.expect(DType::BF16, s.shape);
+    ScaleType scale_type = ScaleType::BF16;
+    switch (s.dtype) {
+      case DType::BF16: break;
+      case DType::F16: scale_type = ScaleType::F16; break;
+      case DType::F32: scale_type = ScaleType::F32; break;
+      default: fail("{}: tensor '{}' has dtype {}, expected BF16, F16 or F32", s.file, s.name, dtype_name(s.dtype));
+    }
+    s.expect(s.dtype, {rows, -1});
+    b.expect(s.dtype, s.shape);
     const int64_t row_bytes = q.dim(1), groups = s.dim(1);
     if (row_bytes * 8 % cols != 0 || groups <= 0 || cols % groups != 0)
       fail("{}: tensor '{}.q' [{}, {}] with {} scale groups per row does not fit a [{}, {}] matrix", q.file, name, rows,
            row_bytes, groups, rows, cols);
-    const QuantMat m{q.as<uint8_t>(), s.as<uint16_t>(), b.as<uint16_t>(), rows, cols, int(row_bytes * 8 / cols),
-                     int(cols / groups)};
+    const QuantMat m{q.as<uint8_t>(), static_cast<const uint16_t*>(s.data), static_cast<const uint16_t*>(b.data), rows,
+                     cols, int(row_bytes * 8 / cols), int(cols / groups), scale_type};
     check_quant_shape(rows, cols, m.bits, m.group, (q.file + ": " + name).c_str());
     w_.dense_bytes += q.nbytes + s.nbytes + b.nbytes;
     if (is_mtp(name)) w_.mtp_bytes += q.nbytes + s.nbytes + b.nbytes;
@@ -177,7 +185,8 @@ MlpWeights expert_weights(const ExpertLayer& layer, const uint8_t* record) {
     const ProjLayout& p = layer.proj[i];
     if (p.bits == kRawBits) return {WeightType::BF16, record + p.q_offset, p.rows, p.cols};
     return Mat::affine({record + p.q_offset, reinterpret_cast<const uint16_t*>(record + p.scales_offset),
-                        reinterpret_cast<const uint16_t*>(record + p.biases_offset), p.rows, p.cols, p.bits, p.group});
+                        reinterpret_cast<const uint16_t*>(record + p.biases_offset), p.rows, p.cols, p.bits, p.group,
+                        p.scale_type});
   };
   return {proj(0), proj(1), proj(2)};
 }

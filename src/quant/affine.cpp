@@ -50,11 +50,27 @@ GroupParams choose_params(const float* w, int n, int qmax) {
 
 }  // namespace
 
+size_t scale_size(ScaleType t) { return t == ScaleType::F32 ? 4 : 2; }
+
+const char* scale_type_name(ScaleType t) {
+  switch (t) {
+    case ScaleType::F16: return "f16";
+    case ScaleType::F32: return "f32";
+    default: return "bf16";
+  }
+}
+
+bool parse_scale_type(const std::string& s, ScaleType* out) {
+  for (ScaleType t : {ScaleType::BF16, ScaleType::F16, ScaleType::F32})
+    if (s == scale_type_name(t)) return *out = t, true;
+  return false;
+}
+
 void check_quant_shape(int rows, int cols, int bits, int group, const char* what) {
-  if (bits != 2 && bits != 3 && bits != 4 && bits != 8)
-    fail("{}: quantization bits must be 2, 3, 4 or 8, got {}", what, bits);
-  if (group != 32 && group != 64 && group != 128)
-    fail("{}: quantization group must be 32, 64 or 128, got {}", what, group);
+  if (bits != 2 && bits != 3 && bits != 4 && bits != 5 && bits != 6 && bits != 8)
+    fail("{}: quantization bits must be 2, 3, 4, 5, 6 or 8, got {}", what, bits);
+  if (group != 32 && group != 64 && group != 128 && !(group == 16 && bits >= 4))
+    fail("{}: quantization group must be 32, 64 or 128 (or 16 with 4 or more bits), got {}", what, group);
   if (rows < 0 || cols <= 0 || cols % group != 0)
     fail("{}: shape [{}, {}] needs rows ≥ 0 and cols a positive multiple of the group size {}", what,
          rows, cols, group);
@@ -123,8 +139,8 @@ void dequantize_row(const QuantMat& m, int row, float* out) {
   unpack_bits(m.q + size_t(row) * m.row_bytes(), 0, size_t(m.cols), m.bits, q.data());
   const int groups = m.groups_per_row();
   for (int g = 0; g < groups; ++g) {
-    float scale = bf16_to_f32(m.scales[size_t(row) * size_t(groups) + size_t(g)]);
-    float bias = bf16_to_f32(m.biases[size_t(row) * size_t(groups) + size_t(g)]);
+    const float scale = m.scale(size_t(row) * size_t(groups) + size_t(g));
+    const float bias = m.bias(size_t(row) * size_t(groups) + size_t(g));
     for (int i = 0; i < m.group; ++i) {
       size_t c = size_t(g) * size_t(m.group) + size_t(i);
       out[c] = scale * float(q[c]) + bias;

@@ -68,8 +68,8 @@ class MlxQuantConfig {
     for (const char* k : {"bits", "group_size"})
       if (!o.contains(k) || !o[k].is_number_integer()) fail("{}: {}.{} is missing or not an integer", file_, where, k);
     const MlxQuant m{o["bits"].get<int>(), o["group_size"].get<int>()};
-    if (m.bits != 2 && m.bits != 3 && m.bits != 4 && m.bits != 8)
-      fail("{}: {}.bits {} is not one the engine runs (2, 3, 4, 8)", file_, where, m.bits);
+    if (m.bits != 2 && m.bits != 3 && m.bits != 4 && m.bits != 5 && m.bits != 6 && m.bits != 8)
+      fail("{}: {}.bits {} is not one the engine runs (2, 3, 4, 5, 6, 8)", file_, where, m.bits);
     if (m.group != 32 && m.group != 64 && m.group != 128)
       fail("{}: {}.group_size {} is not one the engine runs (32, 64, 128)", file_, where, m.group);
     return m;
@@ -85,6 +85,7 @@ class MlxQuantConfig {
 struct QuantTensors {
   const TensorView *q, *scales, *biases;
   int bits, group;
+  ScaleType scale_type = ScaleType::BF16;  // bf16, or f16 for a float16 model
 };
 
 QuantTensors quant_tensors(const TensorStore& store, const MlxQuantConfig& qc, const std::string& module,
@@ -105,13 +106,11 @@ QuantTensors quant_tensors(const TensorStore& store, const MlxQuantConfig& qc, c
     return v;
   };
   w.expect(DType::U32, shape(cols * m.bits / 32));
-  if (s.dtype != DType::BF16)
-    fail("{}: tensor '{}' has dtype {}; the engine's affine scales are bf16 (a float16 MLX model does not import "
-         "exactly)",
-         s.file, s.name, dtype_name(s.dtype));
-  s.expect(DType::BF16, shape(cols / m.group));
-  b.expect(DType::BF16, shape(cols / m.group));
-  return {&w, &s, &b, m.bits, m.group};
+  if (s.dtype != DType::BF16 && s.dtype != DType::F16)
+    fail("{}: tensor '{}' has dtype {}, expected BF16 or F16 (the model's dtype)", s.file, s.name, dtype_name(s.dtype));
+  s.expect(s.dtype, shape(cols / m.group));
+  b.expect(s.dtype, shape(cols / m.group));
+  return {&w, &s, &b, m.bits, m.group, s.dtype == DType::F16 ? ScaleType::F16 : ScaleType::BF16};
 }
 
 // ---- experts ----
@@ -140,7 +139,7 @@ MlxExperts plan_mlx_block(const ModelConfig& cfg, const TensorStore& store, cons
       w.expect(DType::BF16, {E, rows, cols});
       out.src[p] = {&w, nullptr, nullptr, kRawBits, 0};
     }
-    spec[p] = {out.src[p].bits, out.src[p].group, rows, cols};
+    spec[p] = {out.src[p].bits, out.src[p].group, rows, cols, out.src[p].scale_type};
   }
   out.layout = plan_expert_layer(block, expert_file_name(block), E, spec);
   return out;
@@ -224,8 +223,8 @@ std::vector<MlxDense> plan_mlx_dense(const ModelConfig& cfg, const TensorStore& 
       item.kind = DenseKind::Quantized;
       item.quant = quant_tensors(store, qc, module, {}, rows, cols);
       specs->push_back({name + ".q", DType::U8, {rows, cols * m.bits / 8}});
-      specs->push_back({name + ".scales", DType::BF16, {rows, cols / m.group}});
-      specs->push_back({name + ".biases", DType::BF16, {rows, cols / m.group}});
+      specs->push_back({name + ".scales", item.quant.scales->dtype, {rows, cols / m.group}});
+      specs->push_back({name + ".biases", item.quant.scales->dtype, {rows, cols / m.group}});
     } else if (cfg.arch == Arch::Qwen3Next && t.shape.size() == 1 &&
                std::any_of(std::begin(kPlusOneNorms), std::end(kPlusOneNorms), [&](const char* s) { return ends_with(name, s); })) {
       item.kind = DenseKind::PlusOneNorm;

@@ -113,7 +113,7 @@ TEST(Quantize, RejectsBadParameters) {
     quantize(w.data(), 1, 256, 7, 64);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("bits must be 2, 3, 4 or 8, got 7"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bits must be 2, 3, 4, 5, 6 or 8, got 7"), std::string::npos) << e.what();
   }
 }
 

@@ -16,6 +16,8 @@
 #include "backends/load.h"
 #include "format/engine_dir.h"
 #include "model/model.h"
+#include "model/weights.h"
+#include "quant/affine.h"
 #include "test_support.h"
 #include "util/error.h"
 
@@ -61,7 +63,12 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 }
 
 // Every position's logits of the three reference prompts, against the Hugging Face path on the
-// dequantized weights (scale·q + bias in float32).
+// dequantized weights (scale·q + bias in float32). The two differ only in the order of float
+// sums (the affine kernel sums s·Σx(q − m) + b'·Σx per group; the weights themselves are the
+// same bits, DequantizedWeightsAreTheReferenceBits): within 1e-4 on qwen3-moe-tiny. On
+// qwen3-next-tiny that order alone moves a logit by up to 2.3e-4 (the engine's prompt and
+// one-token paths on the very same weights disagree by that much, and the engine differs from
+// transformers by 1.9e-4 on the bf16 fixture), so the bound there is 5e-4.
 TEST_P(MlxImport, LogitsMatchTheDequantizedCheckpoint) {
   const auto [fixture, kind] = GetParam();
   const MlxPair p = make_mlx(fixture, kind);
@@ -81,8 +88,67 @@ TEST_P(MlxImport, LogitsMatchTheDequantizedCheckpoint) {
     ASSERT_EQ(a.size(), b.size());
     float worst = 0;
     for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
-    EXPECT_LE(worst, 1e-4f) << fixture << " " << kind << " " << name;
+    std::printf("%s %s %s: max |logit - dequantized reference| = %.3g\n", fixture, kind, name, worst);
+    EXPECT_LE(worst, std::string(fixture) == "qwen3-next-tiny" ? 5e-4f : 1e-4f) << fixture << " " << kind << " " << name;
   }
+}
+
+// The float32 values of a reference tensor (F32 or BF16).
+std::vector<float> values(const TensorView& t) { return t.to_f32(); }
+
+// Every imported matrix, dequantized as the engine does (quant/affine: scale·q + bias in float),
+// is the reference checkpoint's float32 tensor bit for bit; the norms the import takes 1 from
+// are the reference's too.
+TEST_P(MlxImport, DequantizedWeightsAreTheReferenceBits) {
+  const auto [fixture, kind] = GetParam();
+  const MlxPair p = make_mlx(fixture, kind);
+  if (p.mlx.empty()) GTEST_SKIP() << "../shared absent";
+  const std::string out = import(p.mlx, std::string("mlx-deq-") + kind);
+  const TensorStore ref = TensorStore::open(p.ref);
+  const TensorStore dense = TensorStore::open(out + "/" + kEngineDenseFile);
+  const EngineIndex index = read_engine_index(out, load_config(out));
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  };
+  auto deq = [](const QuantMat& m) {
+    std::vector<float> w(size_t(m.rows) * size_t(m.cols));
+    for (int r = 0; r < m.rows; ++r) dequantize_row(m, r, w.data() + size_t(r) * size_t(m.cols));
+    return w;
+  };
+  int checked = 0;
+  for (const std::string& name : dense.names()) {
+    if (name.size() > 2 && name.compare(name.size() - 2, 2, ".q") == 0) {
+      const std::string base = name.substr(0, name.size() - 2);
+      const TensorView& q = dense.get(name);
+      const TensorView& s = dense.get(base + ".scales");
+      const TensorView& b = dense.get(base + ".biases");
+      const TensorView& r = ref.get(base);
+      const int rows = int(r.dim(0)), cols = int(r.dim(1));
+      const QuantMat m{q.as<uint8_t>(), static_cast<const uint16_t*>(s.data), static_cast<const uint16_t*>(b.data),
+                       rows, cols, int(q.dim(1) * 8 / cols), int(cols / s.dim(1)),
+                       s.dtype == DType::F16 ? ScaleType::F16 : ScaleType::BF16};
+      EXPECT_TRUE(same_bits(deq(m), values(r))) << base;
+      ++checked;
+    } else if (name.find(".scales") == std::string::npos && name.find(".biases") == std::string::npos) {
+      EXPECT_TRUE(same_bits(values(dense.get(name)), values(ref.get(name)))) << name;
+    }
+  }
+  for (const ExpertLayer& layer : index.layers) {
+    std::ifstream blob(out + "/" + layer.file, std::ios::binary);
+    std::vector<uint8_t> rec(layer.stride);
+    for (int e = 0; e < layer.n_experts; ++e) {
+      blob.read(reinterpret_cast<char*>(rec.data()), std::streamsize(layer.stride));
+      const MlpWeights w = expert_weights(layer, rec.data());
+      const Mat* mats[3] = {&w.gate, &w.up, &w.down};
+      for (size_t i = 0; i < 3; ++i) {
+        if (mats[i]->type != WeightType::Affine) continue;
+        const std::string name = fmt::format("{}.experts.{}.{}_proj.weight", layer.name, e, kExpertProjections[i]);
+        EXPECT_TRUE(same_bits(deq(mats[i]->quant()), values(ref.get(name)))) << name;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
 }
 
 // The bytes of `size` at `offset` of tensor t's expert e slice (stacked [E, ...]).
@@ -135,7 +201,8 @@ TEST_P(MlxImport, CodesScalesAndBiasesAreTheSourceBytes) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MlxImport,
                          ::testing::Values(Case{"qwen3-next-tiny", "default"}, Case{"qwen3-next-tiny", "mixed"},
-                                           Case{"qwen3-moe-tiny", "default"}, Case{"qwen3-moe-tiny", "mixed"}),
+                                           Case{"qwen3-next-tiny", "f16"}, Case{"qwen3-moe-tiny", "default"},
+                                           Case{"qwen3-moe-tiny", "mixed"}),
                          case_name);
 
 // The mixed case records each projection's own bits and group in the index.
@@ -153,6 +220,11 @@ TEST(MlxImportMixed, PerModuleBitsReachTheIndex) {
   EXPECT_EQ(l1->proj[2].group, 32);
   EXPECT_EQ(l2->proj[0].bits, 3);
   EXPECT_EQ(l2->proj[0].group, 64);
+  const ExpertLayer* l3 = index.find("model.layers.3.mlp");
+  ASSERT_TRUE(l3);
+  EXPECT_EQ(l3->proj[0].bits, 6);
+  EXPECT_EQ(l3->proj[1].bits, 5);
+  EXPECT_EQ(l3->proj[1].group, 32);
   const TensorStore dense = TensorStore::open(out + "/" + kEngineDenseFile);
   EXPECT_TRUE(dense.has("model.layers.0.linear_attn.out_proj.weight"));  // left unquantized (false)
   EXPECT_TRUE(dense.has("model.layers.0.mlp.gate.weight.q"));           // the 8-bit router

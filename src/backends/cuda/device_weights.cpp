@@ -6,6 +6,19 @@
 
 namespace ms {
 
+namespace {
+
+// The CUDA kernels decode 2/3/4/8-bit codes in groups of 32 to 128 with bf16 scales; imports
+// that need more (GGUF's 5- and 6-bit, f16/f32-scaled and group-16 blocks) run on the CPU.
+void check_gpu_affine(int bits, int group, ScaleType t, const std::string& what) {
+  if (bits == 5 || bits == 6 || group == 16 || t != ScaleType::BF16)
+    fail("{}: {}-bit codes in groups of {} with {} scales do not run on the GPU yet (its kernels take 2, 3, 4 or 8 "
+         "bits in groups of 32 to 128 with bf16 scales): run this model with --device cpu",
+         what, bits, group, scale_type_name(t));
+}
+
+}  // namespace
+
 DeviceWeights::DeviceWeights(const ModelWeights& w) {
   auto add_mlp = [&](const MlpWeights& m, const char* what) {
     add(m.gate, what);
@@ -33,6 +46,11 @@ DeviceWeights::DeviceWeights(const ModelWeights& w) {
       add(l.ffn.router, "router");
     }
     for (const MlpWeights& e : l.ffn.experts) add_mlp(e, "expert");
+    if (const ExpertLayer* r = l.ffn.record_layout)
+      for (size_t i = 0; i < 3; ++i)
+        if (r->proj[i].bits != kRawBits)
+          check_gpu_affine(r->proj[i].bits, r->proj[i].group, r->proj[i].scale_type,
+                           fmt::format("{} {}", r->name, kExpertProjections[i]));
   };
   for (const LayerWeights& l : w.layers) add_layer(l);
   add(w.final_norm);
@@ -71,6 +89,7 @@ void DeviceWeights::upload_rows(const std::vector<const Mat*>& parts, const char
   if (a.type != WeightType::BF16 && a.type != WeightType::Affine)
     fail("{} weights [{}, {}] are float32 in memory; the CUDA matmul reads bf16 or affine weights only", what, a.rows,
          a.cols);
+  if (a.type == WeightType::Affine) check_gpu_affine(a.bits, a.group, a.scale_type, what);
   size_t rows = 0;
   for (const Mat* m : parts) rows += size_t(m->rows);
   auto upload = [&](size_t per_row, auto field) {
@@ -137,6 +156,7 @@ void DeviceWeights::add(const std::vector<float>& v) {
 
 void DeviceWeights::add_embedding(const Mat& embed, uint64_t room) {
   if (has(embed) || embed.type == WeightType::F32) return;  // has: the tied lm_head
+  if (embed.type == WeightType::Affine) check_gpu_affine(embed.bits, embed.group, embed.scale_type, "embedding");
   const size_t table = size_t(embed.rows) * (row_bytes(embed) + 4 * row_groups(embed));
   if (table <= room) add(embed, "embedding");
 }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -32,36 +33,59 @@ namespace ms::cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-constexpr int ValuesPerLane(int bits) { return bits == 3 ? 8 : 8 / bits; }
-constexpr int BytesPerLane(int bits) { return bits == 3 ? 3 : 1; }
+#if HWY_TARGET == HWY_SCALAR
+constexpr bool kScalar = true;
+#else
+constexpr bool kScalar = false;
+#endif
+
+// Values a u32 lane holds: a byte's for 2/4/8 bits, a 3-byte unit's for 3 bits (8) and 6 bits
+// (4), 20 bits' for 5 (4; odd lanes start mid-byte). The scalar target, whose one lane would
+// start mid-byte every other step, takes 5 bits eight at a time from 5 bytes instead.
+constexpr int ValuesPerLane(int bits) {
+  if (bits == 3 || (bits == 5 && kScalar)) return 8;
+  if (bits == 5 || bits == 6) return 4;
+  return 8 / bits;
+}
+
+// Bytes of codes one decode step of n lanes consumes.
+constexpr size_t StepBytes(int bits, size_t n) { return n * size_t(ValuesPerLane(bits)) * size_t(bits) / 8; }
+
+// Bytes a step may read past its codes (the last row of a matrix is copied with this padding).
+constexpr size_t kOverread = 8;
 
 // Vectors no wider than one group's worth of lanes, so a decode step never spans two groups.
 template <int kBits, int kGroup>
 using GroupTag = hn::CappedTag<float, kGroup / ValuesPerLane(kBits)>;
 
-// Lane l = bytes 3l, 3l+1, 3l+2 of p. Each 128-bit block reads 16 bytes for its 12, so the
-// last block reads 4 bytes past the units it decodes.
-template <class DU>
-HWY_INLINE hn::Vec<DU> LoadUnits3(DU du, const uint8_t* HWY_RESTRICT p) {
+// Lane l = the three bytes holding its values (3 and 6 bits: bytes 3l..3l+2; 5 bits: bytes
+// ⌊5l/2⌋.., odd lanes shifted right by a nibble). Each 128-bit block reads 16 bytes for its
+// 12 (10), so the last block reads up to 6 bytes past the units it decodes.
+template <int kBits, class DU>
+HWY_INLINE hn::Vec<DU> LoadUnits(DU du, const uint8_t* HWY_RESTRICT p) {
 #if HWY_TARGET == HWY_SCALAR  // one lane, and no byte shuffles
+  static_assert(kBits != 5, "5-bit codes take their own scalar path");
   return hn::Set(du, uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16);
 #else
   if constexpr (hn::MaxLanes(du) > 4) {
     const hn::Half<DU> dh;
-    return hn::Combine(du, LoadUnits3(dh, p + 3 * hn::Lanes(dh)), LoadUnits3(dh, p));
+    return hn::Combine(du, LoadUnits<kBits>(dh, p + StepBytes(kBits, hn::Lanes(dh))), LoadUnits<kBits>(dh, p));
   } else {
     const hn::Repartition<uint8_t, DU> d8;
     constexpr uint8_t Z = 0x80;  // TableLookupBytesOr0 writes 0 for this index
-    alignas(16) static constexpr uint8_t kUnits[16] = {0, 1, 2, Z, 3, 4, 5, Z, 6, 7, 8, Z, 9, 10, 11, Z};
-    return hn::BitCast(du, hn::TableLookupBytesOr0(hn::LoadU(d8, p), hn::Load(d8, kUnits)));
+    alignas(16) static constexpr uint8_t kUnits3[16] = {0, 1, 2, Z, 3, 4, 5, Z, 6, 7, 8, Z, 9, 10, 11, Z};
+    alignas(16) static constexpr uint8_t kUnits5[16] = {0, 1, 2, Z, 2, 3, 4, Z, 5, 6, 7, Z, 7, 8, 9, Z};
+    const auto units = hn::BitCast(du, hn::TableLookupBytesOr0(hn::LoadU(d8, p), hn::Load(d8, kBits == 5 ? kUnits5 : kUnits3)));
+    if constexpr (kBits != 5) return units;
+    return hn::Shr(units, hn::And(hn::ShiftLeft<2>(hn::Iota(du, 0)), hn::Set(du, 4u)));  // 0, 4, 0, 4
   }
 #endif
 }
 
 template <int kBits, class DU>
 HWY_INLINE hn::Vec<DU> LoadLanes(DU du, const uint8_t* HWY_RESTRICT p) {
-  if constexpr (kBits == 3) {
-    return LoadUnits3(du, p);
+  if constexpr (kBits == 3 || kBits == 5 || kBits == 6) {
+    return LoadUnits<kBits>(du, p);
   } else {
     return hn::PromoteTo(du, hn::LoadU(hn::Rebind<uint8_t, DU>(), p));
   }
@@ -76,7 +100,7 @@ HWY_INLINE void Unrolled(Fn&& fn) {
 }
 
 // Codes are decoded centred, q − kMidCode, and the bias moved to the group's middle,
-// bias + scale·kMidCode (exact in float: a power-of-two multiple of a bf16 added to a bf16):
+// bias + scale·kMidCode (exact for bf16 and f16 scales, one rounding for f32 ones):
 // s·Σx(q − m) + (b + s·m)·Σx is the same sum as s·Σxq + b·Σx, but its two terms no longer
 // cancel, which cost up to ten times the float error of a plain dot product.
 template <int kBits>
@@ -87,11 +111,9 @@ HWY_INLINE float CentredBias(float scale, float bias) {
   return std::fma(scale, float(kMidCode<kBits>), bias);
 }
 
-// One decode step: Lanes(df)·vpl values from Lanes(df)·BytesPerLane bytes at p. Calls
-// emit(j, values) for j < vpl (j an integral_constant), lane l of `values` holding value
-// l·vpl + j of the step.
+// The vector form of DecodeStep: lane l's values from its unit of LoadLanes.
 template <int kBits, class DF, class Emit>
-HWY_INLINE void DecodeStep(DF df, const uint8_t* HWY_RESTRICT p, Emit&& emit) {
+HWY_INLINE void DecodeLanes(DF df, const uint8_t* HWY_RESTRICT p, Emit&& emit) {
   const hn::RebindToUnsigned<DF> du;
   const hn::RebindToSigned<DF> di;
   const auto lanes = LoadLanes<kBits>(du, p);
@@ -100,10 +122,26 @@ HWY_INLINE void DecodeStep(DF df, const uint8_t* HWY_RESTRICT p, Emit&& emit) {
   constexpr size_t kVpl = ValuesPerLane(kBits);
   Unrolled<kVpl>([&](auto j) {
     const auto v = hn::ShiftRight<kBits * decltype(j)::value>(lanes);
-    // The top value of a lane needs no mask: nothing lies above it.
-    const auto q = decltype(j)::value + 1 == kVpl ? v : hn::And(v, mask);
+    // The top value of a lane needs no mask where nothing lies above it (not so for 5 bits).
+    const auto q = decltype(j)::value + 1 == kVpl && kBits != 5 ? v : hn::And(v, mask);
     emit(j, hn::ConvertTo(df, hn::Sub(hn::BitCast(di, q), mid)));
   });
+}
+
+// One decode step: Lanes(df)·vpl values from StepBytes(bits, Lanes(df)) bytes at p. Calls
+// emit(j, values) for j < vpl (j an integral_constant), lane l of `values` holding value
+// l·vpl + j of the step.
+template <int kBits, class DF, class Emit>
+HWY_INLINE void DecodeStep(DF df, const uint8_t* HWY_RESTRICT p, Emit&& emit) {
+  if constexpr (kScalar && kBits == 5) {  // eight values from five bytes
+    uint64_t w = 0;
+    std::memcpy(&w, p, 5);
+    Unrolled<8>([&](auto j) {
+      emit(j, hn::Set(df, float(int32_t((w >> (5 * decltype(j)::value)) & 31u) - kMidCode<kBits>)));
+    });
+  } else {
+    DecodeLanes<kBits>(df, p, emit);
+  }
 }
 
 // xp[t] = x[t] in decode order; gsum[t, g] = Σ x[t] over group g (unchanged by the permutation,
@@ -130,6 +168,10 @@ struct RowRef {
   const uint8_t* q;
   const uint16_t* scales;
   const uint16_t* biases;
+  ScaleType scale_type;
+
+  float scale(int g) const { return scale_value(scales, size_t(g), scale_type); }
+  float bias(int g) const { return scale_value(biases, size_t(g), scale_type); }
 };
 
 // TokenRowDots and TileDots round identically, so y[t, r] is the same bits whatever T is and
@@ -158,12 +200,12 @@ void TokenRowDots(RowRef row, int groups, const float* HWY_RESTRICT xp, size_t c
       DecodeStep<kBits>(df, q, [&](size_t j, auto qf) {
         for (int t = 0; t < kT; ++t) acc[t] = hn::MulAdd(qf, hn::LoadU(df, xp + size_t(t) * cols + c + j * N), acc[t]);
       });
-      q += N * BytesPerLane(kBits);
+      q += StepBytes(kBits, N);
       c += step;
     }
-    const float s = bf16_to_f32(row.scales[g]);
+    const float s = row.scale(g);
     const auto scale = hn::Set(df, s);
-    const float bias = CentredBias<kBits>(s, bf16_to_f32(row.biases[g]));
+    const float bias = CentredBias<kBits>(s, row.bias(g));
     for (int t = 0; t < kT; ++t) {
       total[t] = hn::MulAdd(scale, acc[t], total[t]);
       bias_part[t] = std::fma(bias, gsum[size_t(t) * size_t(groups) + size_t(g)], bias_part[t]);
@@ -184,7 +226,7 @@ void UnpackRow(RowRef row, int cols, float* HWY_RESTRICT tile) {
   const uint8_t* q = row.q;
   for (size_t i = 0; i < size_t(cols); i += step) {
     DecodeStep<kBits>(df, q, [&](size_t j, auto qf) { hn::StoreU(qf, df, tile + j * N); });
-    q += N * BytesPerLane(kBits);
+    q += StepBytes(kBits, N);
     tile += step;
   }
 }
@@ -230,9 +272,9 @@ void TileDots(DF df, const float* HWY_RESTRICT tile, const RowRef* row, int cols
       }
     }
     for (int r = 0; r < kR; ++r) {
-      const float s = bf16_to_f32(row[r].scales[g]);
+      const float s = row[r].scale(g);
       const auto scale = hn::Set(df, s);
-      const float bias = CentredBias<kBits>(s, bf16_to_f32(row[r].biases[g]));
+      const float bias = CentredBias<kBits>(s, row[r].bias(g));
       for (int t = 0; t < kT; ++t) {
         total[t][r] = hn::MulAdd(scale, acc[t][r], total[t][r]);
         bias_part[t][r] = std::fma(bias, gsum[size_t(t) * size_t(groups) + size_t(g)], bias_part[t][r]);
@@ -301,10 +343,12 @@ void RowsTyped(const PermutedInput& in, int T, const QuantMat& W, float* y, size
   const float* sums = in.gsum.data();
   thread_local std::vector<uint8_t> padded;
   auto row_at = [&](size_t r) {
-    RowRef row{W.q + r * row_bytes, W.scales + r * size_t(groups), W.biases + r * size_t(groups)};
-    if (kBits == 3 && r + 1 == rows) {  // LoadUnits3 reads 4 bytes past the row
+    const size_t first = r * size_t(groups);
+    RowRef row{W.q + r * row_bytes, scale_entry(W.scales, first, W.scale_type), scale_entry(W.biases, first, W.scale_type),
+               W.scale_type};
+    if ((kBits == 3 || kBits == 5 || kBits == 6) && r + 1 == rows) {  // LoadUnits reads past the row
       padded.assign(row.q, row.q + row_bytes);
-      padded.resize(row_bytes + 4);
+      padded.resize(row_bytes + kOverread);
       row.q = padded.data();
     }
     return row;
@@ -353,6 +397,9 @@ using RowsFn = void (*)(const PermutedInput&, int, const QuantMat&, float*, size
 template <int kBits>
 std::pair<PermuteFn, RowsFn> KernelsOfGroup(int group) {
   switch (group) {
+    case 16:
+      if constexpr (kBits >= 4) return {&PermuteTyped<kBits, 16>, &RowsTyped<kBits, 16>};
+      [[fallthrough]];
     case 32: return {&PermuteTyped<kBits, 32>, &RowsTyped<kBits, 32>};
     case 64: return {&PermuteTyped<kBits, 64>, &RowsTyped<kBits, 64>};
     default: return {&PermuteTyped<kBits, 128>, &RowsTyped<kBits, 128>};
@@ -364,6 +411,8 @@ std::pair<PermuteFn, RowsFn> KernelsOf(const QuantMat& W) {
     case 2: return KernelsOfGroup<2>(W.group);
     case 3: return KernelsOfGroup<3>(W.group);
     case 4: return KernelsOfGroup<4>(W.group);
+    case 5: return KernelsOfGroup<5>(W.group);
+    case 6: return KernelsOfGroup<6>(W.group);
     default: return KernelsOfGroup<8>(W.group);
   }
 }
@@ -397,7 +446,7 @@ void MatmulQuantBatchImpl(const QuantJob* jobs, size_t n) {
     const PermutedInput* in = nullptr;
     for (size_t k = 0; k < j && !in; ++k)
       if (jobs[k].x == job.x && jobs[k].T == job.T && jobs[k].W.cols == job.W.cols && jobs[k].W.bits == job.W.bits &&
-          jobs[k].W.group == job.W.group)
+          jobs[k].W.group == job.W.group)  // the permutation depends on bits and group, not on the scales' type
         in = prep[k].in;
     if (!in) {
       if (used == inputs.size()) inputs.push_back(std::make_unique<PermutedInput>());

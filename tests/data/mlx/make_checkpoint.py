@@ -11,8 +11,9 @@ Written from the public format (mlx-lm: models/qwen3_next.py and qwen3_moe.py `s
 - Qwen3-Next: zero-centred norms stored as w+1 (rounded to bf16), conv1d as [C, K, 1].
 
 usage: make_checkpoint.py SRC_HF_DIR OUT_MLX_DIR OUT_REF_DIR CASE
-CASE: "default" (4-bit g64, routers 8-bit g64: mlx-lm's predicate) or "mixed" (per-module bits
-and groups, a module left unquantized)."""
+CASE: "default" (4-bit g64, routers 8-bit g64: mlx-lm's predicate), "mixed" (per-module bits
+2 to 8 and groups, a module left unquantized) or "f16" (the default as a float16 model: f16
+scales and biases)."""
 import json
 import os
 import struct
@@ -74,22 +75,33 @@ def pack_rows(q, bits):
     return packed.view(np.uint32).reshape(rows, cols * bits // 32)
 
 
+SCALE_DTYPE = "BF16"  # of scales and biases: the model's dtype
+
+
+def to_scale(f):
+    return f32_to_bf16(f) if SCALE_DTYPE == "BF16" else np.asarray(f, np.float32).astype(np.float16)
+
+
+def from_scale(a):
+    return bf16_to_f32(a) if SCALE_DTYPE == "BF16" else a.astype(np.float32)
+
+
 def quantize(w, bits, group):
-    """mlx affine: per group, scale = (max - min) / (2^bits - 1), bias = min, in bf16."""
+    """mlx affine: per group, scale = (max - min) / (2^bits - 1), bias = min, in the model dtype."""
     rows, cols = w.shape
     g = w.reshape(rows, cols // group, group)
     lo, hi = g.min(axis=2), g.max(axis=2)
-    scale = f32_to_bf16(np.maximum((hi - lo) / (2**bits - 1), 1e-7))
-    bias = f32_to_bf16(lo)
-    s, b = bf16_to_f32(scale)[:, :, None], bf16_to_f32(bias)[:, :, None]
+    scale = to_scale(np.maximum((hi - lo) / (2**bits - 1), 1e-7))
+    bias = to_scale(lo)
+    s, b = from_scale(scale)[:, :, None], from_scale(bias)[:, :, None]
     q = np.clip(np.rint((g - b) / s), 0, 2**bits - 1).astype(np.uint32).reshape(rows, cols)
     return pack_rows(q, bits), scale, bias, q
 
 
 def dequantize(q, scale, bias, group):
     rows, cols = q.shape
-    s = np.repeat(bf16_to_f32(scale), group, axis=1)
-    b = np.repeat(bf16_to_f32(bias), group, axis=1)
+    s = np.repeat(from_scale(scale), group, axis=1)
+    b = np.repeat(from_scale(bias), group, axis=1)
     return (s * q.astype(np.float32) + b).astype(np.float32)
 
 
@@ -113,6 +125,14 @@ def module_params(case, path, default):
         return {"group_size": 128, "bits": 2}
     if path.endswith("switch_mlp.gate_proj") and ".layers.2." in path:
         return {"group_size": 64, "bits": 3}
+    if path.endswith("switch_mlp.gate_proj") and ".layers.3." in path:
+        return {"group_size": 64, "bits": 6}
+    if path.endswith("switch_mlp.up_proj") and ".layers.3." in path:
+        return {"group_size": 32, "bits": 5}
+    if path.endswith("q_proj") or path.endswith("in_proj_qkvz"):
+        return {"group_size": 128, "bits": 5}
+    if path.endswith("k_proj") or path.endswith("v_proj"):
+        return {"group_size": 32, "bits": 6}
     if path.endswith("o_proj") or path.endswith("out_proj"):
         return None
     if path == "model.embed_tokens" or path == "lm_head":
@@ -121,7 +141,10 @@ def module_params(case, path, default):
 
 
 def main():
+    global SCALE_DTYPE
     src, out, ref_dir, case = sys.argv[1:5]
+    if case == "f16":
+        SCALE_DTYPE = "F16"
     cfg = json.load(open(os.path.join(src, "config.json")))
     next_arch = cfg["architectures"][0] == "Qwen3NextForCausalLM"
     n_experts = cfg.get("num_experts", cfg.get("num_local_experts"))
@@ -144,8 +167,8 @@ def main():
         parts = [quantize(m, params["bits"], params["group_size"]) for m in stacked]
         pick = lambda k: np.stack([p[k] for p in parts]) if w.ndim == 3 else parts[0][k]
         mlx[path + ".weight"] = ("U32", pick(0))
-        mlx[path + ".scales"] = ("BF16", pick(1))
-        mlx[path + ".biases"] = ("BF16", pick(2))
+        mlx[path + ".scales"] = (SCALE_DTYPE, pick(1))
+        mlx[path + ".biases"] = (SCALE_DTYPE, pick(2))
         for i, name in enumerate(ref_names):
             _, scale, bias, q = parts[i]
             ref[name] = ("F32", dequantize(q, scale, bias, params["group_size"]))

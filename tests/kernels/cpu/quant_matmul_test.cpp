@@ -4,6 +4,7 @@
 #include <hwy/targets.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -42,7 +43,7 @@ void reference(const std::vector<float>& x, int T, const QuantMat& W, std::vecto
     for (int t = 0; t < T; ++t) {
       double acc = 0, m = 0;
       for (int c = 0; c < W.cols; ++c) {
-        double bias = bf16_to_f32(W.biases[size_t(r) * W.groups_per_row() + size_t(c / W.group)]);
+        double bias = W.bias(size_t(r) * W.groups_per_row() + size_t(c / W.group));
         double xc = x[size_t(t) * W.cols + size_t(c)];
         acc += xc * w[size_t(c)];
         m += std::fabs(xc) * (std::fabs(w[size_t(c)] - bias) + std::fabs(bias));
@@ -53,15 +54,44 @@ void reference(const std::vector<float>& x, int T, const QuantMat& W, std::vecto
   }
 }
 
-void check_case(const Case& k, uint32_t seed) {
+// qb's scales and biases as type t, each nudged off the bf16 grid (by up to 2^-9 relative) so
+// that f16 and f32 carry bits bf16 lacks, as imported GGUF scales do.
+struct TypedScales {
+  std::vector<uint16_t> scales, biases;  // of type t (f32: two words each)
+  QuantMat view;
+};
+
+TypedScales with_scale_type(const QuantBuffer& qb, ScaleType t, std::mt19937& rng) {
+  TypedScales out;
+  const size_t n = qb.scales.size(), words = scale_size(t) / 2;
+  out.scales.resize(n * words);
+  out.biases.resize(n * words);
+  std::uniform_real_distribution<float> nudge(-1.0f / 512, 1.0f / 512);
+  auto put = [&](std::vector<uint16_t>& dst, size_t i, float v) {
+    v *= 1.0f + nudge(rng);
+    if (t == ScaleType::F32) std::memcpy(&dst[2 * i], &v, 4);
+    else if (t == ScaleType::F16) dst[i] = f32_to_f16(v);
+    else dst[i] = f32_to_bf16(v);
+  };
+  for (size_t i = 0; i < n; ++i) put(out.scales, i, bf16_to_f32(qb.scales[i])), put(out.biases, i, bf16_to_f32(qb.biases[i]));
+  out.view = qb.view();
+  out.view.scales = out.scales.data();
+  out.view.biases = out.biases.data();
+  out.view.scale_type = t;
+  return out;
+}
+
+void check_case(const Case& k, uint32_t seed, ScaleType scale_type = ScaleType::BF16) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> w(size_t(k.rows) * k.cols), x(size_t(k.T) * k.cols);
   for (auto& v : w) v = 0.05f * normal(rng) + 0.01f;  // a small offset so biases are not ~ −max
   for (auto& v : x) v = normal(rng);
   QuantBuffer qb = quantize(w.data(), k.rows, k.cols, k.bits, k.group);
+  const TypedScales typed = with_scale_type(qb, scale_type, rng);
+  const QuantMat W = scale_type == ScaleType::BF16 ? qb.view() : typed.view;
   std::vector<double> want, mag;
-  reference(x, k.T, qb.view(), &want, &mag);
+  reference(x, k.T, W, &want, &mag);
   // Float rounding: products summed within a group (≤ group terms, split over lanes), group
   // results summed over the row (cols/group terms), plus scale·, bias· and Σx: a worst-case
   // relative bound γ_n ≈ n·2^-24 with n = group + cols/group + 8.
@@ -71,10 +101,11 @@ void check_case(const Case& k, uint32_t seed) {
     hwy::SetSupportedTargetsForTest(target);
     ASSERT_EQ(std::string(cpu::matmul_quant_target()), hwy::TargetName(target));
     std::vector<float> y(want.size(), NAN);
-    cpu::matmul_quant(x.data(), k.T, qb.view(), y.data());
+    cpu::matmul_quant(x.data(), k.T, W, y.data());
     for (size_t i = 0; i < y.size(); ++i)
       ASSERT_LE(std::fabs(y[i] - want[i]), rel * mag[i])
-          << hwy::TargetName(target) << " bits " << k.bits << " group " << k.group << " rows " << k.rows
+          << hwy::TargetName(target) << " bits " << k.bits << " group " << k.group << " scales "
+          << scale_type_name(scale_type) << " rows " << k.rows
           << " cols " << k.cols << " T " << k.T << " at t " << i / size_t(k.rows) << " r " << i % size_t(k.rows)
           << ": got " << y[i] << " want " << want[i];
   }
@@ -91,18 +122,30 @@ TEST(MatmulQuant, RunsOnSeveralTargets) {
 
 TEST(MatmulQuant, MatchesReferenceEveryBitsGroupAndT) {
   uint32_t seed = 1;
-  for (int bits : {2, 3, 4, 8})
-    for (int group : {32, 64, 128})
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int group : {16, 32, 64, 128}) {
+      if (group == 16 && bits < 4) continue;
       for (int T : {1, 2, 5, 16, 33})
         // Rows not a multiple of any block or chunk size; cols = group·k for k = 1, 3, 8.
         for (auto [rows, k] : {std::pair{1, 1}, std::pair{37, 3}, std::pair{131, 8}})
           check_case({bits, group, rows, group * k, T}, seed++);
+    }
+}
+
+// f16 and f32 scales and biases (GGUF imports), on the widths and groups those imports use.
+TEST(MatmulQuant, MatchesReferenceWithF16AndF32Scales) {
+  uint32_t seed = 1000;
+  for (ScaleType t : {ScaleType::F16, ScaleType::F32})
+    for (auto [bits, group] : {std::pair{4, 32}, std::pair{5, 32}, std::pair{6, 16}, std::pair{8, 32}, std::pair{2, 64}})
+      for (int T : {1, 5, 16})
+        for (auto [rows, k] : {std::pair{1, 1}, std::pair{37, 3}, std::pair{131, 8}})
+          check_case({bits, group, rows, group * k, T}, seed++, t);
 }
 
 // The MoE regroups tokens per expert: a token's output must not depend on its batch.
 TEST(MatmulQuant, OutputBitsIndependentOfBatch) {
   const int T = 7;
-  for (int bits : {2, 3, 4, 8}) {
+  for (int bits : {2, 3, 4, 5, 6, 8}) {
     const int rows = 45, cols = 256, group = 64;
     std::mt19937 rng{uint32_t(bits)};
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -175,7 +218,9 @@ TEST(MatmulQuant, RejectsBadShapes) {
   qb.rows = 4, qb.cols = 96, qb.bits = 4, qb.group = 64;
   std::vector<float> x(96), y(4);
   EXPECT_THROW(cpu::matmul_quant(x.data(), 1, qb.view(), y.data()), Error);
-  qb.cols = 128, qb.bits = 5;
+  qb.cols = 128, qb.bits = 7;
+  EXPECT_THROW(cpu::matmul_quant(x.data(), 1, qb.view(), y.data()), Error);
+  qb.bits = 3, qb.group = 16;  // group 16 only with 4 or more bits
   EXPECT_THROW(cpu::matmul_quant(x.data(), 1, qb.view(), y.data()), Error);
   std::vector<float> w(4 * 128, 1.0f);
   QuantBuffer ok = quantize(w.data(), 4, 128, 4, 64);
