@@ -7,7 +7,7 @@
 namespace ms {
 
 struct DeltaNetPrep {
-  const float *qkvz, *ba, *conv_w, *A_log, *dt_bias;
+  const float *qkvz, *ba, *conv_w, *A, *dt_bias;  // A = −exp(A_log)
   float* conv_state;
   float *q, *k, *v, *z, *g, *beta;
   int T, nk, nv, dk, dv, conv_k;

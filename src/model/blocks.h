@@ -76,7 +76,7 @@ void deltanet_rows(const B& be, const ModelConfig& cfg, const DeltaNetWeights& w
   const int nk = cfg.lin_k_heads, nv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
   const size_t at = size_t(t);
   be.deltanet_prepare(r.qkvz + at * r.qkvz_w, r.ba + at * r.ba_w, n, nk, nv, dk, dv, be.vec(w.conv1d), cfg.conv_kernel,
-                      state.conv.data(), be.vec(w.A_log), be.vec(w.dt_bias), 1e-6f, 1.0f / std::sqrt(float(dk)),
+                      state.conv.data(), be.vec(w.A), be.vec(w.dt_bias), 1e-6f, 1.0f / std::sqrt(float(dk)),
                       r.q + at * r.key_w, r.k + at * r.key_w, r.v + at * r.value_w, r.z + at * r.value_w,
                       r.g + at * r.heads_w, r.beta + at * r.heads_w);
   be.gated_delta_rule(r.q + at * r.key_w, r.k + at * r.key_w, r.v + at * r.value_w, r.g + at * r.heads_w,

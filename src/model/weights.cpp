@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include <cmath>
+
 #include "util/error.h"
 
 namespace ms {
@@ -126,7 +128,12 @@ class Loader {
     d.in_proj_ba = mat(p + ".in_proj_ba.weight", 2 * cfg_.lin_v_heads, H);
     d.out_proj = mat(p + ".out_proj.weight", H, value_dim);
     d.conv1d = vec(p + ".conv1d.weight", {conv_dim, 1, cfg_.conv_kernel});
-    d.A_log = vec(p + ".A_log", cfg_.lin_v_heads);
+    if (store_.has(p + ".A")) {
+      d.A = vec(p + ".A", cfg_.lin_v_heads);
+    } else {
+      d.A = vec(p + ".A_log", cfg_.lin_v_heads);
+      for (float& x : d.A) x = -std::exp(x);
+    }
     d.dt_bias = vec(p + ".dt_bias", cfg_.lin_v_heads);
     d.norm = vec(p + ".norm.weight", cfg_.lin_v_dim);
     return d;

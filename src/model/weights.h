@@ -36,7 +36,9 @@ struct AttentionWeights {
 struct DeltaNetWeights {  // Gated DeltaNet (Qwen3-Next linear attention)
   Mat in_proj_qkvz, in_proj_ba, out_proj;
   std::vector<float> conv1d;  // [conv_dim, kernel]
-  std::vector<float> A_log, dt_bias;  // [linear_num_value_heads]
+  // [linear_num_value_heads]: A = −exp(A_log), the decay scale (computed once at load, or stored
+  // as such by a GGUF import: llama.cpp keeps A, not A_log), and dt_bias.
+  std::vector<float> A, dt_bias;
   std::vector<float> norm;            // [linear_value_head_dim], gated RMSNorm
 };
 

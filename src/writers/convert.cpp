@@ -18,6 +18,7 @@
 #include "util/half.h"
 #include "writers/convert_parts.h"
 #include "writers/engine_writer.h"
+#include "writers/import_gguf.h"
 #include "writers/import_mlx.h"
 
 namespace ms {
@@ -269,7 +270,11 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
   check_options(opt);
   const fs::path out(opt.out);
   if (fs::exists(out) && !opt.force) fail("{}: already exists (use --force to replace it)", opt.out);
-  if (!fs::is_directory(opt.from)) fail("--from {}: not a checkpoint directory", opt.from);
+  if (is_gguf_file(opt.from)) {
+    if (!opt.mtp_from.empty()) fail("--mtp-from: only an MLX checkpoint takes it");
+    return convert_gguf(opt);
+  }
+  if (!fs::is_directory(opt.from)) fail("--from {}: not a checkpoint directory or a GGUF file", opt.from);
   if (is_mlx_checkpoint(opt.from)) return convert_mlx(opt);
   if (!opt.mtp_from.empty()) fail("--mtp-from: only an MLX checkpoint (which has no MTP head) takes it");
   const ModelConfig cfg = load_config(opt.from);

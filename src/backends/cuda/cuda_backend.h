@@ -105,9 +105,9 @@ struct CudaBackend {
     cuda::rmsnorm_gated(x, z, w, rows, dim, eps, out);
   }
   void deltanet_prepare(const float* qkvz, const float* ba, int T, int nk, int nv, int dk, int dv, const float* conv_w,
-                        int conv_k, float* conv_state, const float* A_log, const float* dt_bias, float eps,
+                        int conv_k, float* conv_state, const float* A, const float* dt_bias, float eps,
                         float q_scale, float* q, float* k, float* v, float* z, float* g, float* beta) const {
-    cuda::deltanet_prepare({.qkvz = qkvz, .ba = ba, .conv_w = conv_w, .A_log = A_log, .dt_bias = dt_bias,
+    cuda::deltanet_prepare({.qkvz = qkvz, .ba = ba, .conv_w = conv_w, .A = A, .dt_bias = dt_bias,
                             .conv_state = conv_state, .q = q, .k = k, .v = v, .z = z, .g = g, .beta = beta, .T = T,
                             .nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = conv_k, .eps = eps, .q_scale = q_scale});
   }

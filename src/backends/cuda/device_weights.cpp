@@ -36,7 +36,7 @@ DeviceWeights::DeviceWeights(const ModelWeights& w) {
     } else {
       add_stack({&l.linear.in_proj_qkvz, &l.linear.in_proj_ba}, "linear attention");
       add(l.linear.out_proj, "linear attention");
-      for (const auto* v : {&l.linear.conv1d, &l.linear.A_log, &l.linear.dt_bias, &l.linear.norm}) add(*v);
+      for (const auto* v : {&l.linear.conv1d, &l.linear.A, &l.linear.dt_bias, &l.linear.norm}) add(*v);
     }
     if (!l.moe) return add_mlp(l.ffn.dense, "dense mlp");
     if (l.ffn.shared_expert.gate.data) {

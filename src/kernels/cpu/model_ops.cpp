@@ -40,12 +40,12 @@ void deltanet_split(const float* qkvz, const float* ba, int T, int nk, int nv, i
   }
 }
 
-void deltanet_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nv, float* g,
+void deltanet_gates(const float* b, const float* a, const float* A, const float* dt_bias, int T, int nv, float* g,
                     float* beta) {
   for (size_t i = 0; i < size_t(T) * size_t(nv); ++i) {
     const size_t h = i % size_t(nv);
     beta[i] = sigmoid(b[i]);
-    g[i] = -std::exp(A_log[h]) * softplus(a[i] + dt_bias[h]);
+    g[i] = A[h] * softplus(a[i] + dt_bias[h]);
   }
 }
 
@@ -94,7 +94,7 @@ void deltanet_prepare(const DeltaNetPrep& a) {
   l2norm_heads(a.q, a.T * a.nk, a.dk, a.eps);
   l2norm_heads(a.k, a.T * a.nk, a.dk, a.eps);
   for (size_t i = 0; i < tokens * key_dim; ++i) a.q[i] *= a.q_scale;
-  deltanet_gates(b.data(), gate_a.data(), a.A_log, a.dt_bias, a.T, a.nv, a.g, a.beta);
+  deltanet_gates(b.data(), gate_a.data(), a.A, a.dt_bias, a.T, a.nv, a.g, a.beta);
 }
 
 void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate, int T, int H) {

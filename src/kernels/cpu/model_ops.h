@@ -34,7 +34,7 @@ void sigmoid_gate(float* out, const float* gate, size_t n);
 
 // The gated delta rule's inputs (kernels/deltanet_prep.h) from the projections qkvz and ba:
 // their split (the checkpoints group by key head), the causal conv over q, k and v (conv_state
-// updated), the L2 norms of q and k per head, q scaled, and the gates g = -exp(A_log) *
+// updated), the L2 norms of q and k per head, q scaled, and the gates g = A *
 // softplus(a + dt_bias), beta = sigmoid(b).
 void deltanet_prepare(const DeltaNetPrep& a);
 

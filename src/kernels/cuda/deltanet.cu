@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kInputThreads) deltanet_prepare_kernel(const D
       const float v = bt[r + j] + a.dt_bias[hv];
       const float softplus = v > 20.f ? v : log1pf(expf(v));
       a.beta[size_t(t) * a.nv + hv] = sigmoid(bt[j]);
-      a.g[size_t(t) * a.nv + hv] = -expf(a.A_log[hv]) * softplus;
+      a.g[size_t(t) * a.nv + hv] = a.A[hv] * softplus;
     }
   }
   __syncthreads();  // the head's conv outputs, which the norms read, are in `out`

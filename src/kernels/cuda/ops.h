@@ -151,7 +151,7 @@ void moe_gate_up_routed(const float* x, int K, const InlineRoute& r, const Recor
 // tokens and the chunked form for longer T (kernels/cuda/deltanet.h).
 // The gated delta rule's inputs, in one launch: q, k [T, nk·dk] and v [T, nv·dv] the conv's
 // outputs through SiLU, each head of q and k L2-normalised (x / sqrt(Σx² + eps)) and q's then
-// scaled by q_scale; z [T, nv·dv] copied; beta = sigmoid(b), g = −exp(A_log[h])·softplus(a +
+// scaled by q_scale; z [T, nv·dv] copied; beta = sigmoid(b), g = A[h]·softplus(a +
 // dt_bias[h]) [T, nv]. The CPU backend's deltanet_prepare (kernels/cpu/model_ops.h) is the
 // reference: its split, conv, norms and gates in turn.
 void deltanet_prepare(const DeltaNetPrep& p);

@@ -169,9 +169,11 @@ TEST_F(CudaBackendGlue, DeltaNetPrepareMatchesTheCpuSteps) {
     const size_t key_dim = size_t(c.nk) * c.dk, value_dim = size_t(c.nv) * c.dv, conv_dim = 2 * key_dim + value_dim;
     const size_t group = size_t(2 * c.dk + 2 * r * c.dv);
     const auto conv_w = random_vec(conv_dim * c.K, 20, -1.f, 1.f), A_log = random_vec(size_t(c.nv), 21, -1.f, 1.f);
+    std::vector<float> A(A_log.size());
+    for (size_t h = 0; h < A.size(); ++h) A[h] = -std::exp(A_log[h]);
     const auto dt_bias = random_vec(size_t(c.nv), 22, -1.f, 1.f);
     std::vector<float> st = random_vec(conv_dim * (c.K - 1), 23);
-    auto dw = up(conv_w), dA = up(A_log), ddt = up(dt_bias), dst = up(st);
+    auto dw = up(conv_w), dA = up(A), ddt = up(dt_bias), dst = up(st);
     const float q_scale = 1.0f / std::sqrt(float(c.dk));
     const std::string what = "T " + std::to_string(c.T1) + "+" + std::to_string(c.T2) + " nk " + std::to_string(c.nk) +
                              " dk " + std::to_string(c.dk) + " K " + std::to_string(c.K);
@@ -181,7 +183,7 @@ TEST_F(CudaBackendGlue, DeltaNetPrepareMatchesTheCpuSteps) {
       std::vector<float> q(size_t(T) * key_dim), k(q.size()), v(size_t(T) * value_dim), z(v.size());
       std::vector<float> g(size_t(T) * c.nv), beta(g.size());
       cpu.deltanet_prepare(qkvz.data(), ba.data(), T, c.nk, c.nv, c.dk, c.dv, conv_w.data(), c.K, st.data(),
-                           A_log.data(), dt_bias.data(), 1e-6f, q_scale, q.data(), k.data(), v.data(), z.data(),
+                           A.data(), dt_bias.data(), 1e-6f, q_scale, q.data(), k.data(), v.data(), z.data(),
                            g.data(), beta.data());
       auto dqkvz = up(qkvz), dba = up(ba);
       cuda::DeviceArray<float> dq(q.size()), dk(k.size()), dv(v.size()), dz(z.size()), dg(g.size()), dbeta(beta.size());

@@ -89,10 +89,12 @@ TEST(DeltaNetPrepare, MatchesNaiveSplitConvNormsAndGates) {
   const size_t group = size_t(2 * dk + 2 * r * dv);
   const auto qkvz = randn(size_t(T) * nk * group, 8), ba = randn(size_t(T) * 2 * nv, 9);
   const auto conv_w = randn(conv_dim, 10), A_log = randn(size_t(nv), 11, 0.5f), dt_bias = randn(size_t(nv), 12, 0.5f);
+  std::vector<float> A(A_log.size());
+  for (size_t h = 0; h < A.size(); ++h) A[h] = -std::exp(A_log[h]);
   const float eps = 1e-6f, q_scale = 0.35f;
   std::vector<float> q(size_t(T) * key_dim), k(q.size()), v(size_t(T) * value_dim), z(v.size()), g(size_t(T) * nv),
       beta(g.size());
-  deltanet_prepare({.qkvz = qkvz.data(), .ba = ba.data(), .conv_w = conv_w.data(), .A_log = A_log.data(),
+  deltanet_prepare({.qkvz = qkvz.data(), .ba = ba.data(), .conv_w = conv_w.data(), .A = A.data(),
                     .dt_bias = dt_bias.data(), .conv_state = nullptr, .q = q.data(), .k = k.data(), .v = v.data(),
                     .z = z.data(), .g = g.data(), .beta = beta.data(), .T = T, .nk = nk, .nv = nv, .dk = dk, .dv = dv,
                     .conv_k = 1, .eps = eps, .q_scale = q_scale});
@@ -117,7 +119,7 @@ TEST(DeltaNetPrepare, MatchesNaiveSplitConvNormsAndGates) {
         const double a = ba[size_t(t) * 2 * nv + size_t(h) * 2 * r + size_t(r + i)];
         const double sp = a + dt_bias[head] > 20 ? a + dt_bias[head] : std::log1p(std::exp(a + dt_bias[head]));
         bd[at] = sigmoid_ref(b);
-        gd[at] = -std::exp(double(A_log[head])) * sp;
+        gd[at] = double(A[head]) * sp;
       }
     }
   // q and k L2-normalised per head (eps inside the root), q then scaled.

@@ -1,0 +1,165 @@
+// convert --from FILE.gguf: GGUF files written by tests/data/gguf/make_gguf.py with gguf-py (from
+// the llama.cpp source archive in ../shared/peers) import without changing a dequantized weight.
+#include "writers/import_gguf.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "backends/load.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "quant/gguf_blocks.h"
+#include "test_support.h"
+#include "util/error.h"
+#include "writers/import_support.h"
+
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+namespace ms {
+namespace {
+
+namespace fs = std::filesystem;
+
+// gguf-py, extracted once per test process from the llama.cpp archive; "" without ../shared.
+std::string gguf_py() {
+  static const std::string dir = [] {
+    const std::string peers = test::shared_path("peers");
+    if (peers.empty()) return std::string();
+    std::string archive;
+    for (auto& e : fs::directory_iterator(peers))
+      if (e.path().filename().string().rfind("llama.cpp-", 0) == 0 && e.path().extension() == ".xz") archive = e.path();
+    if (archive.empty()) return std::string();
+    const std::string out = test::scratch_dir("gguf-py");
+    const std::string cmd = "tar -xJf " + archive + " -C " + out + " gguf-py/gguf";
+    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("cannot extract gguf-py: " + cmd);
+    return out + "/gguf-py";
+  }();
+  return dir;
+}
+
+// Runs make_gguf.py with `args`; false when gguf-py is absent (the test skips).
+bool make_gguf(const std::string& args) {
+  const std::string py = gguf_py();
+  if (py.empty()) return false;
+  const std::string cmd = "PYTHONPATH=" + py + " " + MOESTREAM_PYTHON + " " + MOESTREAM_SOURCE_DIR +
+                          "/tests/data/gguf/make_gguf.py " + args;
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("generator failed: " + cmd);
+  return true;
+}
+
+std::string import(const std::string& from, const std::string& tag) {
+  ConvertOptions opt;
+  opt.from = from;
+  opt.out = test::scratch_dir(tag) + "/model";
+  convert_checkpoint(opt);
+  return opt.out;
+}
+
+// Each block type's rows, carried into the affine format and dequantized as the engine does,
+// are gguf-py's dequantize of them (a zero's sign aside); so are they in the widest layout, which
+// two tensors of different types meet in when they make one matrix.
+TEST(GgufBlocks, EveryTypeDequantizesAsGgufPy) {
+  const std::string dir = test::scratch_dir("gguf-blocks");
+  if (!make_gguf("blocks " + dir + "/b.gguf " + dir + "/ref.safetensors")) GTEST_SKIP() << "../shared absent";
+  const auto f = GgufFile::open(dir + "/b.gguf");
+  const TensorStore ref = TensorStore::open(dir + "/ref.safetensors");
+  int types = 0;
+  for (const GgufTensor& t : f->tensors()) {
+    const std::vector<float> want = ref.get(t.name).to_f32();
+    const int rows = int(t.rows()), cols = int(t.row_length());
+    GgufAffine own;
+    if (!gguf_affine_layout(t.type, &own)) {  // F32, F16, BF16: the engine reads them as stored
+      TensorView v{t.name, dir, t.type == 0 ? DType::F32 : t.type == 1 ? DType::F16 : DType::BF16, {rows, cols}, t.data,
+                   t.nbytes};
+      EXPECT_TRUE(test::same_values(v.to_f32(), want, false)) << t.name;
+      ++types;
+      continue;
+    }
+    for (const GgufAffine& layout : {own, GgufAffine{8, 16, ScaleType::F32}}) {
+      QuantBuffer qb;
+      qb.rows = rows, qb.cols = cols, qb.bits = layout.bits, qb.group = layout.group;
+      const size_t rb = size_t(cols) * size_t(layout.bits) / 8, words = size_t(cols / layout.group) * scale_size(layout.scale_type) / 2;
+      qb.q.resize(size_t(rows) * rb);
+      qb.scales.resize(size_t(rows) * words);
+      qb.biases.resize(qb.scales.size());
+      for (int r = 0; r < rows; ++r)
+        ASSERT_TRUE(gguf_row_to_affine(t.type, t.data + size_t(r) * (t.nbytes / size_t(rows)), cols, layout,
+                                       qb.q.data() + size_t(r) * rb, qb.scales.data() + size_t(r) * words,
+                                       qb.biases.data() + size_t(r) * words))
+            << t.name;
+      QuantMat m = qb.view();
+      m.scale_type = layout.scale_type;
+      EXPECT_TRUE(test::same_values(test::dequantized(m), want, true))
+          << t.name << " as " << layout.bits << "-bit groups of " << layout.group;
+    }
+    ++types;
+  }
+  EXPECT_EQ(types, 11);
+}
+
+// A bf16 GGUF holds the checkpoint's weights: the import runs the checkpoint (Qwen3-MoE to the
+// bit; Qwen3-Next, whose A = −exp(A_log) numpy computed, within 1e-4).
+TEST(GgufImport, Bf16FilesRunTheirCheckpoints) {
+  for (const char* fixture : {"qwen3-moe-tiny", "qwen3-next-tiny"}) {
+    const std::string hf = test::shared_path(std::string("fixtures/") + fixture);
+    const std::string dir = test::scratch_dir(std::string("gguf-bf16-") + fixture);
+    if (hf.empty() || !make_gguf("model " + hf + " " + dir + "/m.gguf BF16 " + dir + "/ref")) GTEST_SKIP();
+    ASSERT_TRUE(is_gguf_file(dir + "/m.gguf"));
+    const std::string out = import(dir + "/m.gguf", std::string("gguf-bf16-out-") + fixture);
+    auto eng = load_model(out);
+    auto ref = load_model(hf);
+    test::expect_weights_equal(out, dir + "/ref");  // no quantized matrices: the float tensors, compared inside
+    for (const char* p : {"p0", "p1", "p2"}) {
+      const float worst = test::max_logit_diff(*eng, *ref, fixture, p);
+      std::printf("%s %s: max |logit - checkpoint| = %.3g\n", fixture, p, worst);
+      if (std::string(fixture) == "qwen3-moe-tiny") EXPECT_EQ(worst, 0.0f) << p;
+      else EXPECT_LE(worst, 1e-4f) << p;
+    }
+  }
+}
+
+// Quantized GGUFs: every dequantized matrix is gguf-py's dequantize of its blocks, and the
+// logits are those of the checkpoint of those weights.
+class GgufQuantized : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GgufQuantized, WeightsAreGgufPysDequantize) {
+  for (const char* fixture : {"qwen3-moe-tiny", "qwen3-next-tiny"}) {
+    const std::string hf = test::shared_path(std::string("fixtures/") + fixture);
+    const std::string dir = test::scratch_dir(std::string("gguf-q-") + fixture + GetParam());
+    if (hf.empty() || !make_gguf("model " + hf + " " + dir + "/m.gguf " + GetParam() + " " + dir + "/ref")) GTEST_SKIP();
+    const std::string out = import(dir + "/m.gguf", std::string("gguf-q-out-") + fixture + GetParam());
+    EXPECT_GT(test::expect_weights_equal(out, dir + "/ref", true), 0) << fixture;
+    auto eng = load_model(out);
+    auto ref = load_model(dir + "/ref");
+    for (const char* p : {"p0", "p1", "p2"}) {
+      const float worst = test::max_logit_diff(*eng, *ref, fixture, p);
+      std::printf("%s %s %s: max |logit - dequantized reference| = %.3g\n", fixture, GetParam(), p, worst);
+      EXPECT_LE(worst, test::logit_bound(fixture)) << fixture << " " << p;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, GgufQuantized, ::testing::Values("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"));
+
+TEST(GgufImport, BadFilesNamed) {
+  const std::string dir = test::scratch_dir("gguf-bad");
+  if (!make_gguf("bad " + dir) || !make_gguf("blocks " + dir + "/b.gguf " + dir + "/ref.safetensors")) GTEST_SKIP();
+  test::expect_error([&] { import(dir + "/foreign.gguf", "gguf-bad-1"); },
+                     {"foreign.gguf", "general.architecture", "llama"});
+  test::expect_error([&] { import(dir + "/unknown_type.gguf", "gguf-bad-2"); },
+                     {"unknown_type.gguf", "token_embd.weight", "type 10"});
+  const std::string whole = test::slurp(dir + "/b.gguf");
+  for (size_t keep : {size_t(3), size_t(100), whole.size() - 1000}) {
+    const std::string cut = dir + "/cut" + std::to_string(keep) + ".gguf";
+    std::ofstream(cut, std::ios::binary).write(whole.data(), std::streamsize(keep));
+    test::expect_error([&] { GgufFile::open(cut); }, {cut, "truncated"});
+  }
+  test::expect_error([&] { GgufFile::open(dir + "/b.gguf")->tensor("nope"); }, {"b.gguf", "'nope'"});
+}
+
+}  // namespace
+}  // namespace ms
