@@ -190,4 +190,46 @@ CgroupRun run_cli_in_cgroup(const MemoryCgroup& cg, const std::string& args, con
   return r;
 }
 
+namespace {
+
+void run_generator(const std::string& cmd) {
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("test data generator failed: " + cmd);
+}
+
+// gguf-py from the llama.cpp source archive, extracted once; "" without one.
+std::string gguf_py() {
+  static const std::string dir = [] {
+    const std::string peers = shared_path("peers");
+    if (peers.empty()) return std::string();
+    std::string archive;
+    for (auto& e : fs::directory_iterator(peers))
+      if (e.path().filename().string().rfind("llama.cpp-", 0) == 0 && e.path().extension() == ".xz") archive = e.path();
+    if (archive.empty()) return std::string();
+    const std::string out = scratch_dir("gguf-py");
+    run_generator("tar -xJf " + archive + " -C " + out + " gguf-py/gguf");
+    return out + "/gguf-py";
+  }();
+  return dir;
+}
+
+}  // namespace
+
+MlxPair make_mlx(const std::string& fixture, const std::string& kind) {
+  const std::string src = shared_path("fixtures/" + fixture);
+  if (src.empty()) return {};
+  const std::string dir = scratch_dir("mlx-" + fixture + "-" + kind);
+  MlxPair p{dir + "/mlx", dir + "/ref"};
+  run_generator(std::string(MOESTREAM_PYTHON) + " " + MOESTREAM_SOURCE_DIR + "/tests/data/mlx/make_checkpoint.py " + src +
+                " " + p.mlx + " " + p.ref + " " + kind);
+  return p;
+}
+
+bool make_gguf(const std::string& args) {
+  const std::string py = gguf_py();
+  if (py.empty()) return false;
+  run_generator("PYTHONPATH=" + py + " " + MOESTREAM_PYTHON + " " + MOESTREAM_SOURCE_DIR + "/tests/data/gguf/make_gguf.py " +
+                args);
+  return true;
+}
+
 }  // namespace ms::test

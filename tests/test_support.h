@@ -62,6 +62,18 @@ void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
 std::string shared_dir();
 // Path under shared_dir(), or GTEST_SKIP-worthy empty string when the shared data is absent.
 std::string shared_path(const std::string& rel);
+// The test data generators (tests/data), on Debian's python3 with numpy.
+// An MLX-layout checkpoint of ../shared/fixtures/<fixture> (tests/data/mlx/make_checkpoint.py,
+// `kind` default, mixed or f16) and the Hugging Face checkpoint of its dequantized weights; empty
+// paths when ../shared is absent.
+struct MlxPair {
+  std::string mlx, ref;
+};
+MlxPair make_mlx(const std::string& fixture, const std::string& kind);
+// Runs tests/data/gguf/make_gguf.py with `args` on gguf-py, extracted once per process from the
+// llama.cpp archive in ../shared/peers; false (the test skips) when that is absent.
+bool make_gguf(const std::string& args);
+
 // A fresh empty directory under the build's temp area, removed at process exit.
 std::string scratch_dir(const std::string& tag);
 // A file's bytes ("" when it cannot be read).

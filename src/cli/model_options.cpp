@@ -12,9 +12,13 @@
 
 #include "backends/load.h"
 #include "cli/flag_checks.h"
+#include "format/engine_dir.h"
 #include "runtime/stats.h"
 #include "util/error.h"
 #include "util/json.h"
+#include "writers/convert.h"
+#include "writers/import_gguf.h"
+#include "writers/import_mlx.h"
 
 namespace ms::cli {
 
@@ -90,11 +94,46 @@ uint64_t parse_bytes(const std::string& text) {
   return uint64_t(bytes);
 }
 
+namespace {
+
+// An MLX directory or a GGUF file given as --model: converted into --convert-to (once: a
+// directory that already holds an engine model is used as it is), or refused with the one
+// command that converts it.
+void resolve_model_source(ModelArgs& a) {
+  if (is_engine_dir(a.model)) return;
+  const bool gguf = is_gguf_file(a.model);
+  if (!gguf && !is_mlx_checkpoint(a.model)) return;
+  const char* what = gguf ? "a GGUF file" : "an MLX checkpoint";
+  if (a.convert_to.empty())
+    fail("{} is {}: convert it once with `moestream convert --from {} --out DIR` and run DIR, or pass --convert-to "
+         "DIR to do both",
+         a.model, what, a.model);
+  if (!is_engine_dir(a.convert_to)) {
+    ConvertOptions opt;
+    opt.from = a.model;
+    opt.out = a.convert_to;
+    opt.progress = isatty(STDERR_FILENO) != 0;
+    std::fprintf(stderr, "converting %s (%s) into %s\n", a.model.c_str(), what, a.convert_to.c_str());
+    const ConvertStats s = convert_checkpoint(opt);
+    std::fprintf(stderr, "%s: %.1f MB in %.1f s\n", a.convert_to.c_str(), double(s.bytes_out) / 1e6, s.seconds);
+  }
+  a.model = a.convert_to;
+}
+
+}  // namespace
+
 void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
-  auto* m = cmd->add_option("--model", a.model, default_model ? "Model directory (default: the embedded pycoder-moe-q4)" : "Model directory");
+  auto* m = cmd->add_option("--model", a.model,
+                            std::string(default_model ? "Model directory (default: the embedded pycoder-moe-q4)"
+                                                      : "Model directory") +
+                                "; an MLX checkpoint or a GGUF file runs once converted (--convert-to)");
   if (default_model) a.model = kDefaultModel;
   else m->required();
   m->check(non_empty());
+  cmd->add_option("--convert-to", a.convert_to,
+                  "Convert an MLX or GGUF --model into this engine directory first (kept: later runs use it)")
+      ->check(non_empty());
+  cmd->parse_complete_callback([&a] { resolve_model_source(a); });
   cmd->add_option("--expert-slots", a.expert_slots, "Resident expert slots per MoE layer (default: all)")->check(int_in(1, 1 << 20));
   cmd->add_option("--pool-profile", a.pool_profile,
                   "Per-layer slot caps and pinned experts: JSON {\"layer_caps\": {\"0\": 40}, \"pins\": {\"0\": [3, 17]}}; "

@@ -12,6 +12,7 @@ namespace ms::cli {
 
 struct ModelArgs {
   std::string model;
+  std::string convert_to;  // --convert-to: where an MLX or GGUF --model is converted first
   int expert_slots = 0;
   std::string pool_profile, memory, policy = "lru", io = "auto";
   int context = 4096;

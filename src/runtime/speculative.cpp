@@ -101,7 +101,10 @@ SpeculativeOptions resolve_speculative(const Model& model, SpeculativeOptions op
     opt.mtp = model.has_mtp() && model.device() == Device::Cpu;
   }
   if (!opt.mtp) return opt;
-  if (!model.has_mtp()) fail("{}: --speculative mtp needs an MTP head (mtp.* tensors), and this model has none", dir);
+  if (!model.has_mtp())
+    fail("{}: --speculative mtp needs an MTP head (mtp.* tensors), and this model has none (mlx-lm and llama.cpp "
+         "drop it: convert an MLX checkpoint with --mtp-from HF_DIR to keep it)",
+         dir);
   if (model.device() != Device::Cpu)
     fail("--speculative mtp does not run on the GPU yet: use --speculative off with --device cuda");
   if (opt.draft != kDraftAuto && (opt.draft < 1 || opt.draft > kMaxDraft))

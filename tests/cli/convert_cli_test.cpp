@@ -54,6 +54,37 @@ TEST(ConvertCli, ConvertedFixtureGivesTheCheckpointsLogits) {
   EXPECT_NE(err.find("checksum"), std::string::npos) << err;
 }
 
+// An MLX directory or a GGUF file as --model: refused with the convert command, or converted
+// once into --convert-to, whose later runs reuse it; `convert --from` takes both.
+TEST(ConvertCli, MlxAndGgufModelsRunThroughConvertTo) {
+  const test::MlxPair mlx = test::make_mlx("qwen3-moe-tiny", "default");
+  if (mlx.mlx.empty()) GTEST_SKIP() << "../shared absent";
+  const std::string work = test::scratch_dir("convert-cli-import");
+  const std::string ids = "--ids 1,7,300,42,5";
+  ASSERT_TRUE(test::make_gguf("model " + test::shared_path("fixtures/qwen3-moe-tiny") + " " + work + "/m.gguf Q8_0"));
+  for (const std::string& src : {mlx.mlx, work + "/m.gguf"}) {
+    const std::string dir = work + "/" + fs::path(src).filename().string() + ".engine";
+    std::string out, err;
+    EXPECT_EQ(run_cli("logits --model " + src + " " + ids + " --out " + work + "/x.safetensors", &out, &err), 1);
+    EXPECT_NE(err.find("moestream convert --from " + src + " --out DIR"), std::string::npos) << err;
+    EXPECT_NE(err.find("--convert-to"), std::string::npos) << err;
+    ASSERT_EQ(run_cli("logits --model " + src + " --convert-to " + dir + " " + ids + " --out " + work + "/a.safetensors",
+                      &out, &err),
+              0)
+        << err;
+    EXPECT_NE(err.find("converting " + src), std::string::npos) << err;
+    ASSERT_EQ(run_cli("logits --model " + src + " --convert-to " + dir + " " + ids + " --out " + work + "/b.safetensors",
+                      &out, &err),
+              0)
+        << err;
+    EXPECT_EQ(err.find("converting"), std::string::npos) << "the second run reuses " << dir << ": " << err;
+    EXPECT_EQ(slurp(work + "/a.safetensors"), slurp(work + "/b.safetensors"));
+    ASSERT_EQ(run_cli("convert --from " + src + " --out " + dir + ".2", &out, &err), 0) << err;
+    ASSERT_EQ(run_cli("logits --model " + dir + ".2 " + ids + " --out " + work + "/c.safetensors", &out, &err), 0) << err;
+    EXPECT_EQ(slurp(work + "/a.safetensors"), slurp(work + "/c.safetensors"));
+  }
+}
+
 TEST(ConvertCli, FlagErrors) {
   std::string err;
   EXPECT_EQ(run_cli("convert --from a --out b --expert-bits 5", nullptr, &err), 2);

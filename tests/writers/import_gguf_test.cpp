@@ -24,33 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// gguf-py, extracted once per test process from the llama.cpp archive; "" without ../shared.
-std::string gguf_py() {
-  static const std::string dir = [] {
-    const std::string peers = test::shared_path("peers");
-    if (peers.empty()) return std::string();
-    std::string archive;
-    for (auto& e : fs::directory_iterator(peers))
-      if (e.path().filename().string().rfind("llama.cpp-", 0) == 0 && e.path().extension() == ".xz") archive = e.path();
-    if (archive.empty()) return std::string();
-    const std::string out = test::scratch_dir("gguf-py");
-    const std::string cmd = "tar -xJf " + archive + " -C " + out + " gguf-py/gguf";
-    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("cannot extract gguf-py: " + cmd);
-    return out + "/gguf-py";
-  }();
-  return dir;
-}
-
-// Runs make_gguf.py with `args`; false when gguf-py is absent (the test skips).
-bool make_gguf(const std::string& args) {
-  const std::string py = gguf_py();
-  if (py.empty()) return false;
-  const std::string cmd = "PYTHONPATH=" + py + " " + MOESTREAM_PYTHON + " " + MOESTREAM_SOURCE_DIR +
-                          "/tests/data/gguf/make_gguf.py " + args;
-  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("generator failed: " + cmd);
-  return true;
-}
-
 std::string import(const std::string& from, const std::string& tag) {
   ConvertOptions opt;
   opt.from = from;
@@ -64,7 +37,7 @@ std::string import(const std::string& from, const std::string& tag) {
 // two tensors of different types meet in when they make one matrix.
 TEST(GgufBlocks, EveryTypeDequantizesAsGgufPy) {
   const std::string dir = test::scratch_dir("gguf-blocks");
-  if (!make_gguf("blocks " + dir + "/b.gguf " + dir + "/ref.safetensors")) GTEST_SKIP() << "../shared absent";
+  if (!test::make_gguf("blocks " + dir + "/b.gguf " + dir + "/ref.safetensors")) GTEST_SKIP() << "../shared absent";
   const auto f = GgufFile::open(dir + "/b.gguf");
   const TensorStore ref = TensorStore::open(dir + "/ref.safetensors");
   int types = 0;
@@ -107,7 +80,7 @@ TEST(GgufImport, Bf16FilesRunTheirCheckpoints) {
   for (const char* fixture : {"qwen3-moe-tiny", "qwen3-next-tiny"}) {
     const std::string hf = test::shared_path(std::string("fixtures/") + fixture);
     const std::string dir = test::scratch_dir(std::string("gguf-bf16-") + fixture);
-    if (hf.empty() || !make_gguf("model " + hf + " " + dir + "/m.gguf BF16 " + dir + "/ref")) GTEST_SKIP();
+    if (hf.empty() || !test::make_gguf("model " + hf + " " + dir + "/m.gguf BF16 " + dir + "/ref")) GTEST_SKIP();
     ASSERT_TRUE(is_gguf_file(dir + "/m.gguf"));
     const std::string out = import(dir + "/m.gguf", std::string("gguf-bf16-out-") + fixture);
     auto eng = load_model(out);
@@ -130,7 +103,7 @@ TEST_P(GgufQuantized, WeightsAreGgufPysDequantize) {
   for (const char* fixture : {"qwen3-moe-tiny", "qwen3-next-tiny"}) {
     const std::string hf = test::shared_path(std::string("fixtures/") + fixture);
     const std::string dir = test::scratch_dir(std::string("gguf-q-") + fixture + GetParam());
-    if (hf.empty() || !make_gguf("model " + hf + " " + dir + "/m.gguf " + GetParam() + " " + dir + "/ref")) GTEST_SKIP();
+    if (hf.empty() || !test::make_gguf("model " + hf + " " + dir + "/m.gguf " + GetParam() + " " + dir + "/ref")) GTEST_SKIP();
     const std::string out = import(dir + "/m.gguf", std::string("gguf-q-out-") + fixture + GetParam());
     EXPECT_GT(test::expect_weights_equal(out, dir + "/ref", true), 0) << fixture;
     auto eng = load_model(out);
@@ -147,7 +120,7 @@ INSTANTIATE_TEST_SUITE_P(Types, GgufQuantized, ::testing::Values("Q8_0", "Q4_0",
 
 TEST(GgufImport, BadFilesNamed) {
   const std::string dir = test::scratch_dir("gguf-bad");
-  if (!make_gguf("bad " + dir) || !make_gguf("blocks " + dir + "/b.gguf " + dir + "/ref.safetensors")) GTEST_SKIP();
+  if (!test::make_gguf("bad " + dir) || !test::make_gguf("blocks " + dir + "/b.gguf " + dir + "/ref.safetensors")) GTEST_SKIP();
   test::expect_error([&] { import(dir + "/foreign.gguf", "gguf-bad-1"); },
                      {"foreign.gguf", "general.architecture", "llama"});
   test::expect_error([&] { import(dir + "/unknown_type.gguf", "gguf-bad-2"); },

@@ -29,22 +29,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct MlxPair {
-  std::string mlx, ref;  // the MLX checkpoint and the Hugging Face one of its dequantized weights
-};
-
-// Runs the generator on ../shared/fixtures/<fixture>; "" when the shared data is absent.
-MlxPair make_mlx(const std::string& fixture, const std::string& kind) {
-  const std::string src = test::shared_path("fixtures/" + fixture);
-  if (src.empty()) return {};
-  const std::string dir = test::scratch_dir("mlx-" + fixture + "-" + kind);
-  MlxPair p{dir + "/mlx", dir + "/ref"};
-  const std::string cmd = fmt::format("{} {}/tests/data/mlx/make_checkpoint.py {} {} {} {}", MOESTREAM_PYTHON, MOESTREAM_SOURCE_DIR,
-                                      src, p.mlx, p.ref, kind);
-  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("generator failed: " + cmd);
-  return p;
-}
-
 std::string import(const std::string& from, const std::string& tag, ConvertOptions opt = {}) {
   opt.from = from;
   opt.out = test::scratch_dir(tag) + "/model";
@@ -68,7 +52,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 // themselves are the same bits (DequantizedWeightsAreTheReferenceBits).
 TEST_P(MlxImport, LogitsMatchTheDequantizedCheckpoint) {
   const auto [fixture, kind] = GetParam();
-  const MlxPair p = make_mlx(fixture, kind);
+  const test::MlxPair p = test::make_mlx(fixture, kind);
   if (p.mlx.empty()) GTEST_SKIP() << "../shared absent";
   ASSERT_TRUE(is_mlx_checkpoint(p.mlx));
   ASSERT_FALSE(is_mlx_checkpoint(p.ref));
@@ -88,7 +72,7 @@ TEST_P(MlxImport, LogitsMatchTheDequantizedCheckpoint) {
 // are the reference's too.
 TEST_P(MlxImport, DequantizedWeightsAreTheReferenceBits) {
   const auto [fixture, kind] = GetParam();
-  const MlxPair p = make_mlx(fixture, kind);
+  const test::MlxPair p = test::make_mlx(fixture, kind);
   if (p.mlx.empty()) GTEST_SKIP() << "../shared absent";
   const std::string out = import(p.mlx, std::string("mlx-deq-") + kind);
   EXPECT_GT(test::expect_weights_equal(out, p.ref), 0);
@@ -102,7 +86,7 @@ std::string slice(const TensorView& t, size_t e, size_t n) {
 // Every quantized tensor's codes, scales and biases, dense and expert, as the source stores them.
 TEST_P(MlxImport, CodesScalesAndBiasesAreTheSourceBytes) {
   const auto [fixture, kind] = GetParam();
-  const MlxPair p = make_mlx(fixture, kind);
+  const test::MlxPair p = test::make_mlx(fixture, kind);
   if (p.mlx.empty()) GTEST_SKIP() << "../shared absent";
   const std::string out = import(p.mlx, std::string("mlx-bytes-") + kind);
   const TensorStore src = TensorStore::open(p.mlx);
@@ -150,7 +134,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, MlxImport,
 
 // The mixed case records each projection's own bits and group in the index.
 TEST(MlxImportMixed, PerModuleBitsReachTheIndex) {
-  const MlxPair p = make_mlx("qwen3-next-tiny", "mixed");
+  const test::MlxPair p = test::make_mlx("qwen3-next-tiny", "mixed");
   if (p.mlx.empty()) GTEST_SKIP() << "../shared absent";
   const std::string out = import(p.mlx, "mlx-mixed-index");
   const EngineIndex index = read_engine_index(out, load_config(out));
@@ -175,7 +159,7 @@ TEST(MlxImportMixed, PerModuleBitsReachTheIndex) {
 
 // --mtp-from takes the MTP head from the Hugging Face checkpoint.
 TEST(MlxImportMtp, MtpHeadFromTheOriginalCheckpoint) {
-  const MlxPair p = make_mlx("qwen3-next-tiny", "default");
+  const test::MlxPair p = test::make_mlx("qwen3-next-tiny", "default");
   if (p.mlx.empty()) GTEST_SKIP() << "../shared absent";
   const std::string hf = test::shared_path("fixtures/qwen3-next-tiny");
   const std::string out = import(p.mlx, "mlx-mtp", {.mtp_from = hf});
@@ -201,7 +185,7 @@ nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse
 void write_json(const std::string& path, const nlohmann::json& j) { std::ofstream(path) << j.dump(1); }
 
 TEST(MlxImportErrors, BadCheckpointsNamed) {
-  const MlxPair p = make_mlx("qwen3-moe-tiny", "default");
+  const test::MlxPair p = test::make_mlx("qwen3-moe-tiny", "default");
   if (p.mlx.empty()) GTEST_SKIP() << "../shared absent";
   const std::string cfg_path = p.mlx + "/config.json";
   const nlohmann::json good = read_json(cfg_path);
