@@ -37,23 +37,51 @@ struct Copies {
   std::vector<ms::QuantMat> mats;
 };
 
-// n copies of one quantized matrix at distinct addresses.
-Copies replicate(const ms::QuantBuffer& qb, size_t n) {
+// A layout the engine stores: bf16 scales from convert, f16/f32 ones from GGUF imports.
+struct Layout {
+  int bits, group;
+  ms::ScaleType scale_type;
+  const char* as;  // the GGUF type it carries, or "" for convert's own
+};
+
+constexpr Layout kLayouts[] = {{2, 64, ms::ScaleType::BF16, ""},   {3, 64, ms::ScaleType::BF16, ""},
+                                {4, 64, ms::ScaleType::BF16, ""},   {8, 64, ms::ScaleType::BF16, ""},
+                                {4, 32, ms::ScaleType::F16, "Q4_0"}, {8, 32, ms::ScaleType::F16, "Q8_0"},
+                                {4, 32, ms::ScaleType::F32, "Q4_K"}, {5, 32, ms::ScaleType::F32, "Q5_K"},
+                                {6, 16, ms::ScaleType::F32, "Q6_K"}};
+
+// qb's scales and biases as `t` (f32: two words an entry).
+std::vector<uint16_t> typed(const std::vector<uint16_t>& bf16, ms::ScaleType t) {
+  if (t == ms::ScaleType::BF16) return bf16;
+  std::vector<uint16_t> out(bf16.size() * ms::scale_size(t) / 2);
+  for (size_t i = 0; i < bf16.size(); ++i) {
+    const float v = ms::bf16_to_f32(bf16[i]);
+    if (t == ms::ScaleType::F16) out[i] = ms::f32_to_f16(v);
+    else std::memcpy(&out[2 * i], &v, 4);
+  }
+  return out;
+}
+
+// n copies of one quantized matrix at distinct addresses, its scales as `t`.
+Copies replicate(const ms::QuantBuffer& qb, size_t n, ms::ScaleType t) {
+  const std::vector<uint16_t> scales = typed(qb.scales, t), biases = typed(qb.biases, t);
   Copies c;
   c.q.resize(qb.q.size() * n);
-  c.scales.resize(qb.scales.size() * n);
-  c.biases.resize(qb.biases.size() * n);
+  c.scales.resize(scales.size() * n);
+  c.biases.resize(biases.size() * n);
   for (size_t i = 0; i < n; ++i) {
     std::copy(qb.q.begin(), qb.q.end(), c.q.begin() + long(i * qb.q.size()));
-    std::copy(qb.scales.begin(), qb.scales.end(), c.scales.begin() + long(i * qb.scales.size()));
-    std::copy(qb.biases.begin(), qb.biases.end(), c.biases.begin() + long(i * qb.biases.size()));
-    c.mats.push_back({c.q.data() + i * qb.q.size(), c.scales.data() + i * qb.scales.size(),
-                      c.biases.data() + i * qb.biases.size(), qb.rows, qb.cols, qb.bits, qb.group});
+    std::copy(scales.begin(), scales.end(), c.scales.begin() + long(i * scales.size()));
+    std::copy(biases.begin(), biases.end(), c.biases.begin() + long(i * biases.size()));
+    c.mats.push_back({c.q.data() + i * qb.q.size(), c.scales.data() + i * scales.size(),
+                      c.biases.data() + i * biases.size(), qb.rows, qb.cols, qb.bits, qb.group, t});
   }
   return c;
 }
 
-size_t weight_bytes(const ms::QuantBuffer& qb) { return qb.q.size() + 2 * qb.scales.size() + 2 * qb.biases.size(); }
+size_t weight_bytes(const ms::QuantBuffer& qb, ms::ScaleType t) {
+  return qb.q.size() + 2 * qb.scales.size() * ms::scale_size(t);
+}
 
 // The same measurement for unquantized bf16 weights through cpu::matmul.
 void bench_bf16(int rows, int cols, const char* what, const std::vector<float>& w, const std::vector<float>& x,
@@ -74,7 +102,7 @@ void bench_bf16(int rows, int cols, const char* what, const std::vector<float>& 
   char dims[32];
   std::snprintf(dims, sizeof dims, "%dx%d", rows, cols);
   const double cold_gbs = double(bytes * n) / cold / 1e9;
-  std::printf("%-16s %-11s %4s %5s %9.2f %9.1f %9.1f %9.2f\n", what, dims, "bf16", "-", double(bytes) / 1e6,
+  std::printf("%-16s %-11s %4s %5s %6s %9.2f %9.1f %9.1f %9.2f\n", what, dims, "bf16", "-", "-", double(bytes) / 1e6,
               double(bytes * n) / hot / 1e9, cold_gbs, cold_gbs / read_bw);
 }
 
@@ -128,21 +156,20 @@ int main() {
     const char* what;
   };
   const Shape shapes[] = {{512, 2048, "expert gate/up"}, {2048, 512, "expert down"}, {8192, 2048, "dense"}};
-  std::printf("%-16s %-11s %4s %5s %9s %9s %9s %9s\n", "matrix", "rows x cols", "bits", "group", "MB", "hot GB/s",
-              "cold GB/s", "cold/read");
+  std::printf("%-16s %-11s %4s %5s %6s %9s %9s %9s %9s %s\n", "matrix", "rows x cols", "bits", "group", "scales", "MB",
+              "hot GB/s", "cold GB/s", "cold/read", "carries");
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   for (const Shape& sh : shapes) {
     std::vector<float> w(size_t(sh.rows) * sh.cols), x(size_t(sh.cols)), y(size_t(sh.rows));
     for (auto& v : w) v = normal(rng);
     for (auto& v : x) v = normal(rng);
-    for (int bits : {2, 3, 4, 8}) {
-      const int group = 64;
-      ms::QuantBuffer qb = ms::quantize(w.data(), sh.rows, sh.cols, bits, group);
-      const size_t bytes = weight_bytes(qb);
+    for (const Layout& l : kLayouts) {
+      ms::QuantBuffer qb = ms::quantize(w.data(), sh.rows, sh.cols, l.bits, l.group);
+      const size_t bytes = weight_bytes(qb, l.scale_type);
       const size_t n = std::max<size_t>(2, kColdBytes / bytes);
-      Copies copies = replicate(qb, n);
-      const ms::QuantMat hot_mat = qb.view();
+      Copies copies = replicate(qb, n, l.scale_type);
+      const ms::QuantMat hot_mat = copies.mats[0];
       double hot = median_seconds([&] {
         for (size_t i = 0; i < n; ++i) ms::cpu::matmul_quant(x.data(), 1, hot_mat, y.data());
       });
@@ -152,8 +179,8 @@ int main() {
       const double hot_gbs = double(bytes * n) / hot / 1e9, cold_gbs = double(bytes * n) / cold / 1e9;
       char dims[32];
       std::snprintf(dims, sizeof dims, "%dx%d", sh.rows, sh.cols);
-      std::printf("%-16s %-11s %4d %5d %9.2f %9.1f %9.1f %9.2f\n", sh.what, dims, bits, group, double(bytes) / 1e6,
-                  hot_gbs, cold_gbs, cold_gbs / read_bw);
+      std::printf("%-16s %-11s %4d %5d %6s %9.2f %9.1f %9.1f %9.2f %s\n", sh.what, dims, l.bits, l.group,
+                  ms::scale_type_name(l.scale_type), double(bytes) / 1e6, hot_gbs, cold_gbs, cold_gbs / read_bw, l.as);
     }
     bench_bf16(sh.rows, sh.cols, sh.what, w, x, y, read_bw);
   }

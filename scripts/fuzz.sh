@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 
 # Each input may take 10 s and 2 GB; longer or larger is a finding (a hang, an unbounded allocation).
 limits=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048)
-targets_all=(format_config format_safetensors format_engine_dir tokenizer_tokenizer chat_jinja chat_tool_calls
-             chat_chat_template chat_chat_template_config)
+targets_all=(format_config format_safetensors format_engine_dir format_gguf tokenizer_tokenizer chat_jinja
+             chat_tool_calls chat_chat_template chat_chat_template_config)
 
 # The dictionary of the tokens a target's input is made of.
 dict_of() {
@@ -20,6 +20,7 @@ dict_of() {
     format_config) echo fuzz/dict/config.dict ;;
     format_safetensors) echo fuzz/dict/safetensors.dict ;;
     format_engine_dir) echo fuzz/dict/engine_dir.dict ;;
+    format_gguf) echo fuzz/dict/gguf.dict ;;
     tokenizer_tokenizer) echo fuzz/dict/tokenizer.dict ;;
     chat_jinja) echo fuzz/dict/jinja.dict ;;
     chat_tool_calls) echo fuzz/dict/tool_calls.dict ;;

@@ -334,6 +334,17 @@ void PermuteTyped(const float* x, int T, int cols, PermutedInput& in) {
   PermuteTokens<kBits, kGroup>(x, T, cols, in.xp.data(), in.gsum.data());
 }
 
+// f16 scales or biases as float32, n of them: a row's are widened at once (vcvtph2ps where the
+// target has it), because converting each in the group loops halved the matvec's speed.
+HWY_INLINE void WidenF16(const uint16_t* HWY_RESTRICT src, size_t n, float* HWY_RESTRICT dst) {
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const size_t N = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(src + i))), df, dst + i);
+  for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+
 // y rows [r0, r1) of one matmul, x permuted: the work of one thread's chunk.
 template <int kBits, int kGroup>
 void RowsTyped(const PermutedInput& in, int T, const QuantMat& W, float* y, size_t r0, size_t r1) {
@@ -342,10 +353,19 @@ void RowsTyped(const PermutedInput& in, int T, const QuantMat& W, float* y, size
   const float* xs = in.xp.data();
   const float* sums = in.gsum.data();
   thread_local std::vector<uint8_t> padded;
-  auto row_at = [&](size_t r) {
+  thread_local std::vector<float> widened;  // [kRowBlock][scales, biases] of f16 rows, as float
+  if (W.scale_type == ScaleType::F16) widened.resize(kRowBlock * 2 * size_t(groups));
+  // Row r's codes and scales; f16 scales are widened into slot `slot` of `widened`.
+  auto row_at = [&](size_t r, size_t slot = 0) {
     const size_t first = r * size_t(groups);
     RowRef row{W.q + r * row_bytes, scale_entry(W.scales, first, W.scale_type), scale_entry(W.biases, first, W.scale_type),
                W.scale_type};
+    if (W.scale_type == ScaleType::F16) {
+      float* to = widened.data() + slot * 2 * size_t(groups);
+      WidenF16(row.scales, size_t(groups), to);
+      WidenF16(row.biases, size_t(groups), to + groups);
+      row = {row.q, reinterpret_cast<const uint16_t*>(to), reinterpret_cast<const uint16_t*>(to + groups), ScaleType::F32};
+    }
     if ((kBits == 3 || kBits == 5 || kBits == 6) && r + 1 == rows) {  // LoadUnits reads past the row
       padded.assign(row.q, row.q + row_bytes);
       padded.resize(row_bytes + kOverread);
@@ -379,7 +399,7 @@ void RowsTyped(const PermutedInput& in, int T, const QuantMat& W, float* y, size
     const size_t nr = r1 - r >= kRowBlock ? kRowBlock : 1;
     RowRef block[kRowBlock];
     for (size_t i = 0; i < nr; ++i) {
-      block[i] = row_at(r + i);
+      block[i] = row_at(r + i, i);
       UnpackRow<kBits, kGroup>(block[i], cols, tile.data() + i * size_t(cols));
     }
     if (nr == kRowBlock) {
