@@ -177,8 +177,31 @@ struct RowRef {
 // TokenRowDots and TileDots round identically, so y[t, r] is the same bits whatever T is and
 // whichever rows share a block: the MoE may regroup tokens without changing the answer.
 // Per group: one FMA chain over the group's vectors in decode order (consecutive groups are
-// independent, so out-of-order execution overlaps them), then total += scale·chain and,
-// in scalar, bias_part = fma(bias, Σx, bias_part).
+// independent, so out-of-order execution overlaps them), then total += scale·chain; the biases'
+// part, Σ_g bias_g·Σx_g, is one vector pass over the row's groups at the end (BiasDot).
+
+// Σ_g (bias_g + scale_g·kMidCode)·gsum_g over a row's groups. A scalar FMA per group inside the
+// group loop cost as much as the codes' own FMAs at group 32 (GGUF's blocks); this runs 16
+// groups an instruction. bf16 or f32 scales (f16 rows were widened to f32 by RowsTyped).
+template <int kBits>
+HWY_INLINE float BiasDot(const RowRef& row, const float* HWY_RESTRICT gsum, int groups) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint16_t, decltype(df)> d16;
+  const size_t N = hn::Lanes(df);
+  const auto mid = hn::Set(df, float(kMidCode<kBits>));
+  auto load = [&](const uint16_t* p, size_t g) {
+    if (row.scale_type == ScaleType::F32) return hn::LoadU(df, reinterpret_cast<const float*>(p) + g);
+    return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, p + g))));
+  };
+  auto acc = hn::Zero(df);
+  size_t g = 0;
+  for (; g + N <= size_t(groups); g += N)
+    acc = hn::MulAdd(hn::MulAdd(load(row.scales, g), mid, load(row.biases, g)), hn::LoadU(df, gsum + g), acc);
+  float sum = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; g < size_t(groups); ++g) sum = std::fma(CentredBias<kBits>(row.scale(int(g)), row.bias(int(g))), gsum[g], sum);
+  return sum;
+}
 
 // Σ_c xp[t, c]·deq(row)[c] for kT tokens at once straight from the packed row (kT = 1: the decode
 // matvec): each decoded vector feeds kT FMAs, with no float tile written and read back. For the
@@ -190,8 +213,7 @@ void TokenRowDots(RowRef row, int groups, const float* HWY_RESTRICT xp, size_t c
   const size_t N = hn::Lanes(df), step = N * ValuesPerLane(kBits);
   const uint8_t* q = row.q;
   hn::Vec<decltype(df)> total[kT];
-  float bias_part[kT];
-  for (int t = 0; t < kT; ++t) total[t] = hn::Zero(df), bias_part[t] = 0;
+  for (int t = 0; t < kT; ++t) total[t] = hn::Zero(df);
   size_t c = 0;
   for (int g = 0; g < groups; ++g) {
     hn::Vec<decltype(df)> acc[kT];
@@ -203,15 +225,12 @@ void TokenRowDots(RowRef row, int groups, const float* HWY_RESTRICT xp, size_t c
       q += StepBytes(kBits, N);
       c += step;
     }
-    const float s = row.scale(g);
-    const auto scale = hn::Set(df, s);
-    const float bias = CentredBias<kBits>(s, row.bias(g));
-    for (int t = 0; t < kT; ++t) {
-      total[t] = hn::MulAdd(scale, acc[t], total[t]);
-      bias_part[t] = std::fma(bias, gsum[size_t(t) * size_t(groups) + size_t(g)], bias_part[t]);
-    }
+    const auto scale = hn::Set(df, row.scale(g));
+    for (int t = 0; t < kT; ++t) total[t] = hn::MulAdd(scale, acc[t], total[t]);
   }
-  for (int t = 0; t < kT; ++t) y[size_t(t) * rows] = hn::GetLane(hn::SumOfLanes(df, total[t])) + bias_part[t];
+  for (int t = 0; t < kT; ++t)
+    y[size_t(t) * rows] =
+        hn::GetLane(hn::SumOfLanes(df, total[t])) + BiasDot<kBits>(row, gsum + size_t(t) * size_t(groups), groups);
 }
 
 // Forwards of at most this many tokens decode each row once per block of four tokens rather than
@@ -236,11 +255,10 @@ void UnpackRow(RowRef row, int cols, float* HWY_RESTRICT tile) {
 // though 4 × 4 × 2 accumulators spill some registers (docs/PERFORMANCE.md#cpu-matmul).
 constexpr size_t kRowBlock = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 
-// The running sums of TileDots between column blocks: a vector total and a scalar bias part for
-// each (token, row) of a token block.
+// The running sums of TileDots between column blocks: a vector total for each (token, row) of a
+// token block, [kT·kR][lanes].
 struct TileSums {
-  float* total;      // [kT·kR][lanes]
-  float* bias_part;  // [kT·kR]
+  float* total;
 };
 
 // Groups [g0, g1) of y[t·rows + r] = TokenRowDots(row r, xp[t]) for kT tokens and kR rows from
@@ -253,12 +271,8 @@ void TileDots(DF df, const float* HWY_RESTRICT tile, const RowRef* row, int cols
   const size_t N = hn::Lanes(df);
   const int groups = cols / kGroup;
   hn::Vec<DF> total[kT][kR];
-  float bias_part[kT][kR];
   for (int t = 0; t < kT; ++t)
-    for (int r = 0; r < kR; ++r) {
-      total[t][r] = g0 == 0 ? hn::Zero(df) : hn::LoadU(df, sums.total + size_t(t * kR + r) * N);
-      bias_part[t][r] = g0 == 0 ? 0.f : sums.bias_part[t * kR + r];
-    }
+    for (int r = 0; r < kR; ++r) total[t][r] = g0 == 0 ? hn::Zero(df) : hn::LoadU(df, sums.total + size_t(t * kR + r) * N);
   for (int g = g0; g < g1; ++g) {
     hn::Vec<DF> acc[kT][kR];
     for (auto& per_token : acc)
@@ -272,22 +286,17 @@ void TileDots(DF df, const float* HWY_RESTRICT tile, const RowRef* row, int cols
       }
     }
     for (int r = 0; r < kR; ++r) {
-      const float s = row[r].scale(g);
-      const auto scale = hn::Set(df, s);
-      const float bias = CentredBias<kBits>(s, row[r].bias(g));
-      for (int t = 0; t < kT; ++t) {
-        total[t][r] = hn::MulAdd(scale, acc[t][r], total[t][r]);
-        bias_part[t][r] = std::fma(bias, gsum[size_t(t) * size_t(groups) + size_t(g)], bias_part[t][r]);
-      }
+      const auto scale = hn::Set(df, row[r].scale(g));
+      for (int t = 0; t < kT; ++t) total[t][r] = hn::MulAdd(scale, acc[t][r], total[t][r]);
     }
   }
   for (int t = 0; t < kT; ++t)
     for (int r = 0; r < kR; ++r) {
       if (g1 == groups) {
-        y[size_t(t) * rows + size_t(r)] = hn::GetLane(hn::SumOfLanes(df, total[t][r])) + bias_part[t][r];
+        y[size_t(t) * rows + size_t(r)] = hn::GetLane(hn::SumOfLanes(df, total[t][r])) +
+                                          BiasDot<kBits>(row[r], gsum + size_t(t) * size_t(groups), groups);
       } else {
         hn::StoreU(total[t][r], df, sums.total + size_t(t * kR + r) * N);
-        sums.bias_part[t * kR + r] = bias_part[t][r];
       }
     }
 }
@@ -302,16 +311,15 @@ template <int kBits, int kR, int kGroup, class DF>
 void TokenBlocks(DF df, const float* tile, const RowRef* row, int cols, const float* xp, const float* gsum, int T,
                  float* y, size_t rows) {
   const int groups = cols / kGroup, block = std::max(1, kTileCols / kGroup);
-  thread_local std::vector<float> totals, bias_parts;
+  thread_local std::vector<float> totals;
   totals.resize(size_t(T) * kR * hn::Lanes(df));
-  bias_parts.resize(size_t(T) * kR);
   for (int g0 = 0; g0 < groups; g0 += block) {
     const int g1 = std::min(groups, g0 + block);
     for (int t = 0; t < T; t += 4) {
       const float* xt = xp + size_t(t) * size_t(cols);
       const float* st = gsum + size_t(t) * size_t(groups);
       float* yt = y + size_t(t) * rows;
-      const TileSums sums{totals.data() + size_t(t) * kR * hn::Lanes(df), bias_parts.data() + size_t(t) * kR};
+      const TileSums sums{totals.data() + size_t(t) * kR * hn::Lanes(df)};
       switch (std::min(4, T - t)) {
         case 4: TileDots<kBits, 4, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows, g0, g1, sums); break;
         case 3: TileDots<kBits, 3, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows, g0, g1, sums); break;
