@@ -194,11 +194,14 @@ HWY_INLINE float BiasDot(const RowRef& row, const float* HWY_RESTRICT gsum, int 
     if (row.scale_type == ScaleType::F32) return hn::LoadU(df, reinterpret_cast<const float*>(p) + g);
     return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, p + g))));
   };
-  auto acc = hn::Zero(df);
   size_t g = 0;
-  for (; g + N <= size_t(groups); g += N)
-    acc = hn::MulAdd(hn::MulAdd(load(row.scales, g), mid, load(row.biases, g)), hn::LoadU(df, gsum + g), acc);
-  float sum = hn::GetLane(hn::SumOfLanes(df, acc));
+  float sum = 0;
+  if (size_t(groups) >= N) {  // rows of few groups (a small model's) skip the reduction
+    auto acc = hn::Zero(df);
+    for (; g + N <= size_t(groups); g += N)
+      acc = hn::MulAdd(hn::MulAdd(load(row.scales, g), mid, load(row.biases, g)), hn::LoadU(df, gsum + g), acc);
+    sum = hn::GetLane(hn::SumOfLanes(df, acc));
+  }
   for (; g < size_t(groups); ++g) sum = std::fma(CentredBias<kBits>(row.scale(int(g)), row.bias(int(g))), gsum[g], sum);
   return sum;
 }
