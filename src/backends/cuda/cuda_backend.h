@@ -112,6 +112,12 @@ struct CudaBackend {
                             .nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = conv_k, .eps = eps, .q_scale = q_scale});
   }
   void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate_w, int T, int H) const {
+    if (gate_w.type == WeightType::Affine) {  // a quantized gate row (an MLX import's): logits by the matmul
+      Buf logit = alloc(size_t(T));
+      cuda::matmul(x, T, gate_w, logit.data());
+      cuda::shared_logit_add(out, s, logit.data(), T, H);
+      return;
+    }
     cuda::shared_gate_add(out, s, x, gate_w, T, H);
   }
 

@@ -31,6 +31,13 @@ __global__ void shared_gate_add_kernel(float* out, const float* s, const float* 
       H, [&](int h) { return make_float2(o[h], sr[h]); }, [&](int h, float2 v) { o[h] = v.x + gate * v.y; });
 }
 
+__global__ void shared_logit_add_kernel(float* out, const float* s, const float* logit, int H) {
+  const float gate = sigmoid(logit[blockIdx.x]);
+  float* o = out + size_t(blockIdx.x) * H;
+  const float* sr = s + size_t(blockIdx.x) * H;
+  for (int h = threadIdx.x; h < H; h += kThreads) o[h] += gate * sr[h];
+}
+
 __global__ void gather_rows_kernel(const float* src, const int* rows, int H, float* dst) {
   const float* s = src + size_t(rows[blockIdx.x]) * H;
   for (int h = threadIdx.x; h < H; h += kThreads) dst[size_t(blockIdx.x) * H + h] = s[h];
@@ -113,6 +120,12 @@ void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate
              "] row (engine directories never quantize gates)");
   if (T <= 0) return;
   launch_after(shared_gate_add_kernel, unsigned(T), kThreads, 0, out, s, x, static_cast<const uint16_t*>(gate.data), H);
+  CUDA_CHECK_LAUNCH();
+}
+
+void shared_logit_add(float* out, const float* s, const float* logit, int T, int H) {
+  if (T <= 0) return;
+  shared_logit_add_kernel<<<unsigned(T), kThreads, 0, compute_stream()>>>(out, s, logit, H);
   CUDA_CHECK_LAUNCH();
 }
 

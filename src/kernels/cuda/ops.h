@@ -163,6 +163,9 @@ void rmsnorm_gated(const float* x, const float* z, const float* w, int rows, int
 // out[t] += sigmoid(gate · x[t]) * s[t], rows of H: the shared expert's gate (a bf16 [1, H] row)
 // and gated add in one launch.
 void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate, int T, int H);
+// out[t] += sigmoid(logit[t]) * s[t], rows of H: shared_gate_add for a gate whose logits [T] were
+// computed already (a quantized gate row, by cuda::matmul).
+void shared_logit_add(float* out, const float* s, const float* logit, int T, int H);
 // dst[j] = src[rows[j]], rows of H; rows is a device array of n.
 void gather_rows(const float* src, const int* rows, int n, int H, float* dst);
 // dst[rows[j]] = wt[j] * y[j], rows of H; rows, wt device arrays of n.

@@ -3,6 +3,7 @@
 // order, and CUDA's expf/sincosf are within 2 ulp where glibc's are within 1.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -192,6 +193,31 @@ TEST(CudaOps, SiluMul) {
     const double err = rel_diff(host(dout), want, 1e-30);
     record("silu_mul", "n=" + std::to_string(n), err, kTol);
     EXPECT_LE(err, kTol) << n;
+  }
+}
+
+// out[t] += sigmoid(logit[t]) · s[t] (a quantized shared-expert gate's add) against a naive
+// double-precision reference.
+TEST(CudaOps, SharedLogitAdd) {
+  MS_REQUIRE_CUDA();
+  constexpr double kTol = 1e-6;  // of |out| + |s| per element: an expf within 2 ulp, a division, an FMA
+  Rng rng(8);
+  for (auto [T, H] : {std::pair{1, 128}, {5, 2048}}) {
+    const Vec out0 = rng.normals(size_t(T) * H), s = rng.normals(size_t(T) * H), logit = rng.normals(size_t(T), 3.0f);
+    Vec want(out0.size());
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        const size_t i = size_t(t) * H + h;
+        want[i] = float(double(out0[i]) + double(s[i]) / (1.0 + std::exp(-double(logit[size_t(t)]))));
+      }
+    DeviceArray<float> dout = dev(out0), ds = dev(s), dl = dev(logit);
+    shared_logit_add(dout.data(), ds.data(), dl.data(), T, H);
+    const Vec got = host(dout);
+    double err = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      err = std::max(err, std::abs(double(got[i]) - want[i]) / (std::abs(out0[i]) + std::abs(s[i])));
+    record("shared_logit_add", std::to_string(T) + "x" + std::to_string(H), err, kTol);
+    EXPECT_LE(err, kTol) << T << "x" << H;
   }
 }
 
