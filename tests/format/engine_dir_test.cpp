@@ -71,7 +71,8 @@ TEST(EngineDir, RecordLayoutIsAlignedAndTight) {
 }
 
 TEST(EngineDir, PlanRejectsBadBitsAndGroups) {
-  EXPECT_NE(error_of([] { plan_expert_layer("L", "f", 2, specs(5, 4, 4, 64)); }).find("gate"), std::string::npos);
+  EXPECT_NE(error_of([] { plan_expert_layer("L", "f", 2, specs(7, 4, 4, 64)); }).find("gate"), std::string::npos);
+  EXPECT_NE(error_of([] { plan_expert_layer("L", "f", 2, specs(3, 4, 4, 16)); }).find("group 16"), std::string::npos);
   // down_proj has 64 input columns: not a multiple of 128.
   const std::string e = error_of([] { plan_expert_layer("L", "f", 2, specs(4, 4, 4, 128)); });
   EXPECT_NE(e.find("down"), std::string::npos) << e;
@@ -150,7 +151,9 @@ TEST(EngineDir, IndexEditsAreRejected) {
   check([](json& j) { j["architecture"] = "Qwen3NextForCausalLM"; }, "architecture");
   check([](json& j) { j["expert_layers"][0]["stride"] = 4096; }, "stride");
   check([](json& j) { j["expert_layers"][0]["projections"]["down"]["q_offset"] = 0; }, "q_offset");
-  check([](json& j) { j["expert_layers"][0]["projections"]["up"]["bits"] = 5; }, "bits 5");
+  check([](json& j) { j["expert_layers"][0]["projections"]["up"]["bits"] = 7; }, "bits 7");
+  check([](json& j) { j["expert_layers"][0]["projections"]["up"]["scales"] = "bf16"; }, "scales");
+  check([](json& j) { j["expert_layers"][0]["projections"]["up"]["scales"] = "f64"; }, "scales");
   check([](json& j) { j["expert_layers"][0]["checksums"].erase(0); }, "checksums");
   check([](json& j) { j["expert_layers"][0]["checksums"][1] = "xyz"; }, "checksums[1]");
   check([](json& j) { j["expert_layers"][0].erase("n_experts"); }, "n_experts");

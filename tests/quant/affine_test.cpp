@@ -104,7 +104,8 @@ TEST(Quantize, ConstantAndZeroGroupsAreExactOrNearlySo) {
 
 TEST(Quantize, RejectsBadParameters) {
   std::vector<float> w(256, 1.0f);
-  EXPECT_THROW(quantize(w.data(), 1, 256, 5, 64), Error);
+  EXPECT_THROW(quantize(w.data(), 1, 256, 7, 64), Error);
+  EXPECT_THROW(quantize(w.data(), 1, 256, 3, 16), Error);
   EXPECT_THROW(quantize(w.data(), 1, 256, 4, 48), Error);
   EXPECT_THROW(quantize(w.data(), 1, 96, 4, 64), Error);
   w[3] = NAN;
