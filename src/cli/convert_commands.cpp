@@ -1,4 +1,4 @@
-// convert: a Hugging Face checkpoint -> an engine model directory (docs/FORMAT.md).
+// convert: a Hugging Face or MLX checkpoint, or a GGUF file -> an engine model directory (docs/FORMAT.md).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -24,15 +24,17 @@ void add_engine_output_options(CLI::App* cmd, std::string& out, int& expert_bits
 namespace {
 
 void add_convert(CLI::App& app) {
-  auto* cmd = app.add_subcommand("convert", "Convert a Hugging Face or MLX checkpoint into an engine model directory");
+  auto* cmd = app.add_subcommand("convert", "Convert a Hugging Face or MLX checkpoint, or a GGUF file, into an engine model directory");
   struct Args {
     ConvertOptions opt;
     std::string proj_bits, layer_bits;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--from", a->opt.from,
-                  "Checkpoint: a Hugging Face directory (config.json, safetensors) or an mlx-lm quantized directory "
-                  "(imported losslessly: affine 2, 3, 4, 5, 6 or 8 bits, bf16 or f16 scales)")
+                  "Checkpoint: a Hugging Face directory (config.json, safetensors); an mlx-lm quantized directory "
+                  "(affine 2, 3, 4, 5, 6 or 8 bits, bf16 or f16 scales: copied exactly); or a llama.cpp GGUF file of "
+                  "qwen3next or qwen3moe (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K carried "
+                  "without changing a weight; any other type is refused, naming the tensor)")
       ->required()
       ->check(non_empty());
   cmd->add_option("--mtp-from", a->opt.mtp_from,

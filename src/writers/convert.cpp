@@ -217,6 +217,15 @@ void copy_side_files(const fs::path& from, const fs::path& dir) {
   }
 }
 
+ConvertStats commit_conversion(TempDir& tmp, const EngineIndex& index, const ModelConfig& cfg, const ConvertOptions& opt,
+                               ConvertStats stats, std::chrono::steady_clock::time_point start) {
+  write_text_file(tmp.path() / kEngineIndexFile, engine_index_json(index, cfg));
+  stats.bytes_out = directory_bytes(tmp.path());
+  tmp.commit(opt.out, opt.force);
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
 size_t directory_bytes(const fs::path& dir) {
   size_t n = 0;
   for (auto& e : fs::recursive_directory_iterator(dir))
@@ -303,12 +312,7 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
   }
   progress.finish();
   copy_side_files(opt.from, tmp.path());
-  // The index last: a directory holding moestream.json holds everything it names.
-  write_text_file(tmp.path() / kEngineIndexFile, engine_index_json(index, cfg));
-  stats.bytes_out = directory_bytes(tmp.path());
-  tmp.commit(out, opt.force);
-  stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return stats;
+  return commit_conversion(tmp, index, cfg, opt, stats, start);
 }
 
 }  // namespace ms

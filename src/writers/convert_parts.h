@@ -2,6 +2,7 @@
 // The pieces of `convert` that the importers of other checkpoint layouts (MLX, GGUF) share:
 // planning and writing routed experts from Hugging Face tensors, dense tensors, the side files.
 #include <array>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "format/safetensors.h"
 #include "util/progress.h"
 #include "writers/convert.h"
+#include "writers/engine_writer.h"
 
 namespace ms {
 
@@ -49,5 +51,11 @@ void copy_side_files(const std::filesystem::path& from, const std::filesystem::p
 
 // Bytes of the regular files under dir.
 size_t directory_bytes(const std::filesystem::path& dir);
+
+// The end of every conversion: writes the index last (a directory holding moestream.json holds
+// everything it names), renames the temporary directory to opt.out, and fills stats' output
+// bytes and seconds since `start`.
+ConvertStats commit_conversion(TempDir& tmp, const EngineIndex& index, const ModelConfig& cfg, const ConvertOptions& opt,
+                               ConvertStats stats, std::chrono::steady_clock::time_point start);
 
 }  // namespace ms

@@ -514,11 +514,7 @@ ConvertStats convert_gguf(const ConvertOptions& opt) {
     index.layers.push_back(x.layout);
   }
   progress.finish();
-  write_text_file(tmp.path() / kEngineIndexFile, engine_index_json(index, cfg));
-  stats.bytes_out = directory_bytes(tmp.path());
-  tmp.commit(out, opt.force);
-  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return stats;
+  return commit_conversion(tmp, index, cfg, opt, stats, start);
 }
 
 }  // namespace ms

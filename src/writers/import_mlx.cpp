@@ -357,11 +357,7 @@ ConvertStats convert_mlx(const ConvertOptions& opt) {
   }
   progress.finish();
   copy_side_files(opt.from, tmp.path());
-  write_text_file(tmp.path() / kEngineIndexFile, engine_index_json(index, cfg));
-  stats.bytes_out = directory_bytes(tmp.path());
-  tmp.commit(out, opt.force);
-  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return stats;
+  return commit_conversion(tmp, index, cfg, opt, stats, start);
 }
 
 }  // namespace ms

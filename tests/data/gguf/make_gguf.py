@@ -17,7 +17,6 @@ usage:
       damaged and foreign files for the error tests."""
 import json
 import os
-import struct
 import sys
 
 import numpy as np
@@ -25,41 +24,20 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as Q
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import safetensors_np as st  # noqa: E402
+from safetensors_np import as_f32, f32_to_bf16  # noqa: E402
+
 QK = {t: gguf.GGML_QUANT_SIZES[t] for t in Q}
 
 
 def read_safetensors(path):
-    dt = {"BF16": np.uint16, "F32": np.float32, "F16": np.float16}
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, v in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        arr = np.frombuffer(data[a:b], dt[v["dtype"]]).reshape(v["shape"])
-        out[name] = (arr.astype(np.uint32) << 16).view(np.float32) if v["dtype"] == "BF16" else arr.astype(np.float32)
-    return out
+    """{name: float32 array}"""
+    return {name: as_f32(dtype, arr) for name, (dtype, arr) in st.read(path).items()}
 
 
 def write_f32_safetensors(path, tensors):
-    header, offset, blobs = {}, 0, []
-    for name in sorted(tensors):
-        raw = np.ascontiguousarray(tensors[name], dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-        blobs.append(raw)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-
-
-def bf16_bits(x):
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    st.write(path, {name: ("F32", np.ascontiguousarray(v, dtype=np.float32)) for name, v in tensors.items()})
 
 
 def random_k_blocks(qtype, n_blocks, rng):
@@ -151,7 +129,7 @@ def model(hf_dir, out, qtype_name, ref_dir=None):
         if want not in (Q.F32, Q.F16, Q.BF16) and arr.shape[-1] % QK[want][0] != 0:
             want = Q.Q8_0 if arr.shape[-1] % 32 == 0 else Q.F32
         if want == Q.BF16:
-            raw = bf16_bits(arr)
+            raw = f32_to_bf16(arr)
             w.add_tensor(name, raw, raw_shape=list(arr.shape), raw_dtype=Q.BF16)
             held = (raw.astype(np.uint32) << 16).view(np.float32)
         elif want in (Q.F32, Q.F16):

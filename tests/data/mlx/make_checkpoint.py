@@ -16,55 +16,14 @@ CASE: "default" (4-bit g64, routers 8-bit g64: mlx-lm's predicate), "mixed" (per
 scales and biases)."""
 import json
 import os
-import struct
 import sys
 
 import numpy as np
 
-DTYPES = {"BF16": np.uint16, "F32": np.float32, "U32": np.uint32, "F16": np.float16}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, v in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = v["data_offsets"]
-        out[name] = (v["dtype"], np.frombuffer(data[a:b], DTYPES[v["dtype"]]).reshape(v["shape"]))
-    return out
-
-
-def write_safetensors(path, tensors):
-    header, offset, blobs = {}, 0, []
-    for name in sorted(tensors):
-        dtype, arr = tensors[name]
-        raw = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-        blobs.append(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for raw in blobs:
-            f.write(raw)
-
-
-def bf16_to_f32(u16):
-    return (u16.astype(np.uint32) << 16).view(np.float32)
-
-
-def f32_to_bf16(f):
-    """Round to nearest even, as mlx casts."""
-    u = np.ascontiguousarray(f, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return u.astype(np.uint16)
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from safetensors_np import as_f32, bf16_to_f32, f32_to_bf16  # noqa: E402
+from safetensors_np import read as read_safetensors  # noqa: E402
+from safetensors_np import write as write_safetensors  # noqa: E402
 
 def pack_rows(q, bits):
     """[rows, cols] codes -> [rows, cols*bits/32] uint32, one little-endian bit stream a row."""
@@ -103,10 +62,6 @@ def dequantize(q, scale, bias, group):
     s = np.repeat(from_scale(scale), group, axis=1)
     b = np.repeat(from_scale(bias), group, axis=1)
     return (s * q.astype(np.float32) + b).astype(np.float32)
-
-
-def as_f32(dtype, arr):
-    return bf16_to_f32(arr) if dtype == "BF16" else arr.astype(np.float32)
 
 
 NEXT_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight",
