@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -182,6 +183,9 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
       fail("{}: tensor '{}' has ggml {}, which the importer does not read (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
            "Q8_0, Q4_K, Q5_K, Q6_K)",
            path, t.name, ggml_type_name(t.type));
+    double elements = 1;
+    for (int64_t n : t.ne) elements *= double(n);
+    if (elements > double(f->size_) * 8) fail("{}: truncated: tensor '{}' claims {:.0f} values", path, t.name, elements);
     if (t.ne[0] % values != 0)
       fail("{}: tensor '{}' rows of {} values are not whole {}-value blocks of {}", path, t.name, t.ne[0], values,
            ggml_type_name(t.type));
@@ -189,8 +193,8 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
     if (total > double(f->size_)) fail("{}: truncated: tensor '{}' needs {:.0f} bytes", path, t.name, total);
     t.nbytes = size_t(t.ne[0] / values) * size_t(bytes) * size_t(t.rows());
     if (offsets[i] % alignment != 0) fail("{}: tensor '{}' offset {} is not aligned to {}", path, t.name, offsets[i], alignment);
-    const uint64_t begin = data_start + offsets[i];
-    if (begin > f->size_ || t.nbytes > f->size_ - begin)
+    const uint64_t begin = data_start + std::min<uint64_t>(offsets[i], f->size_);  // no wrap past 2^64
+    if (offsets[i] > f->size_ || begin > f->size_ || t.nbytes > f->size_ - begin)
       fail("{}: truncated: tensor '{}' ends at byte {} of a {}-byte file", path, t.name, begin + t.nbytes, f->size_);
     t.data = base + begin;
   }
