@@ -10,7 +10,9 @@
 #include <fstream>
 
 #include "backends/load.h"
+#include "format/engine_dir.h"
 #include "format/gguf.h"
+#include "format/safetensors.h"
 #include "model/model.h"
 #include "quant/gguf_blocks.h"
 #include "test_support.h"
@@ -117,6 +119,23 @@ TEST_P(GgufQuantized, WeightsAreGgufPysDequantize) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, GgufQuantized, ::testing::Values("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"));
+
+// K-quants in a model (pycoder-moe's shape: rows of 256), as random blocks gguf-py dequantizes,
+// with Qwen3-Next's attn_qkv and attn_gate of two K types meeting in one wider matrix and the
+// 64-wide expert down projections falling back to Q8_0: every weight is gguf-py's.
+TEST(GgufImport, KQuantModelsCarryEveryWeight) {
+  const std::string hf = test::shared_path("models/pycoder-moe");
+  for (const char* type : {"Q4_K", "Q5_K", "Q6_K"}) {
+    const std::string dir = test::scratch_dir(std::string("gguf-k-") + type);
+    if (hf.empty() || !test::make_gguf("model " + hf + " " + dir + "/m.gguf " + type + " " + dir + "/ref")) GTEST_SKIP();
+    const std::string out = import(dir + "/m.gguf", std::string("gguf-k-out-") + type);
+    EXPECT_GT(test::expect_weights_equal(out, dir + "/ref", true), 3000) << type;
+    const TensorStore dense = TensorStore::open(out + "/" + kEngineDenseFile);
+    const TensorView& qkvz = dense.get("model.layers.0.linear_attn.in_proj_qkvz.weight.scales");
+    EXPECT_EQ(qkvz.dtype, DType::F32) << type;
+    EXPECT_EQ(qkvz.dim(1), 256 / 16) << type << ": Q6_K's groups of 16";
+  }
+}
 
 TEST(GgufImport, BadFilesNamed) {
   const std::string dir = test::scratch_dir("gguf-bad");

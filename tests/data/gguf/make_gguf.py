@@ -11,6 +11,8 @@ usage:
       conv1d squeezed, in_proj_qkvz split into attn_qkv and attn_gate, experts stacked, no MTP),
       2-D matrices as TYPE (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) where their rows are
       whole blocks, else Q8_0; with the tokenizer of HF_DIR/tokenizer.json when it has one.
+      TYPE Q4_K, Q5_K or Q6_K (which gguf-py cannot quantize) writes random blocks of that type,
+      and attn_gate as another K type: weights to check an import by, not a model to run.
       REF_DIR: the Hugging Face checkpoint of what the file holds (each matrix as gguf-py's
       dequantize of its blocks, float32), the reference an import is tested against.
   make_gguf.py bad OUT_DIR
@@ -122,13 +124,22 @@ def model(hf_dir, out, qtype_name, ref_dir=None):
         w.add_eos_token_id(cfg["eos_token_id"] if isinstance(cfg["eos_token_id"], int) else cfg["eos_token_id"][0])
     add_tokenizer(w, hf_dir)
 
+    rng = np.random.default_rng(11)
+    k_types = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+
     def put(name, arr, matrix=True, hf=None):
         """hf: the checkpoint tensor names the GGUF tensor holds (experts: one per expert)."""
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         want = qtype if matrix and arr.ndim >= 2 else Q.F32
+        if want in k_types and name.endswith("attn_gate.weight"):  # meets attn_qkv in a wider layout
+            want = Q.Q6_K if want != Q.Q6_K else Q.Q4_K
         if want not in (Q.F32, Q.F16, Q.BF16) and arr.shape[-1] % QK[want][0] != 0:
             want = Q.Q8_0 if arr.shape[-1] % 32 == 0 else Q.F32
-        if want == Q.BF16:
+        if want in k_types:  # gguf-py cannot quantize these: random blocks, the weights what they say
+            raw = random_k_blocks(want, arr.size // 256, rng).reshape(*arr.shape[:-1], -1)
+            w.add_tensor(name, raw, raw_dtype=want)
+            held = gguf.quants.dequantize(raw, want)
+        elif want == Q.BF16:
             raw = f32_to_bf16(arr)
             w.add_tensor(name, raw, raw_shape=list(arr.shape), raw_dtype=Q.BF16)
             held = (raw.astype(np.uint32) << 16).view(np.float32)
