@@ -85,37 +85,6 @@ json read_value(Cursor& c, uint32_t type, const std::string& key, const std::str
 
 }  // namespace
 
-bool ggml_type_info(uint32_t type, int* block_values, int* block_bytes) {
-  struct Info {
-    GgmlType t;
-    int values, bytes;
-  };
-  static constexpr Info kInfo[] = {{GgmlType::F32, 1, 4},     {GgmlType::F16, 1, 2},       {GgmlType::BF16, 1, 2},
-                                   {GgmlType::Q4_0, 32, 18},  {GgmlType::Q4_1, 32, 20},    {GgmlType::Q5_0, 32, 22},
-                                   {GgmlType::Q5_1, 32, 24},  {GgmlType::Q8_0, 32, 34},    {GgmlType::Q4_K, 256, 144},
-                                   {GgmlType::Q5_K, 256, 176}, {GgmlType::Q6_K, 256, 210}};
-  for (const Info& i : kInfo)
-    if (uint32_t(i.t) == type) return *block_values = i.values, *block_bytes = i.bytes, true;
-  return false;
-}
-
-std::string ggml_type_name(uint32_t type) {
-  switch (GgmlType(type)) {
-    case GgmlType::F32: return "F32";
-    case GgmlType::F16: return "F16";
-    case GgmlType::BF16: return "BF16";
-    case GgmlType::Q4_0: return "Q4_0";
-    case GgmlType::Q4_1: return "Q4_1";
-    case GgmlType::Q5_0: return "Q5_0";
-    case GgmlType::Q5_1: return "Q5_1";
-    case GgmlType::Q8_0: return "Q8_0";
-    case GgmlType::Q4_K: return "Q4_K";
-    case GgmlType::Q5_K: return "Q5_K";
-    case GgmlType::Q6_K: return "Q6_K";
-  }
-  return "type " + std::to_string(type);
-}
-
 int64_t GgufTensor::rows() const {
   int64_t r = 1;
   for (size_t i = 1; i < ne.size(); ++i) r *= ne[i];

@@ -11,16 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "quant/gguf_blocks.h"  // GgmlType, ggml_type_info
+
 namespace ms {
-
-// The ggml tensor types the importer knows (ggml.h's numbering); others are refused by name.
-enum class GgmlType : uint32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
-};
-
-// Values a block holds and its bytes; false for a type outside GgmlType.
-bool ggml_type_info(uint32_t type, int* block_values, int* block_bytes);
-std::string ggml_type_name(uint32_t type);  // "Q4_K", or "type 23" when unknown
 
 struct GgufTensor {
   std::string name;

@@ -9,8 +9,9 @@ namespace ms {
 
 namespace {
 
-// ggml type numbers (format/gguf.h's GgmlType; quant may not depend on format).
-enum : uint32_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+constexpr uint32_t kQ4_0 = uint32_t(GgmlType::Q4_0), kQ4_1 = uint32_t(GgmlType::Q4_1), kQ5_0 = uint32_t(GgmlType::Q5_0),
+                   kQ5_1 = uint32_t(GgmlType::Q5_1), kQ8_0 = uint32_t(GgmlType::Q8_0), kQ4_K = uint32_t(GgmlType::Q4_K),
+                   kQ5_K = uint32_t(GgmlType::Q5_K), kQ6_K = uint32_t(GgmlType::Q6_K);
 
 float f16_at(const uint8_t* p) {
   uint16_t h;
@@ -117,6 +118,37 @@ bool put_scale(float v, ScaleType t, uint16_t* out, size_t i) {
 
 }  // namespace
 
+bool ggml_type_info(uint32_t type, int* block_values, int* block_bytes) {
+  struct Info {
+    GgmlType t;
+    int values, bytes;
+  };
+  static constexpr Info kInfo[] = {{GgmlType::F32, 1, 4},     {GgmlType::F16, 1, 2},       {GgmlType::BF16, 1, 2},
+                                   {GgmlType::Q4_0, 32, 18},  {GgmlType::Q4_1, 32, 20},    {GgmlType::Q5_0, 32, 22},
+                                   {GgmlType::Q5_1, 32, 24},  {GgmlType::Q8_0, 32, 34},    {GgmlType::Q4_K, 256, 144},
+                                   {GgmlType::Q5_K, 256, 176}, {GgmlType::Q6_K, 256, 210}};
+  for (const Info& i : kInfo)
+    if (uint32_t(i.t) == type) return *block_values = i.values, *block_bytes = i.bytes, true;
+  return false;
+}
+
+std::string ggml_type_name(uint32_t type) {
+  switch (GgmlType(type)) {
+    case GgmlType::F32: return "F32";
+    case GgmlType::F16: return "F16";
+    case GgmlType::BF16: return "BF16";
+    case GgmlType::Q4_0: return "Q4_0";
+    case GgmlType::Q4_1: return "Q4_1";
+    case GgmlType::Q5_0: return "Q5_0";
+    case GgmlType::Q5_1: return "Q5_1";
+    case GgmlType::Q8_0: return "Q8_0";
+    case GgmlType::Q4_K: return "Q4_K";
+    case GgmlType::Q5_K: return "Q5_K";
+    case GgmlType::Q6_K: return "Q6_K";
+  }
+  return "type " + std::to_string(type);
+}
+
 bool gguf_affine_layout(uint32_t type, GgufAffine* out) {
   switch (type) {
     case kQ8_0: *out = {8, 32, ScaleType::F16}; return true;
@@ -140,11 +172,11 @@ bool gguf_row_to_affine(uint32_t type, const uint8_t* blocks, int cols, const Gg
                         uint16_t* scales, uint16_t* biases) {
   GgufAffine own;
   if (!gguf_affine_layout(type, &own) || !affine_layout_holds(to, own)) return false;
-  const int block_values = type == kQ4_K || type == kQ5_K || type == kQ6_K ? 256 : 32;
-  const int block_bytes = type == kQ8_0 ? 34 : type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ5_0 ? 22
-                        : type == kQ5_1 ? 24 : type == kQ4_K ? 144 : type == kQ5_K ? 176 : 210;
+  int block_values = 0, block_bytes = 0;
+  ggml_type_info(type, &block_values, &block_bytes);
   const int groups = block_values / to.group, split = own.group / to.group;  // a group of `own` is `split` of `to`
-  std::vector<uint8_t> q(static_cast<size_t>(cols));
+  thread_local std::vector<uint8_t> q;  // a row's codes before packing; called once a row, so kept
+  q.resize(size_t(cols));
   Block b;
   bool exact = true;
   for (int k = 0; k < cols / block_values; ++k) {

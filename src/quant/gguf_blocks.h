@@ -13,10 +13,20 @@
 // float arithmetic does, so the values are the same (a zero's sign aside).
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "quant/affine.h"
 
 namespace ms {
+
+// The ggml tensor types the importer knows (ggml.h's numbering); others are refused by name.
+enum class GgmlType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
+};
+
+// Values a block holds and its bytes; false for a type outside GgmlType.
+bool ggml_type_info(uint32_t type, int* block_values, int* block_bytes);
+std::string ggml_type_name(uint32_t type);  // "Q4_K", or "type 23" when unknown
 
 struct GgufAffine {
   int bits = 0, group = 0;
