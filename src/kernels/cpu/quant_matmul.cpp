@@ -258,24 +258,18 @@ void UnpackRow(RowRef row, int cols, float* HWY_RESTRICT tile) {
 // though 4 × 4 × 2 accumulators spill some registers (docs/PERFORMANCE.md#cpu-matmul).
 constexpr size_t kRowBlock = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 
-// The running sums of TileDots between column blocks: a vector total for each (token, row) of a
-// token block, [kT·kR][lanes].
-struct TileSums {
-  float* total;
-};
-
 // Groups [g0, g1) of y[t·rows + r] = TokenRowDots(row r, xp[t]) for kT tokens and kR rows from
-// unpacked tiles: each load feeds kT or kR FMAs. The sums start at zero where g0 = 0, else come from `sums`;
-// they go back to `sums`, or, at the last group, to y. Groups in order either way: the same bits
-// as one pass.
+// unpacked tiles: each load feeds kT or kR FMAs. The vector totals ([kT·kR][lanes]) start at zero
+// where g0 = 0, else come from `sums`; they go back to `sums`, or, at the last group, to y. Groups
+// in order either way: the same bits as one pass.
 template <int kBits, int kT, int kR, int kGroup, class DF>
 void TileDots(DF df, const float* HWY_RESTRICT tile, const RowRef* row, int cols, const float* HWY_RESTRICT xp,
-              const float* HWY_RESTRICT gsum, float* y, size_t rows, int g0, int g1, TileSums sums) {
+              const float* HWY_RESTRICT gsum, float* y, size_t rows, int g0, int g1, float* sums) {
   const size_t N = hn::Lanes(df);
   const int groups = cols / kGroup;
   hn::Vec<DF> total[kT][kR];
   for (int t = 0; t < kT; ++t)
-    for (int r = 0; r < kR; ++r) total[t][r] = g0 == 0 ? hn::Zero(df) : hn::LoadU(df, sums.total + size_t(t * kR + r) * N);
+    for (int r = 0; r < kR; ++r) total[t][r] = g0 == 0 ? hn::Zero(df) : hn::LoadU(df, sums + size_t(t * kR + r) * N);
   for (int g = g0; g < g1; ++g) {
     hn::Vec<DF> acc[kT][kR];
     for (auto& per_token : acc)
@@ -299,7 +293,7 @@ void TileDots(DF df, const float* HWY_RESTRICT tile, const RowRef* row, int cols
         y[size_t(t) * rows + size_t(r)] = hn::GetLane(hn::SumOfLanes(df, total[t][r])) +
                                           BiasDot<kBits>(row[r], gsum + size_t(t) * size_t(groups), groups);
       } else {
-        hn::StoreU(total[t][r], df, sums.total + size_t(t * kR + r) * N);
+        hn::StoreU(total[t][r], df, sums + size_t(t * kR + r) * N);
       }
     }
 }
@@ -322,7 +316,7 @@ void TokenBlocks(DF df, const float* tile, const RowRef* row, int cols, const fl
       const float* xt = xp + size_t(t) * size_t(cols);
       const float* st = gsum + size_t(t) * size_t(groups);
       float* yt = y + size_t(t) * rows;
-      const TileSums sums{totals.data() + size_t(t) * kR * hn::Lanes(df)};
+      float* sums = totals.data() + size_t(t) * kR * hn::Lanes(df);
       switch (std::min(4, T - t)) {
         case 4: TileDots<kBits, 4, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows, g0, g1, sums); break;
         case 3: TileDots<kBits, 3, kR, kGroup>(df, tile, row, cols, xt, st, yt, rows, g0, g1, sums); break;
