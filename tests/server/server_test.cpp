@@ -655,14 +655,19 @@ namespace {
 using test::ServerProcess;
 using json = nlohmann::json;
 
+// One short completion, so that the stats have a request behind them.
+void complete(httplib::Client& c, int max_tokens = 4) {
+  auto r = c.Post("/v1/completions", json{{"prompt", "def f("}, {"max_tokens", max_tokens}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+}
+
 // A streamed model (the embedded engine directory with a small pool): /api/stats and
 // /metrics report the expert pool from the same stats object `--stats` prints.
 TEST(ServerPool, StatsReportTheStreamingPool) {
   ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", {"--expert-slots", "12"});
   auto c = server.client();
-  auto r = c.Post("/v1/completions", R"({"prompt": "def f(", "max_tokens": 4})", "application/json");
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body;
+  ASSERT_NO_FATAL_FAILURE(complete(c));
   json stats = json::parse(c.Get("/api/stats")->body);
   const json& pool = stats["expert_pool"];
   ASSERT_EQ(pool["layers"].size(), 9u) << pool.dump();  // 8 layers + the MTP head
@@ -687,9 +692,7 @@ TEST(ServerPool, StatsReportTheStreamingPool) {
 TEST(ServerPool, StatsReportTheKvCache) {
   ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", {"--kv-bits", "4,3"});
   auto c = server.client();
-  auto r = c.Post("/v1/completions", R"({"prompt": "def f(", "max_tokens": 4})", "application/json");
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body;
+  ASSERT_NO_FATAL_FAILURE(complete(c));
   const json kv = json::parse(c.Get("/api/stats")->body)["kv_cache"];
   EXPECT_EQ(kv["format"], "K4/V3 g64 hadamard");
   // pycoder: two attention layers and the MTP head's, 2 KV heads of 64: (32 + 4) + (24 + 4) bytes a head
@@ -733,9 +736,7 @@ TEST(ServerPool, StatsReportThePrefetcher) {
   ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4",
                        {"--expert-slots", "12", "--prefetch-width", "8", "--prefetch-staging", "20"});
   auto c = server.client();
-  auto r = c.Post("/v1/completions", R"({"prompt": "def f(", "max_tokens": 16})", "application/json");
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body;
+  ASSERT_NO_FATAL_FAILURE(complete(c, 16));
   const json p = json::parse(c.Get("/api/stats")->body)["prefetch"];
   ASSERT_TRUE(p["on"].get<bool>()) << p.dump();
   EXPECT_EQ(p["width"], 8);
@@ -756,7 +757,7 @@ TEST(ServerPool, StatsReportThePrefetcher) {
 TEST(ServerPool, StatsSayWhenPrefetchIsOff) {
   ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", {"--expert-slots", "12", "--prefetch", "off"});
   auto c = server.client();
-  ASSERT_EQ(c.Post("/v1/completions", R"({"prompt": "def f(", "max_tokens": 4})", "application/json")->status, 200);
+  ASSERT_NO_FATAL_FAILURE(complete(c));
   EXPECT_FALSE(json::parse(c.Get("/api/stats")->body)["prefetch"]["on"].get<bool>());
   EXPECT_EQ(c.Get("/metrics")->body.find("moestream_prefetch_"), std::string::npos);
 }
