@@ -196,6 +196,17 @@ void run_generator(const std::string& cmd) {
   if (std::system(cmd.c_str()) != 0) throw std::runtime_error("test data generator failed: " + cmd);
 }
 
+// The python3 that runs the generators, and where their scripts are: the build's, unless
+// MOESTREAM_PYTHON / MOESTREAM_SOURCE_DIR say otherwise (test binaries run on another machine).
+std::string env_or(const char* name, const char* fallback) {
+  const char* env = std::getenv(name);
+  return env && *env ? env : fallback;
+}
+std::string generator(const std::string& script) {
+  return env_or("MOESTREAM_PYTHON", MOESTREAM_PYTHON) + " " + env_or("MOESTREAM_SOURCE_DIR", MOESTREAM_SOURCE_DIR) +
+         "/tests/data/" + script;
+}
+
 // gguf-py from the llama.cpp source archive, extracted once; "" without one.
 std::string gguf_py() {
   static const std::string dir = [] {
@@ -219,16 +230,14 @@ MlxPair make_mlx(const std::string& fixture, const std::string& kind) {
   if (src.empty()) return {};
   const std::string dir = scratch_dir("mlx-" + fixture + "-" + kind);
   MlxPair p{dir + "/mlx", dir + "/ref"};
-  run_generator(std::string(MOESTREAM_PYTHON) + " " + MOESTREAM_SOURCE_DIR + "/tests/data/mlx/make_checkpoint.py " + src +
-                " " + p.mlx + " " + p.ref + " " + kind);
+  run_generator(generator("mlx/make_checkpoint.py") + " " + src + " " + p.mlx + " " + p.ref + " " + kind);
   return p;
 }
 
 bool make_gguf(const std::string& args) {
   const std::string py = gguf_py();
   if (py.empty()) return false;
-  run_generator("PYTHONPATH=" + py + " " + MOESTREAM_PYTHON + " " + MOESTREAM_SOURCE_DIR + "/tests/data/gguf/make_gguf.py " +
-                args);
+  run_generator("PYTHONPATH=" + py + " " + generator("gguf/make_gguf.py") + " " + args);
   return true;
 }
 
