@@ -79,16 +79,19 @@ double graph_ms(int rounds, F&& fn) {
 struct Config {
   const char* name;
   int rows, cols, bits;  // bits 16: bf16
+  ScaleType scales = ScaleType::BF16;  // f16 and f32: an imported GGUF's layouts
 };
 
 std::string type_name(const Config& c, int group) {
   if (c.bits == 16) return "bf16";
   std::string name = "q";  // appended piecewise: "q" + std::to_string(...) trips g++ 12's -Wrestrict
-  return name.append(std::to_string(c.bits)).append(" g").append(std::to_string(group));
+  name.append(std::to_string(c.bits)).append(" g").append(std::to_string(group));
+  if (c.scales != ScaleType::BF16) name.append(" ").append(scale_type_name(c.scales));
+  return name;
 }
 
-// Copies of one shape's weights (codes 0x5a, bf16 scales and biases 0x3c3c ≈ 0.0115), as many as
-// fill kWorkingSet, to cycle over.
+// Copies of one shape's weights (codes 0x5a, scales and biases of bytes 0x3c: 0.0115 as bf16 or
+// f32, 1.06 as f16), as many as fill kWorkingSet, to cycle over.
 struct Copies {
   cuda::DeviceArray<uint8_t> q, sb;  // sb: bf16 scales and biases, as bytes
   std::vector<Mat> mats;
@@ -97,7 +100,7 @@ struct Copies {
 
 Copies make_copies(const Config& c, int group) {
   const size_t q_bytes = size_t(c.rows) * c.cols * c.bits / 8;
-  const size_t sb_bytes = c.bits == 16 ? 0 : size_t(c.rows) * (c.cols / group) * 2;
+  const size_t sb_bytes = c.bits == 16 ? 0 : size_t(c.rows) * (c.cols / group) * scale_size(c.scales);
   Copies w;
   w.per_copy = q_bytes + 2 * sb_bytes;
   const int copies = int(std::max<size_t>(1, kWorkingSet / w.per_copy));
@@ -111,7 +114,7 @@ Copies make_copies(const Config& c, int group) {
       w.mats.push_back(Mat{WeightType::BF16, w.q.data() + q_bytes * i, c.rows, c.cols});
     else
       w.mats.push_back(Mat{WeightType::Affine, w.q.data() + q_bytes * i, c.rows, c.cols, c.bits, group, s,
-                           s + sb_bytes / 2});
+                           s + sb_bytes / 2, c.scales});
   }
   return w;
 }
@@ -209,17 +212,18 @@ void run_prefill(const Config& c, int T, const std::string& filter) {
 }
 
 // One decode step's routed experts at Qwen3-Next-80B's shape (hidden 2048, moe_intermediate 512,
-// 512 experts of `bits`-bit g64 records, top 10): moe_experts (two launches), and what the
+// 512 experts of `bits`-bit records in groups of `group` with `scales`, top 10): moe_experts (two
+// launches), and what the
 // forward runs without it, per expert matmul x3 + silu_mul + scatter_scaled and then sum_slots.
 // Each call routes to 10 random distinct experts of the 512 (885 MB of 4-bit records, past the
 // L2). Bytes counted: the 10 records' weights, scales and biases, x read and out written.
-void run_moe(double hbm, const std::string& filter, int bits) {
-  const std::string name = "moe_experts 80B q" + std::to_string(bits) + " g64";
+void run_moe(double hbm, const std::string& filter, int bits, int group = 64, ScaleType scales = ScaleType::BF16) {
+  const std::string name = "moe_experts 80B " + type_name(Config{"", 0, 0, bits, scales}, group);
   if (name.find(filter) == std::string::npos) return;
   constexpr int H = 2048, I = 512, E = 512, K = 10, kRoutes = 256;
-  const ExpertLayer layer =
-      plan_expert_layer("model.layers.0.mlp", "experts/layer_000.bin", E,
-                        {ProjSpec{bits, 64, I, H}, ProjSpec{bits, 64, I, H}, ProjSpec{bits, 64, H, I}});
+  const ExpertLayer layer = plan_expert_layer(
+      "model.layers.0.mlp", "experts/layer_000.bin", E,
+      {ProjSpec{bits, group, I, H, scales}, ProjSpec{bits, group, I, H, scales}, ProjSpec{bits, group, H, I, scales}});
   cuda::DeviceArray<uint8_t> blob(size_t(E) * layer.stride, kNow);
   cuda::DeviceArray<float> x(H, kNow), out(H, kNow), h(size_t(K) * I, kNow), g(I, kNow), u(I, kNow), y(H, kNow),
       partial(size_t(K) * H, kNow), dw(K, kNow);
@@ -248,7 +252,7 @@ void run_moe(double hbm, const std::string& filter, int bits) {
   size_t expert_bytes = 0;
   for (size_t i = 0; i < 3; ++i) {
     const ProjLayout& p = layer.proj[i];
-    proj[i] = {p.bits, p.group, p.rows, p.cols, p.q_offset, p.scales_offset, p.biases_offset};
+    proj[i] = {p.bits, p.group, p.rows, p.cols, p.q_offset, p.scales_offset, p.biases_offset, p.scale_type};
     expert_bytes += p.q_bytes + 2 * p.scales_bytes;
   }
   const double bytes = double(K) * double(expert_bytes) + 2.0 * H * 4;
@@ -266,7 +270,7 @@ void run_moe(double hbm, const std::string& filter, int bits) {
   auto mat = [&](const uint8_t* rec, const ProjLayout& p) {
     return Mat{WeightType::Affine, rec + p.q_offset, p.rows, p.cols, p.bits, p.group,
                reinterpret_cast<const uint16_t*>(rec + p.scales_offset),
-               reinterpret_cast<const uint16_t*>(rec + p.biases_offset)};
+               reinterpret_cast<const uint16_t*>(rec + p.biases_offset), p.scale_type};
   };
   report("  per-expert launches (51)", time_ms(rounds / 4, [&](int i) {
            for (int k = 0; k < K; ++k) {
@@ -366,6 +370,19 @@ int main(int argc, char** argv) {
       run(c, 64, 1, hbm, filter, more);
     }
   for (int group : {32, 128}) run(Config{"lm_head 151936", 151936, 2048, 4}, group, 1, hbm, filter, more);
+  // The layouts of GGUF imports: Q4_0 and Q8_0 (f16 scales, on the tensor cores), Q4_K, Q5_K and
+  // Q6_K (f32; Q6_K in groups of 16: the float kernel); 4-bit g32 with bf16 scales beside them.
+  struct Imported {
+    int bits, group;
+    ScaleType scales;
+  };
+  for (const Imported& l : {Imported{4, 32, ScaleType::BF16}, Imported{4, 32, ScaleType::F16},
+                            Imported{8, 32, ScaleType::F16}, Imported{4, 32, ScaleType::F32},
+                            Imported{5, 32, ScaleType::F32}, Imported{6, 16, ScaleType::F32}})
+    for (Config c : {shapes[0], shapes[1], shapes[3], shapes[7]}) {
+      c.bits = l.bits, c.scales = l.scales;
+      run(c, l.group, 1, hbm, filter, more);
+    }
   std::printf("prefill/verify batches (weights reused by 4 tokens a block):\n");
   for (int T : {4, 16})
     for (int bits : {16, 4}) run(Config{"dense 8192", 8192, 8192, bits}, 64, T, hbm, filter, more);
@@ -387,6 +404,10 @@ int main(int argc, char** argv) {
         run_prefill(c, T, filter);
       }
   for (int bits : {8, 4, 3, 2}) run_moe(hbm, filter, bits);
+  run_moe(hbm, filter, 4, 32, ScaleType::BF16);
+  run_moe(hbm, filter, 4, 32, ScaleType::F16);  // Q4_0 experts
+  run_moe(hbm, filter, 4, 32, ScaleType::F32);  // Q4_K
+  run_moe(hbm, filter, 6, 16, ScaleType::F32);  // Q6_K
   run_route(filter);
   run_delta_rule(filter);
   return 0;

@@ -69,7 +69,8 @@ void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const 
   const std::array<ProjLayout, 3>& p = w.record_layout->proj;
   auto record_mat = [](const ProjLayout& l) {
     return cuda::RecordMat{.bits = l.bits, .group = l.group, .rows = l.rows, .cols = l.cols, .q_offset = l.q_offset,
-                           .scales_offset = l.scales_offset, .biases_offset = l.biases_offset};
+                           .scales_offset = l.scales_offset, .biases_offset = l.biases_offset,
+                           .scale_type = l.scale_type};
   };
   const cuda::RecordMat proj[3] = {record_mat(p[0]), record_mat(p[1]), record_mat(p[2])};
   Buf scratch = alloc(cuda::moe_scratch_floats(1, K, proj));

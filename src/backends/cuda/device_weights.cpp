@@ -6,19 +6,6 @@
 
 namespace ms {
 
-namespace {
-
-// The CUDA kernels decode 2/3/4/8-bit codes in groups of 32 to 128 with bf16 scales; imports
-// that need more (GGUF's 5- and 6-bit, f16/f32-scaled and group-16 blocks) run on the CPU.
-void check_gpu_affine(int bits, int group, ScaleType t, const std::string& what) {
-  if (bits == 5 || bits == 6 || group == 16 || t != ScaleType::BF16)
-    fail("{}: {}-bit codes in groups of {} with {} scales do not run on the GPU yet (its kernels take 2, 3, 4 or 8 "
-         "bits in groups of 32 to 128 with bf16 scales): run this model with --device cpu",
-         what, bits, group, scale_type_name(t));
-}
-
-}  // namespace
-
 DeviceWeights::DeviceWeights(const ModelWeights& w) {
   auto add_mlp = [&](const MlpWeights& m, const char* what) {
     add(m.gate, what);
@@ -46,11 +33,6 @@ DeviceWeights::DeviceWeights(const ModelWeights& w) {
       add(l.ffn.router, "router");
     }
     for (const MlpWeights& e : l.ffn.experts) add_mlp(e, "expert");
-    if (const ExpertLayer* r = l.ffn.record_layout)
-      for (size_t i = 0; i < 3; ++i)
-        if (r->proj[i].bits != kRawBits)
-          check_gpu_affine(r->proj[i].bits, r->proj[i].group, r->proj[i].scale_type,
-                           fmt::format("{} {}", r->name, kExpertProjections[i]));
   };
   for (const LayerWeights& l : w.layers) add_layer(l);
   add(w.final_norm);
@@ -65,18 +47,24 @@ DeviceWeights::DeviceWeights(const ModelWeights& w) {
 namespace {
 size_t row_bytes(const Mat& m) { return m.type == WeightType::BF16 ? size_t(m.cols) * 2 : m.quant().row_bytes(); }
 size_t row_groups(const Mat& m) { return m.type == WeightType::Affine ? size_t(m.cols / m.group) : 0; }
+// Bytes of a row's scales (or biases): its groups' entries.
+size_t row_scale_bytes(const Mat& m) {
+  return m.type == WeightType::Affine ? row_groups(m) * scale_size(m.scale_type) : 0;
+}
 
 // Whether parts can be one matrix of their rows on the GPU: one format and width, each part's
 // rows starting 16-byte aligned (cuda::matmul's rule) and its scales 8 (its wide scale loads).
 bool stackable(const std::vector<const Mat*>& parts) {
   const Mat& a = *parts[0];
   for (const Mat* m : parts) {
-    if (!m->data || m->type != a.type || m->cols != a.cols || m->bits != a.bits || m->group != a.group) return false;
+    if (!m->data || m->type != a.type || m->cols != a.cols || m->bits != a.bits || m->group != a.group ||
+        m->scale_type != a.scale_type)
+      return false;
     if (m->type != WeightType::BF16 && m->type != WeightType::Affine) return false;
   }
   size_t rows = 0;
   for (const Mat* m : parts) {
-    if (rows * row_bytes(a) % 16 != 0 || rows * row_groups(a) * 2 % 8 != 0) return false;
+    if (rows * row_bytes(a) % 16 != 0 || rows * row_scale_bytes(a) % 8 != 0) return false;
     rows += size_t(m->rows);
   }
   return true;
@@ -87,9 +75,9 @@ bool stackable(const std::vector<const Mat*>& parts) {
 void DeviceWeights::upload_rows(const std::vector<const Mat*>& parts, const char* what) {
   const Mat& a = *parts[0];
   if (a.type != WeightType::BF16 && a.type != WeightType::Affine)
-    fail("{} weights [{}, {}] are float32 in memory; the CUDA matmul reads bf16 or affine weights only", what, a.rows,
-         a.cols);
-  if (a.type == WeightType::Affine) check_gpu_affine(a.bits, a.group, a.scale_type, what);
+    fail("{} weights [{}, {}] are float32 in memory (as a GGUF import's routers are); the CUDA matmul reads bf16 or "
+         "affine weights only: run this model with --device cpu",
+         what, a.rows, a.cols);
   size_t rows = 0;
   for (const Mat* m : parts) rows += size_t(m->rows);
   auto upload = [&](size_t per_row, auto field) {
@@ -107,15 +95,18 @@ void DeviceWeights::upload_rows(const std::vector<const Mat*>& parts, const char
   whole.rows = int(rows);
   whole.data = upload(row_bytes(a), [](const Mat& m) { return m.data; });
   if (a.type == WeightType::Affine) {
-    whole.scales = reinterpret_cast<const uint16_t*>(upload(row_groups(a) * 2, [](const Mat& m) { return m.scales; }));
-    whole.biases = reinterpret_cast<const uint16_t*>(upload(row_groups(a) * 2, [](const Mat& m) { return m.biases; }));
+    whole.scales = reinterpret_cast<const uint16_t*>(upload(row_scale_bytes(a), [](const Mat& m) { return m.scales; }));
+    whole.biases = reinterpret_cast<const uint16_t*>(upload(row_scale_bytes(a), [](const Mat& m) { return m.biases; }));
   }
   size_t row = 0;
   for (const Mat* m : parts) {
     Mat view = whole;
     view.rows = m->rows;
     view.data = static_cast<const unsigned char*>(whole.data) + row * row_bytes(a);
-    if (a.type == WeightType::Affine) view.scales += row * row_groups(a), view.biases += row * row_groups(a);
+    if (a.type == WeightType::Affine) {
+      view.scales = scale_entry(whole.scales, row * row_groups(a), a.scale_type);
+      view.biases = scale_entry(whole.biases, row * row_groups(a), a.scale_type);
+    }
     mats_.emplace(m->data, view);
     row += size_t(m->rows);
   }
@@ -156,8 +147,7 @@ void DeviceWeights::add(const std::vector<float>& v) {
 
 void DeviceWeights::add_embedding(const Mat& embed, uint64_t room) {
   if (has(embed) || embed.type == WeightType::F32) return;  // has: the tied lm_head
-  if (embed.type == WeightType::Affine) check_gpu_affine(embed.bits, embed.group, embed.scale_type, "embedding");
-  const size_t table = size_t(embed.rows) * (row_bytes(embed) + 4 * row_groups(embed));
+  const size_t table = size_t(embed.rows) * (row_bytes(embed) + 2 * row_scale_bytes(embed));
   if (table <= room) add(embed, "embedding");
 }
 

@@ -74,8 +74,11 @@ __device__ __forceinline__ uint64_t load_unit(const uint8_t* q, size_t u) {
     return __ldg(reinterpret_cast<const uint32_t*>(p));
   } else if constexpr (BITS == 2) {
     return __ldg(reinterpret_cast<const uint16_t*>(p));
-  } else {  // 3 bytes, byte-aligned only
-    return uint64_t(__ldg(p)) | uint64_t(__ldg(p + 1)) << 8 | uint64_t(__ldg(p + 2)) << 16;
+  } else {  // 3, 5 or 6 bytes, byte-aligned only
+    uint64_t v = 0;
+#pragma unroll
+    for (int i = 0; i < BITS; ++i) v |= uint64_t(__ldg(p + i)) << (8 * i);
+    return v;
   }
 }
 
@@ -83,8 +86,8 @@ __device__ __forceinline__ uint64_t load_unit(const uint8_t* q, size_t u) {
 // tile starting at a row, so its weights, q stream and groups run on from its first).
 template <int BITS>
 __global__ void dequantize_kernel(const uint8_t* __restrict__ q, const uint16_t* __restrict__ scales,
-                                  const uint16_t* __restrict__ biases, int units_per_group_log2, size_t units,
-                                  float* __restrict__ out) {
+                                  const uint16_t* __restrict__ biases, int scale_type, int units_per_group_log2,
+                                  size_t units, float* __restrict__ out) {
   for (size_t u = blockIdx.x * size_t(blockDim.x) + threadIdx.x; u < units; u += size_t(gridDim.x) * blockDim.x) {
     float v[kUnit];
     if constexpr (BITS == 16) {
@@ -95,7 +98,7 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ q, const uint16_t*
     } else {
       const uint64_t w = load_unit<BITS>(q, u);
       const size_t g = u >> units_per_group_log2;
-      const float s = bf16_to_float(__ldg(scales + g)), b = bf16_to_float(__ldg(biases + g));
+      const float s = scale_at(scales, uint32_t(g), scale_type), b = scale_at(biases, uint32_t(g), scale_type);
 #pragma unroll
       for (int i = 0; i < kUnit; ++i) {
         const float code = float(uint32_t(w >> (i * BITS)) & ((1u << BITS) - 1));
@@ -118,12 +121,14 @@ void dequantize(const Mat& W, int r0, int rows, float* out) {
   int units_per_group_log2 = 0;
   if constexpr (BITS != 16) {
     const size_t groups = size_t(W.cols / W.group);
-    scales = W.scales + size_t(r0) * groups, biases = W.biases + size_t(r0) * groups;
+    scales = scale_entry(W.scales, size_t(r0) * groups, W.scale_type);
+    biases = scale_entry(W.biases, size_t(r0) * groups, W.scale_type);
     while ((kUnit << units_per_group_log2) < W.group) ++units_per_group_log2;
   }
   constexpr int threads = 256;
   const unsigned blocks = unsigned(std::min<size_t>((units + threads - 1) / threads, 65535));
-  dequantize_kernel<BITS><<<blocks, threads, 0, compute_stream()>>>(q, scales, biases, units_per_group_log2, units, out);
+  dequantize_kernel<BITS><<<blocks, threads, 0, compute_stream()>>>(q, scales, biases, int(W.scale_type),
+                                                                     units_per_group_log2, units, out);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -133,6 +138,8 @@ void dequantize_tile(const Mat& W, int r0, int rows, float* out) {
     case 2: return dequantize<2>(W, r0, rows, out);
     case 3: return dequantize<3>(W, r0, rows, out);
     case 4: return dequantize<4>(W, r0, rows, out);
+    case 5: return dequantize<5>(W, r0, rows, out);
+    case 6: return dequantize<6>(W, r0, rows, out);
     case 8: return dequantize<8>(W, r0, rows, out);
   }
 }

@@ -1,10 +1,11 @@
-// y = x · Wᵀ on the GPU for bf16 and affine-quantized (2/3/4/8-bit) weights. Two kernels: bf16
-// weights decode to float for FMAs (weight_dot.cuh; a matvec of few rows, as the router's, has a
-// kernel of its own, bf16_few_rows_kernel); affine codes, whose float decoding costs more
-// instructions per byte than HBM delivers them at, go to the integer tensor cores as bytes against
-// x in exact integer parts (mma_dot.cuh). Either stages the activations of TT tokens in shared
-// memory once per block, and blocks loop over row sets (a grid of what fits on the chip), so that
-// the weights, read once per TT tokens, are what streams from memory. gate_up_silu is the affine
+// y = x · Wᵀ on the GPU for bf16 and affine-quantized weights. Two kernels: bf16 weights decode to
+// float for FMAs (weight_dot.cuh; a matvec of few rows, as the router's, has a kernel of its own,
+// bf16_few_rows_kernel); affine codes, whose float decoding costs more instructions per byte than
+// HBM delivers them at, go to the integer tensor cores as bytes against x in exact integer parts
+// (mma_dot.cuh) where their layout allows (tensor_core_layout), else to the float kernel. Either
+// stages the activations of TT tokens in shared memory once per block, and blocks loop over row
+// sets (a grid of what fits on the chip), so that the weights, read once per TT tokens, are what
+// streams from memory. gate_up_silu is the affine
 // kernel over an MLP's gate and up together, its silu·up written instead of either product.
 #include <cuda_runtime.h>
 
@@ -27,10 +28,11 @@ constexpr int kBatch = 4;  // tokens per block when T > 1
 
 // Launched overlapped (launch.cuh), as the affine kernel below: its launch and first loads hide
 // under the kernel before (docs/PERFORMANCE.md#cuda-matvec).
-template <int TT>
-__global__ void __launch_bounds__(kThreads) bf16_matmul_kernel(const float* __restrict__ x, int T, WeightArgs W,
-                                                               float* __restrict__ y, int split_log2) {
-  constexpr int R = kBf16Rows;
+// BITS: 16 for bf16 rows, else affine ones of that width (weight_dot.cuh's dot_rows_of).
+template <int BITS, int TT>
+__global__ void __launch_bounds__(kThreads) float_matmul_kernel(const float* __restrict__ x, int T, WeightArgs W,
+                                                                float* __restrict__ y, int split_log2) {
+  constexpr int R = kFloatRows;
   extern __shared__ float4 xs[];  // [TT][nchunks][kChunkSlots]
   const int t0 = blockIdx.y * TT;
   grid_dependency_wait();  // x is the kernel before's output, y may be its input
@@ -43,7 +45,7 @@ __global__ void __launch_bounds__(kThreads) bf16_matmul_kernel(const float* __re
   for (int set = blockIdx.x; set < nsets; set += gridDim.x) {  // uniform over the block
     const int r0 = (set * groups + grp) * R;
     float acc[1][R][TT] = {};
-    dot_rows<TT, 1>(xs, Ws, r0, lane, split, acc);
+    dot_rows_of<BITS, TT, 1>(xs, Ws, r0, lane, split, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -61,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) bf16_matmul_kernel(const float* __re
 
 // A bf16 matvec (T = 1) of few rows for the chip, as the router's (512 experts and the shared
 // expert's gate over hidden 2048): the kernel above gives each block 16 rows, so 33 of them would
-// read the router while the other multiprocessors idle. Here a warp takes kBf16Rows rows, lane l
+// read the router while the other multiprocessors idle. Here a warp takes kFloatRows rows, lane l
 // the 16-byte words l, l + 32, ... of each, and a block as few warps as spread the rows over every
 // multiprocessor; a lane holds all its words (rows of up to kFewRowsCols columns), loaded before
 // the wait: weights, which no kernel writes, stream while the kernel before runs (the norm that
@@ -83,7 +85,7 @@ __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
 
 __global__ void __launch_bounds__(kThreads) bf16_few_rows_kernel(const float* __restrict__ x, WeightArgs W,
                                                                  float* __restrict__ y) {
-  constexpr int R = kBf16Rows, P = kFewRowsWords;
+  constexpr int R = kFloatRows, P = kFewRowsWords;
   const int lane = threadIdx.x & 31, r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
   const int nwords = W.cols / 8;
   uint4 w[R][P];
@@ -116,12 +118,12 @@ __global__ void __launch_bounds__(kThreads) bf16_few_rows_kernel(const float* __
 // Whether a matvec of W goes to bf16_few_rows_kernel: rows it holds whole, and no more of them than
 // one block of its most warps a multiprocessor takes.
 bool few_rows(const WeightArgs& W) {
-  return W.cols <= kFewRowsCols && W.rows <= kFewRowsMaxWarps * kBf16Rows * multiprocessors();
+  return W.cols <= kFewRowsCols && W.rows <= kFewRowsMaxWarps * kFloatRows * multiprocessors();
 }
 
 void launch_bf16_few_rows(const float* x, const WeightArgs& W, float* y) {
   static const bool overlap = overlaps(reinterpret_cast<const void*>(bf16_few_rows_kernel));
-  const int warps = (W.rows + kBf16Rows - 1) / kBf16Rows, sms = multiprocessors();
+  const int warps = (W.rows + kFloatRows - 1) / kFloatRows, sms = multiprocessors();
   int per_block = 1;
   while (per_block < kFewRowsMaxWarps && (warps + per_block - 1) / per_block > sms) per_block *= 2;
   const unsigned blocks = unsigned((warps + per_block - 1) / per_block);
@@ -198,10 +200,10 @@ void check_token_blocks(int T, int TT) {
   if ((T + TT - 1) / TT > 65535) arg_fail("cuda::matmul: T " + std::to_string(T) + " tokens in one call; split the batch");
 }
 
-template <int TT>
-void launch_bf16(const float* x, int T, const WeightArgs& W, float* y) {
-  constexpr int R = kBf16Rows;
-  auto kernel = bf16_matmul_kernel<TT>;
+template <int BITS, int TT>
+void launch_float(const float* x, int T, const WeightArgs& W, float* y) {
+  constexpr int R = kFloatRows;
+  auto kernel = float_matmul_kernel<BITS, TT>;
   static KernelLimits lim;
   const size_t smem = staged_bytes(TT, W.cols);
   const int resident = resident_blocks(kernel, kThreads, smem, lim, "cuda::matmul", W.cols);
@@ -213,12 +215,13 @@ void launch_bf16(const float* x, int T, const WeightArgs& W, float* y) {
   launch_overlapped(kernel, lim.overlap, grid, kThreads, smem, x, T, W, y, split_log2);
 }
 
-void launch_bf16_tokens(const float* x, int T, const WeightArgs& W, float* y) {
-  if (T == 1 && few_rows(W)) return launch_bf16_few_rows(x, W, y);
+template <int BITS>
+void launch_float_tokens(const float* x, int T, const WeightArgs& W, float* y) {
+  if (BITS == 16 && T == 1 && few_rows(W)) return launch_bf16_few_rows(x, W, y);
   if (T > 1 && staged_bytes(kBatch, W.cols) <= size_t(optin_smem()))
-    launch_bf16<kBatch>(x, T, W, y);
+    launch_float<BITS, kBatch>(x, T, W, y);
   else
-    launch_bf16<1>(x, T, W, y);
+    launch_float<BITS, 1>(x, T, W, y);
 }
 
 template <int BITS, int L, int G, int TT, int M, bool WIDE = false>
@@ -281,8 +284,21 @@ void launch_gate_up(const float* x, const WeightArgs& gate, const WeightArgs& up
 }
 
 WeightArgs weight_args(const Mat& W) {
-  const int group_log2 = W.type == WeightType::Affine ? floor_log2(W.group / kChunk) : 0;
-  return {static_cast<const uint8_t*>(W.data), W.scales, W.biases, W.rows, W.cols, group_log2};
+  if (W.type != WeightType::Affine) return {static_cast<const uint8_t*>(W.data), nullptr, nullptr, W.rows, W.cols, 0};
+  return {static_cast<const uint8_t*>(W.data), W.scales, W.biases, W.rows, W.cols,
+          W.group >= kChunk ? floor_log2(W.group / kChunk) : 0, floor_log2(W.group), int(W.scale_type)};
+}
+
+// Affine rows the tensor cores do not take, on the float kernel.
+void launch_affine_float(const float* x, int T, const WeightArgs& W, int bits, float* y) {
+  switch (bits) {
+    case 2: return launch_float_tokens<2>(x, T, W, y);
+    case 3: return launch_float_tokens<3>(x, T, W, y);
+    case 4: return launch_float_tokens<4>(x, T, W, y);
+    case 5: return launch_float_tokens<5>(x, T, W, y);
+    case 6: return launch_float_tokens<6>(x, T, W, y);
+    default: return launch_float_tokens<8>(x, T, W, y);
+  }
 }
 
 }  // namespace
@@ -294,19 +310,26 @@ void check_matmul_args(const float* x, const Mat& W, const float* y) {
     arg_fail("cuda::matmul: x, y and the weights must be 16-byte aligned");
   if (W.type == WeightType::F32) arg_fail("cuda::matmul: f32 weights are not supported on the GPU (store them as bf16)");
   if (W.type != WeightType::Affine) return;
-  if (W.group != 32 && W.group != 64 && W.group != 128)
-    arg_fail("cuda::matmul: affine group " + std::to_string(W.group) + " is not 32, 64 or 128");
+  if (W.group != 16 && W.group != 32 && W.group != 64 && W.group != 128)
+    arg_fail("cuda::matmul: affine group " + std::to_string(W.group) + " is not 16, 32, 64 or 128");
   if (W.cols % W.group != 0)
     arg_fail("cuda::matmul: cols " + std::to_string(W.cols) + " not a multiple of the group " + std::to_string(W.group));
-  if (W.bits != 2 && W.bits != 3 && W.bits != 4 && W.bits != 8)
-    arg_fail("cuda::matmul: affine bits " + std::to_string(W.bits) + " is not 2, 3, 4 or 8");
+  if (W.bits < 2 || W.bits > 8 || W.bits == 7)
+    arg_fail("cuda::matmul: affine bits " + std::to_string(W.bits) + " is not 2, 3, 4, 5, 6 or 8");
+  if (!aligned(W.scales, scale_size(W.scale_type)) || !aligned(W.biases, scale_size(W.scale_type)))
+    arg_fail("cuda::matmul: scales and biases must be aligned to their size");
+}
+
+bool tensor_core_layout(int bits, int group, ScaleType scale_type) {
+  return (bits == 2 || bits == 3 || bits == 4 || bits == 8) && group >= kChunk && scale_type != ScaleType::F32;
 }
 
 void matmul_direct(const float* x, int T, const Mat& W, float* y) {
   if (T <= 0 || W.rows <= 0) return;
   check_matmul_args(x, W, y);
   const WeightArgs args = weight_args(W);
-  if (W.type == WeightType::BF16) return launch_bf16_tokens(x, T, args, y);
+  if (W.type == WeightType::BF16) return launch_float_tokens<16>(x, T, args, y);
+  if (!tensor_core_layout(W.bits, W.group, W.scale_type)) return launch_affine_float(x, T, args, W.bits, y);
   switch (W.bits) {
     case 2: return launch_affine<2>(x, T, args, y);
     case 3: return launch_affine<3>(x, T, args, y);
@@ -322,7 +345,8 @@ void matmul(const float* x, int T, const Mat& W, float* y) {
 
 bool gate_up_fuses(const Mat& gate, const Mat& up, int T) {
   return T == 1 && gate.type == WeightType::Affine && up.type == WeightType::Affine && gate.bits == up.bits &&
-         gate.group == up.group && gate.rows == up.rows && gate.cols == up.cols;
+         gate.group == up.group && gate.rows == up.rows && gate.cols == up.cols &&
+         tensor_core_layout(gate.bits, gate.group, gate.scale_type) && up.scale_type == gate.scale_type;
 }
 
 void gate_up_silu(const float* x, const Mat& gate, const Mat& up, float* h) {

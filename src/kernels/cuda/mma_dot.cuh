@@ -1,8 +1,8 @@
 #pragma once
-// Dot products of affine 2/3/4/8-bit rows on the integer tensor cores, for the decode matvec
-// (matmul.cu) and the routed experts (moe.cu). Decoding a code to float and one FMA per weight
-// issues more instructions per byte than HBM delivers at 4 bits and below. Here the codes go to the
-// tensor cores as unsigned bytes, which costs a shift and a mask per four of them (nothing at 8
+// Dot products of affine 2/3/4/8-bit rows (bf16 or f16 scales, groups of 32 or more) on the
+// integer tensor cores, for the decode matvec (matmul.cu) and the routed experts (moe.cu).
+// Decoding a code to float and one FMA per weight issues more instructions per byte than HBM
+// delivers at 4 bits and below. Here the codes go to the tensor cores as unsigned bytes, which costs a shift and a mask per four of them (nothing at 8
 // bits), and x as integers: each unit of 32 or 64 values (what a lane reads of a row at once) is
 // scaled by a power of two to 30-bit integers X (exact for every value within 2^30 of the unit's
 // largest; the rest lose at most 2^-31 of that largest) and split into four signed bytes. The MMA
@@ -317,8 +317,8 @@ __device__ __forceinline__ void stage_split(const float* __restrict__ x, int TT,
 }
 
 // What a lane holds of a lane block of a tile's two rows g and g + 8: the codes of its L chunks,
-// and the scale and bias of each of its L / G units, as the bf16 pairs they load as (unit u in
-// half u % 2 of word u / 2; registers are what the kernels have least of).
+// and the scale and bias of each of its L / G units, as the bf16 (or f16) pairs they load as
+// (unit u in half u % 2 of word u / 2; registers are what the kernels have least of).
 template <int BITS, int L, int G>
 struct LaneBlock {
   static constexpr int kWords = (L / G + 1) / 2;
@@ -326,10 +326,11 @@ struct LaneBlock {
   uint32_t scale[2][kWords], bias[2][kWords];
 };
 
-// Unit u's value of a LaneBlock's scale or bias words.
+// Unit u's value of a LaneBlock's scale or bias words, bf16 or (f16) f16.
 template <int N>
-__device__ __forceinline__ float unit_value(const uint32_t (&words)[N], int u) {
+__device__ __forceinline__ float unit_value(const uint32_t (&words)[N], int u, bool f16) {
   const uint32_t w = words[u / 2];
+  if (f16) return __half2float(__ushort_as_half(uint16_t(u % 2 ? w >> 16 : w)));
   return __uint_as_float(u % 2 ? w & 0xffff0000u : w << 16);
 }
 
@@ -492,10 +493,10 @@ __device__ __forceinline__ void mma_accumulate(const StagedX& X, int q, const ui
 }
 
 // acc[h][tt] += lane (g, t)'s share of unit u of lane block lb of rows g + 8h of W · x_tt, from
-// its MMA sums c over the unit's quads (x_tt: token tt of X).
+// its MMA sums c over the unit's quads (x_tt: token tt of X). f16: the scales and biases are f16.
 template <int BITS, int L, int G, int TT>
 __device__ __forceinline__ void mma_flush(const StagedX& X, int lb, int u, const LaneBlock<BITS, L, G>& blk,
-                                          const int (&c)[2][TT][4], float (&acc)[2][TT]) {
+                                          bool f16, const int (&c)[2][TT][4], float (&acc)[2][TT]) {
   constexpr int UNITS = L / G;
   const int lane = threadIdx.x & 31, t = lane & 3;
   // C[g + 8h][2t + i] is byte t / 2 of segment 2(t % 2) + i in the first MMA, byte t / 2 + 2 in
@@ -508,7 +509,7 @@ __device__ __forceinline__ void mma_flush(const StagedX& X, int lb, int u, const
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      seg_scale[h][i] = __shfl_sync(0xffffffffu, unit_value(blk.scale[h], u), (lane & ~3) | (2 * (t & 1) + i));
+      seg_scale[h][i] = __shfl_sync(0xffffffffu, unit_value(blk.scale[h], u, f16), (lane & ~3) | (2 * (t & 1) + i));
   const int unit0 = lb * kQuadChunks * UNITS + u;
 #pragma unroll
   for (int tt = 0; tt < TT; ++tt) {
@@ -523,7 +524,7 @@ __device__ __forceinline__ void mma_flush(const StagedX& X, int lb, int u, const
         const float v = fmaf(float(c[1][tt][2 * h + i]), k1, float(c[0][tt][2 * h + i]) * k0);
         a = fmaf(v * p2[i * UNITS], seg_scale[h][i], a);
       }
-      acc[h][tt] = fmaf(unit_value(blk.bias[h], u), xs, a);
+      acc[h][tt] = fmaf(unit_value(blk.bias[h], u, f16), xs, a);
     }
   }
 }
@@ -531,7 +532,7 @@ __device__ __forceinline__ void mma_flush(const StagedX& X, int lb, int u, const
 // acc[h][tt] += lane (g, t)'s share of lane block lb of rows g + 8h of W · x_tt: the G quads of
 // each unit summed exactly in int32 (they share a scale and X a power of two), then scaled once.
 template <int BITS, int L, int G, int TT>
-__device__ __forceinline__ void mma_dot_block(const StagedX& X, int lb, const LaneBlock<BITS, L, G>& blk,
+__device__ __forceinline__ void mma_dot_block(const StagedX& X, int lb, const LaneBlock<BITS, L, G>& blk, bool f16,
                                               float (&acc)[2][TT]) {
 #pragma unroll
   for (int u = 0; u < L / G; ++u) {
@@ -539,7 +540,7 @@ __device__ __forceinline__ void mma_dot_block(const StagedX& X, int lb, const La
 #pragma unroll
     for (int s = 0; s < G; ++s)
       mma_accumulate<BITS, L, TT>(X, lb * L + u * G + s, blk.w[0][u * G + s], blk.w[1][u * G + s], c);
-    mma_flush<BITS, L, G, TT>(X, lb, u, blk, c, acc);
+    mma_flush<BITS, L, G, TT>(X, lb, u, blk, f16, c, acc);
   }
 }
 
@@ -557,8 +558,9 @@ __device__ __forceinline__ void mma_dot_rows(const StagedX& X, const WeightArgs 
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int full_end = min(b1, W[0].cols / (kChunk * kQuadChunks * L));
   TileRows rows[M];
+  bool f16[M];  // the matrix's scales and biases are f16 rather than bf16
 #pragma unroll
-  for (int m = 0; m < M; ++m) rows[m] = tile_rows<BITS, L>(W[m], r0, g, t);
+  for (int m = 0; m < M; ++m) rows[m] = tile_rows<BITS, L>(W[m], r0, g, t), f16[m] = W[m].scale_type == kScalesF16;
   int b = b0;
   for (; b + U <= full_end; b += U) {
     LaneBlock<BITS, L, G> blk[M][U];
@@ -569,14 +571,14 @@ __device__ __forceinline__ void mma_dot_rows(const StagedX& X, const WeightArgs 
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
-      for (int u = 0; u < U; ++u) mma_dot_block<BITS, L, G, TT>(X, b + u, blk[m][u], acc[m]);
+      for (int u = 0; u < U; ++u) mma_dot_block<BITS, L, G, TT>(X, b + u, blk[m][u], f16[m], acc[m]);
   }
   for (; b < b1; ++b) {
     LaneBlock<BITS, L, G> blk[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) load_lane_block<BITS, L, G, false>(W[m], rows[m], b, t, blk[m]);
 #pragma unroll
-    for (int m = 0; m < M; ++m) mma_dot_block<BITS, L, G, TT>(X, b, blk[m], acc[m]);
+    for (int m = 0; m < M; ++m) mma_dot_block<BITS, L, G, TT>(X, b, blk[m], f16[m], acc[m]);
   }
 }
 

@@ -3,8 +3,8 @@
 // of every (token, slot) row in one launch (silu·up fused), then down and the weighted sum over
 // the slots in a second (moe_down). moe_gate_up_routed: that first launch for a decode token
 // whose blocks each route it themselves, so that the routing is no launch of its own. Affine
-// experts go to the integer tensor cores (mma_dot.cuh, as cuda::matmul's affine rows), bf16 ones
-// to weight_dot.cuh's float kernels.
+// experts of a tensor_core_layout go to the integer tensor cores (mma_dot.cuh, as cuda::matmul's
+// affine rows), bf16 ones and the other affine layouts to weight_dot.cuh's float kernels.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -363,20 +363,24 @@ __device__ __forceinline__ float plus_shared(float o, const SharedTerm& sh, int 
 // A projection's place in a record, as the kernels take it.
 struct ProjArgs {
   size_t q, scales, biases;
-  int rows, cols, chunks_per_group_log2;
+  int rows, cols, chunks_per_group_log2, group_log2, scale_type;
 };
 
 __device__ __forceinline__ WeightArgs weights_of(const uint8_t* record, const ProjArgs& p) {
   return {record + p.q, reinterpret_cast<const uint16_t*>(record + p.scales),
-          reinterpret_cast<const uint16_t*>(record + p.biases), p.rows, p.cols, p.chunks_per_group_log2};
+          reinterpret_cast<const uint16_t*>(record + p.biases), p.rows, p.cols, p.chunks_per_group_log2,
+          p.group_log2, p.scale_type};
 }
 
 // Block (set, j): rows of set `set` of gate and up of record j on x[j / K], and
-// h[j] = silu(gate·x) · (up·x) for them (cuda::silu_mul's formula).
-__global__ void __launch_bounds__(kGateUpThreads) gate_up_bf16_kernel(const float* __restrict__ x, int K,
-                                                                 const uint8_t* const* records, ProjArgs gate,
-                                                                 ProjArgs up, float* __restrict__ h, int split_log2) {
-  constexpr int R = kBf16Rows;
+// h[j] = silu(gate·x) · (up·x) for them (cuda::silu_mul's formula). BITS: 16 for bf16 rows, else
+// affine ones of that width, in float (dot_rows_of).
+template <int BITS>
+__global__ void __launch_bounds__(kGateUpThreads) gate_up_float_kernel(const float* __restrict__ x, int K,
+                                                                       const uint8_t* const* records, ProjArgs gate,
+                                                                       ProjArgs up, float* __restrict__ h,
+                                                                       int split_log2) {
+  constexpr int R = kFloatRows;
   extern __shared__ float4 xs[];  // [H/32][kChunkSlots]
   const int H = gate.cols, I = gate.rows, j = blockIdx.y;
   stage_activations<kGateUpThreads>(x + size_t(j / K) * H, 1, 1, H, xs);
@@ -389,7 +393,7 @@ __global__ void __launch_bounds__(kGateUpThreads) gate_up_bf16_kernel(const floa
   for (int set = blockIdx.x; set < nsets; set += gridDim.x) {  // uniform over the block
     const int r0 = (set * groups + grp) * R;
     float acc[2][R][1] = {};
-    dot_rows<1, 2>(xs, W, r0, lane, split, acc);
+    dot_rows_of<BITS, 1, 2>(xs, W, r0, lane, split, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float g = sum_lanes(acc[0][r][0], split), u = sum_lanes(acc[1][r][0], split);
@@ -401,12 +405,14 @@ __global__ void __launch_bounds__(kGateUpThreads) gate_up_bf16_kernel(const floa
 // Block (b, t): rows [b·quads·R, (b+1)·quads·R) of out[t]. The K rows h[t·K + k] are staged
 // together; the groups take the (quad of rows, slot) items, and once all are done each row is
 // summed over the slots in k order: out = Σ_k fl(w_k · y_k), as scatter_scaled then sum_slots.
-__global__ void __launch_bounds__(kDownThreads) down_sum_bf16_kernel(const float* __restrict__ h, int K,
-                                                                const uint8_t* const* records,
-                                                                const float* __restrict__ weights, ProjArgs down,
-                                                                int quads, SharedTerm shared, float* __restrict__ out,
-                                                                int split_log2) {
-  constexpr int R = kBf16Rows;
+// BITS as gate_up_float_kernel's.
+template <int BITS>
+__global__ void __launch_bounds__(kDownThreads) down_sum_float_kernel(const float* __restrict__ h, int K,
+                                                                      const uint8_t* const* records,
+                                                                      const float* __restrict__ weights, ProjArgs down,
+                                                                      int quads, SharedTerm shared,
+                                                                      float* __restrict__ out, int split_log2) {
+  constexpr int R = kFloatRows;
   extern __shared__ float4 xs[];  // [K][nchunks][kChunkSlots], then ys
   const int I = down.cols, H = down.rows, nchunks = I / kChunk, t = blockIdx.y;
   const int block_rows = quads * R, row0 = blockIdx.x * block_rows;
@@ -422,7 +428,7 @@ __global__ void __launch_bounds__(kDownThreads) down_sum_bf16_kernel(const float
     const int item = min(base + grp, items - 1), k = item % K, q = item / K;
     const WeightArgs W[1] = {weights_of(records[size_t(t) * K + k], down)};
     float acc[1][R][1] = {};
-    dot_rows<1, 1>(xs + size_t(k) * nchunks * kChunkSlots, W, row0 + q * R, lane, split, acc);
+    dot_rows_of<BITS, 1, 1>(xs + size_t(k) * nchunks * kChunkSlots, W, row0 + q * R, lane, split, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float y = sum_lanes(acc[0][r][0], split);
@@ -481,7 +487,7 @@ __global__ void __launch_bounds__(kGateUpMmaWarps * 32, 2) gate_up_mma_kernel(co
 
 // Block (b, t): rows [16b, 16b + 16) of out[t] on the tensor cores. The K rows h[t·K + k] are
 // staged together as K tokens; the warps take the (slot, lane block) items, and once all are done
-// each row is summed over the slots in k order: out = Σ_k fl(w_k · y_k), as down_sum_bf16_kernel.
+// each row is summed over the slots in k order: out = Σ_k fl(w_k · y_k), as down_sum_float_kernel.
 // Nothing is asked of the L2 ahead: the addresses would need the routed records first, whose load
 // then held up the staging's. The products w_k · y_k are formed by a thread each and the shared
 // gate's sigmoid is taken last (docs/PERFORMANCE.md#cuda-routing-and-experts).
@@ -543,23 +549,25 @@ void check_smem(size_t need, int max, const char* what) {
              " bytes of shared memory, more than the device's " + std::to_string(max));
 }
 
-void launch_gate_up_bf16(const float* x, int n, int K, const uint8_t* const* records, const ProjArgs& gate,
-                         const ProjArgs& up, float* h) {
-  constexpr int R = kBf16Rows;
-  static const int max_smem = allow_max_smem(gate_up_bf16_kernel);
+template <int BITS>
+void launch_gate_up_float(const float* x, int n, int K, const uint8_t* const* records, const ProjArgs& gate,
+                          const ProjArgs& up, float* h) {
+  constexpr int R = kFloatRows;
+  static const int max_smem = allow_max_smem(gate_up_float_kernel<BITS>);
   const size_t smem = staged_bytes(1, gate.cols);
   check_smem(smem, max_smem, "gate/up");
   const int split_log2 = std::min(5, floor_log2(gate.cols / kChunk));
   const int rows_per_set = (kGateUpThreads >> split_log2) * R;
   const dim3 grid(unsigned((gate.rows + rows_per_set - 1) / rows_per_set), unsigned(n));
-  gate_up_bf16_kernel<<<grid, kGateUpThreads, smem, compute_stream()>>>(x, K, records, gate, up, h, split_log2);
+  gate_up_float_kernel<BITS><<<grid, kGateUpThreads, smem, compute_stream()>>>(x, K, records, gate, up, h, split_log2);
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_down_bf16(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
-                      const ProjArgs& down, const SharedTerm& shared, float* out) {
-  constexpr int R = kBf16Rows;
-  static const int max_smem = allow_max_smem(down_sum_bf16_kernel);
+template <int BITS>
+void launch_down_float(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
+                       const ProjArgs& down, const SharedTerm& shared, float* out) {
+  constexpr int R = kFloatRows;
+  static const int max_smem = allow_max_smem(down_sum_float_kernel<BITS>);
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   const int split_log2 = std::min(5, floor_log2(down.cols / kChunk));
   const int groups = kDownThreads >> split_log2;
@@ -571,8 +579,8 @@ void launch_down_bf16(const float* h, int T, int K, const uint8_t* const* record
   const size_t smem = staged_bytes(K, down.cols) + size_t(K) * quads * R * sizeof(float);
   check_smem(smem, max_smem, "down");
   const dim3 grid(unsigned((down.rows + quads * R - 1) / (quads * R)), unsigned(T));
-  down_sum_bf16_kernel<<<grid, kDownThreads, smem, compute_stream()>>>(h, K, records, weights, down, quads, shared, out,
-                                                                          split_log2);
+  down_sum_float_kernel<BITS><<<grid, kDownThreads, smem, compute_stream()>>>(h, K, records, weights, down, quads,
+                                                                               shared, out, split_log2);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -640,18 +648,20 @@ ProjArgs proj_args(const RecordMat& m, const char* name) {
     arg_fail(what + "[" + std::to_string(m.rows) + ", " + std::to_string(m.cols) +
              "]: cols must be a positive multiple of 32");
   if (m.q_offset % 16 != 0) arg_fail(what + "q_offset " + std::to_string(m.q_offset) + " is not 16-byte aligned");
-  int group_log2 = 0;
-  if (m.bits != 16) {
-    if (m.bits != 2 && m.bits != 3 && m.bits != 4 && m.bits != 8)
-      arg_fail(what + "bits " + std::to_string(m.bits) + " is not 16 (bf16), 2, 3, 4 or 8");
-    if ((m.group != 32 && m.group != 64 && m.group != 128) || m.cols % m.group != 0)
-      arg_fail(what + "group " + std::to_string(m.group) + " is not 32, 64 or 128 dividing cols " +
-               std::to_string(m.cols));
-    if (m.scales_offset % 2 != 0 || m.biases_offset % 2 != 0) arg_fail(what + "scales or biases offset is odd");
-    group_log2 = floor_log2(m.group / kChunk);
-  }
-  return {m.q_offset, m.scales_offset, m.biases_offset, m.rows, m.cols, group_log2};
+  if (m.bits == 16) return {m.q_offset, 0, 0, m.rows, m.cols, 0, 0, kScalesBf16};
+  if (m.bits < 2 || m.bits > 8 || m.bits == 7)
+    arg_fail(what + "bits " + std::to_string(m.bits) + " is not 16 (bf16), 2, 3, 4, 5, 6 or 8");
+  if ((m.group != 16 && m.group != 32 && m.group != 64 && m.group != 128) || m.cols % m.group != 0)
+    arg_fail(what + "group " + std::to_string(m.group) + " is not 16, 32, 64 or 128 dividing cols " +
+             std::to_string(m.cols));
+  const size_t entry = scale_size(m.scale_type);
+  if (m.scales_offset % entry != 0 || m.biases_offset % entry != 0)
+    arg_fail(what + "scales or biases offset is not aligned to its " + std::to_string(entry) + "-byte entries");
+  return {m.q_offset, m.scales_offset, m.biases_offset, m.rows, m.cols,
+          m.group >= kChunk ? floor_log2(m.group / kChunk) : 0, floor_log2(m.group), int(m.scale_type)};
 }
+
+bool on_tensor_cores(const RecordMat& m) { return m.bits != 16 && tensor_core_layout(m.bits, m.group, m.scale_type); }
 
 }  // namespace
 
@@ -703,8 +713,18 @@ SharedTerm shared_term(const float* shared, const float* shared_logit, const cha
 // h [n, I] = silu(gate·x) · (up·x) of each row's expert (moe_experts' first launch).
 void launch_gate_up(const float* x, int n, int K, const uint8_t* const* records, const RecordMat (&proj)[3],
                     const Projections& p, float* h, const InlineRoute& route) {
+  if (!on_tensor_cores(proj[0]) || !on_tensor_cores(proj[1])) {
+    switch (proj[0].bits) {
+      case 16: return launch_gate_up_float<16>(x, n, K, records, p.gate, p.up, h);
+      case 2: return launch_gate_up_float<2>(x, n, K, records, p.gate, p.up, h);
+      case 3: return launch_gate_up_float<3>(x, n, K, records, p.gate, p.up, h);
+      case 4: return launch_gate_up_float<4>(x, n, K, records, p.gate, p.up, h);
+      case 5: return launch_gate_up_float<5>(x, n, K, records, p.gate, p.up, h);
+      case 6: return launch_gate_up_float<6>(x, n, K, records, p.gate, p.up, h);
+      default: return launch_gate_up_float<8>(x, n, K, records, p.gate, p.up, h);
+    }
+  }
   switch (proj[0].bits) {
-    case 16: return launch_gate_up_bf16(x, n, K, records, p.gate, p.up, h);
     case 2: return gate_up<2>(x, n, K, records, p.gate, p.up, h, route);
     case 3: return gate_up<3>(x, n, K, records, p.gate, p.up, h, route);
     case 4: return gate_up<4>(x, n, K, records, p.gate, p.up, h, route);
@@ -716,8 +736,18 @@ void launch_gate_up(const float* x, int n, int K, const uint8_t* const* records,
 // shared term.
 void launch_down(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
                  const RecordMat (&proj)[3], const Projections& p, const SharedTerm& sh, float* out) {
+  if (!on_tensor_cores(proj[2])) {
+    switch (proj[2].bits) {
+      case 16: return launch_down_float<16>(h, T, K, records, weights, p.down, sh, out);
+      case 2: return launch_down_float<2>(h, T, K, records, weights, p.down, sh, out);
+      case 3: return launch_down_float<3>(h, T, K, records, weights, p.down, sh, out);
+      case 4: return launch_down_float<4>(h, T, K, records, weights, p.down, sh, out);
+      case 5: return launch_down_float<5>(h, T, K, records, weights, p.down, sh, out);
+      case 6: return launch_down_float<6>(h, T, K, records, weights, p.down, sh, out);
+      default: return launch_down_float<8>(h, T, K, records, weights, p.down, sh, out);
+    }
+  }
   switch (proj[2].bits) {
-    case 16: return launch_down_bf16(h, T, K, records, weights, p.down, sh, out);
     case 2: return down_sum<2>(h, T, K, records, weights, p.down, sh, out);
     case 3: return down_sum<3>(h, T, K, records, weights, p.down, sh, out);
     case 4: return down_sum<4>(h, T, K, records, weights, p.down, sh, out);
@@ -740,8 +770,8 @@ void moe_experts(const float* x, int T, int K, const uint8_t* const* records, co
 }
 
 bool routes_in_gate_up(const InlineRoute& r, int K, const RecordMat (&proj)[3]) {
-  return r.logits && r.table && r.E > 0 && K >= 1 && K <= r.E && routes_in_warp(r.E, K) && proj[0].bits != 16 &&
-         proj[0].bits == proj[1].bits;
+  return r.logits && r.table && r.E > 0 && K >= 1 && K <= r.E && routes_in_warp(r.E, K) && on_tensor_cores(proj[0]) &&
+         on_tensor_cores(proj[1]) && proj[0].bits == proj[1].bits;
 }
 
 void moe_gate_up_routed(const float* x, int K, const InlineRoute& r, const RecordMat (&proj)[3], float* h) {

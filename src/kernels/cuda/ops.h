@@ -14,14 +14,20 @@
 
 namespace ms::cuda {
 
-// y[T, W.rows] = x[T, W.cols] · Wᵀ for BF16 and Affine (2/3/4/8-bit) weights. W.cols must be a
-// multiple of 32; x, y and W's buffers 16-byte aligned. T = 1 is the memory-bound decode
-// matvec; larger T reuses each weight chunk for 4 tokens at a time, and from gemm_min_tokens(W) on
-// (kernels/cuda/gemm.h) W is dequantized to float32 for a cuBLAS FP32 SGEMM.
+// y[T, W.rows] = x[T, W.cols] · Wᵀ for BF16 and Affine weights (every layout quant/affine.h
+// allows). W.cols must be a multiple of 32; x, y and W's buffers 16-byte aligned. T = 1 is the
+// memory-bound decode matvec; larger T reuses each weight chunk for 4 tokens at a time, and from
+// gemm_min_tokens(W) on (kernels/cuda/gemm.h) W is dequantized to float32 for a cuBLAS FP32 SGEMM.
 void matmul(const float* x, int T, const Mat& W, float* y);
+// Whether affine rows of this layout go to the integer tensor cores: 2, 3, 4 or 8 bits in groups
+// of 32 to 128 with bf16 scales (what moestream's own conversion writes) or f16 ones (GGUF's
+// Q8_0, Q4_0 and Q4_1). The others (5 and 6 bits, groups of 16, f32 scales: GGUF's K-quants and
+// Q5_x) decode to float for FMAs, slower per byte.
+bool tensor_core_layout(int bits, int group, ScaleType scale_type);
 // h[rows] = silu(gate · x) * (up · x) for one token: an MLP's gate and up read in one launch,
 // each row's sums those matmul computes (its split of a row among warps may differ, so the last
-// bits may too). Where gate_up_fuses(gate, up, 1): affine, of one shape, bits and group.
+// bits may too). Where gate_up_fuses(gate, up, 1): affine of a tensor_core_layout, of one shape,
+// bits, group and scale type.
 void gate_up_silu(const float* x, const Mat& gate, const Mat& up, float* h);
 bool gate_up_fuses(const Mat& gate, const Mat& up, int T);
 
@@ -104,10 +110,11 @@ void route_topk(const float* logits, int T, int E, int K, bool norm_topk, float*
 
 // One projection of an expert record (format/engine_dir.h's ProjLayout, whose fields these
 // are): [rows, cols] bf16 at q_offset when bits is 16, else affine (quant/affine.h) with the q
-// bit streams at q_offset and bf16 scales and biases [rows, cols/group] at their offsets.
+// bit streams at q_offset and scales and biases [rows, cols/group] of scale_type at their offsets.
 struct RecordMat {
   int bits = 16, group = 0, rows = 0, cols = 0;
   size_t q_offset = 0, scales_offset = 0, biases_offset = 0;
+  ScaleType scale_type = ScaleType::BF16;
 };
 
 // The routed experts of T tokens, K each, in two launches: row j = t·K + k runs the expert
@@ -116,7 +123,7 @@ struct RecordMat {
 // sum_slots give). proj: gate [I, H], up [I, H], down [H, I], gate and up of one bit width.
 // records: a device array of T·K device pointers, each 16-byte aligned, repeats allowed;
 // weights [T, K]; x [T, H], out [T, H] and scratch (moe_scratch_floats) 16-byte aligned.
-// Per row the arithmetic of cuda::matmul (affine rows on the tensor cores, bf16 ones in float),
+// Per row the arithmetic of cuda::matmul (tensor_core_layout rows on the tensor cores, the others in float),
 // and the result deterministic. Rows too wide to stage in shared memory are refused. Where
 // shared is given, out[t] += sigmoid(shared_logit[t]) · shared[t] after the sum (shared_gate_add's
 // formula): the shared expert's output [T, H] and its gate's logit [T], added in the same launch.
@@ -143,7 +150,7 @@ struct InlineRoute {
 // moe_experts' first launch for one decode token (h [K, I]) whose blocks each route the token
 // themselves, route_topk's results to r's outputs, the same bits: no launch of the routing's own
 // stands between the router and the experts, and moe_down then takes r.records and r.weights.
-// Where routes_in_gate_up: a table, E <= 512, K <= 32, gate and up affine.
+// Where routes_in_gate_up: a table, E <= 512, K <= 32, gate and up affine of a tensor_core_layout.
 bool routes_in_gate_up(const InlineRoute& r, int K, const RecordMat (&proj)[3]);
 void moe_gate_up_routed(const float* x, int K, const InlineRoute& r, const RecordMat (&proj)[3], float* h);
 

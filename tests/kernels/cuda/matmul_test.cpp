@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "quant_support.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
@@ -153,28 +154,32 @@ TestWeights bf16_weights(Rng& rng, int rows, int cols, std::vector<uint16_t>& w)
   return tw;
 }
 
-// qb's weights as TestWeights (qb must outlive them).
-TestWeights affine_test_weights(const QuantBuffer& qb) {
-  const int rows = qb.rows, cols = qb.cols, group = qb.group;
+// The weights of host (any scale type) as TestWeights (its arrays must outlive them).
+TestWeights affine_test_weights(const QuantMat& host) {
+  const int rows = host.rows, cols = host.cols, group = host.group;
   TestWeights tw;
   tw.a.resize(size_t(rows) * cols);
   for (int r = 0; r < rows; ++r) {
     float* ar = tw.a.data() + size_t(r) * cols;
-    dequantize_row(qb.view(), r, ar);
+    dequantize_row(host, r, ar);
     for (int c = 0; c < cols; ++c) {
-      const float b = bf16_to_f32(qb.biases[size_t(r) * (cols / group) + c / group]);
+      const float b = host.bias(size_t(r) * (cols / group) + c / group);
       ar[c] = std::abs(ar[c] - b) + std::abs(b);
     }
   }
-  tw.q = DeviceArray<uint8_t>::from(qb.q, DeviceAlloc::Now);
-  tw.scales = DeviceArray<uint16_t>::from(qb.scales, DeviceAlloc::Now);
-  tw.biases = DeviceArray<uint16_t>::from(qb.biases, DeviceAlloc::Now);
-  tw.host = Mat::affine(qb.view());
-  QuantMat qm = qb.view();
+  const size_t words = size_t(rows) * host.groups_per_row() * (scale_size(host.scale_type) / 2);
+  tw.q = DeviceArray<uint8_t>::from(std::vector<uint8_t>(host.q, host.q + size_t(rows) * host.row_bytes()),
+                                    DeviceAlloc::Now);
+  tw.scales = DeviceArray<uint16_t>::from(std::vector<uint16_t>(host.scales, host.scales + words), DeviceAlloc::Now);
+  tw.biases = DeviceArray<uint16_t>::from(std::vector<uint16_t>(host.biases, host.biases + words), DeviceAlloc::Now);
+  tw.host = Mat::affine(host);
+  QuantMat qm = host;
   qm.q = tw.q.data(), qm.scales = tw.scales.data(), qm.biases = tw.biases.data();
   tw.device = Mat::affine(qm);
   return tw;
 }
+
+TestWeights affine_test_weights(const QuantBuffer& qb) { return affine_test_weights(qb.view()); }
 
 TestWeights affine_weights(Rng& rng, int rows, int cols, int bits, int group, QuantBuffer& qb) {
   Vec wf = rng.normals(size_t(rows) * cols, 0.05f);
@@ -395,6 +400,45 @@ TEST(CudaMatmul, GemmAffineMatchesCpu) {
       const TestWeights tw = affine_weights(rng, s.rows, s.cols, bits, group, qb);
       check_gemm("matmul_gemm affine", "q" + std::to_string(bits) + " g" + std::to_string(group), tw, s.tile_rows,
                  rng);
+    }
+}
+
+// The layouts of GGUF and MLX imports: f16 scales (nudged off the bf16 grid: quant_support.h) on
+// the tensor cores; f32 scales, 5 and 6 bits and groups of 16 on the float kernel
+// (tensor_core_layout). Each at T = 1, in batches of tokens and on the cuBLAS form.
+TEST(CudaMatmul, ImportedLayoutsMatchCpu) {
+  MS_REQUIRE_CUDA();
+  struct Layout {
+    int bits, group;
+    ScaleType scales;
+  };
+  const Layout layouts[] = {{4, 32, ScaleType::F16}, {8, 32, ScaleType::F16}, {5, 32, ScaleType::F16},
+                            {4, 32, ScaleType::F32}, {5, 32, ScaleType::F32}, {6, 16, ScaleType::F32},
+                            {2, 64, ScaleType::F16}, {3, 128, ScaleType::F32}, {6, 32, ScaleType::BF16},
+                            {4, 16, ScaleType::BF16}};
+  // Partial row sets and lane splits (5 x 128, 33 x 384, 2000 x 4160), batches (T = 3, 7), wide
+  // rows (64 x 8192) and the cuBLAS form (T = 130).
+  const Shape shapes[] = {{5, 128, 1},  {512, 2048, 1}, {129, 1024, 3}, {33, 384, 1},
+                          {2000, 4160, 1}, {64, 8192, 7}, {300, 1024, 130}};
+  Rng rng(6);
+  for (const Layout& l : layouts)
+    for (const Shape& s : shapes) {
+      if (s.cols % l.group != 0) continue;
+      Vec wf = rng.normals(size_t(s.rows) * s.cols, 0.05f);
+      for (auto& v : wf) v += 0.01f;
+      const QuantBuffer qb = quantize(wf.data(), s.rows, s.cols, l.bits, l.group);
+      const ::ms::test::TypedScales typed = ::ms::test::with_scale_type(qb, l.scales, rng.gen);
+      const TestWeights tw = affine_test_weights(typed.view);
+      const Vec x = rng.normals(size_t(s.T) * s.cols);
+      Vec y_cpu(size_t(s.T) * s.rows);
+      cpu::matmul(x.data(), s.T, tw.host, y_cpu.data());
+      DeviceArray<float> dx = dev(x), dy(y_cpu.size(), DeviceAlloc::Now);
+      matmul(dx.data(), s.T, tw.device, dy.data());
+      const std::string what = "q" + std::to_string(l.bits) + " g" + std::to_string(l.group) + " " +
+                               scale_type_name(l.scales) + " " + name(s);
+      const double err = rel_error(host(dy), y_cpu, magnitudes(x, s.T, tw.a, s.rows, s.cols));
+      record("matmul imported", what, err, kTol);
+      EXPECT_LE(err, kTol) << what;
     }
 }
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "quant_support.h"
 #include "format/engine_dir.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
@@ -158,9 +159,13 @@ struct ExpertSet {
   const uint8_t* record(int e) const { return blob.data() + size_t(e) * layout.stride; }
 };
 
-// E experts with random weights: bits 16 stores bf16, else quantize()'s affine data.
-ExpertSet random_experts(Rng& rng, int E, int H, int I, int bits_gate_up, int bits_down, int group) {
-  auto spec = [&](int bits, int rows, int cols) { return ProjSpec{bits, bits == kRawBits ? 0 : group, rows, cols}; };
+// E experts with random weights: bits 16 stores bf16, else quantize()'s affine data, its scales
+// and biases as scale_type (nudged off the bf16 grid where wider: quant_support.h).
+ExpertSet random_experts(Rng& rng, int E, int H, int I, int bits_gate_up, int bits_down, int group,
+                         ScaleType scale_type = ScaleType::BF16) {
+  auto spec = [&](int bits, int rows, int cols) {
+    return ProjSpec{bits, bits == kRawBits ? 0 : group, rows, cols, scale_type};
+  };
   ExpertSet s;
   s.layout = plan_expert_layer("model.layers.0.mlp", "experts/layer_000.bin", E,
                                {spec(bits_gate_up, I, H), spec(bits_gate_up, I, H), spec(bits_down, H, I)});
@@ -178,8 +183,14 @@ ExpertSet random_experts(Rng& rng, int E, int H, int I, int bits_gate_up, int bi
       const QuantBuffer qb = quantize(w.data(), p.rows, p.cols, p.bits, p.group);
       EXPECT_EQ(qb.q.size(), p.q_bytes);
       std::memcpy(rec + p.q_offset, qb.q.data(), qb.q.size());
-      std::memcpy(rec + p.scales_offset, qb.scales.data(), p.scales_bytes);
-      std::memcpy(rec + p.biases_offset, qb.biases.data(), p.scales_bytes);
+      if (scale_type == ScaleType::BF16) {
+        std::memcpy(rec + p.scales_offset, qb.scales.data(), p.scales_bytes);
+        std::memcpy(rec + p.biases_offset, qb.biases.data(), p.scales_bytes);
+      } else {
+        const ::ms::test::TypedScales typed = ::ms::test::with_scale_type(qb, scale_type, rng.gen);
+        std::memcpy(rec + p.scales_offset, typed.scales.data(), p.scales_bytes);
+        std::memcpy(rec + p.biases_offset, typed.biases.data(), p.scales_bytes);
+      }
     }
   return s;
 }
@@ -195,7 +206,7 @@ void abs_row(const Mat& W, int r, Vec& out) {
   const QuantMat q = W.quant();
   dequantize_row(q, r, out.data());
   for (int c = 0; c < W.cols; ++c) {
-    const float b = bf16_to_f32(q.biases[size_t(r) * q.groups_per_row() + size_t(c / q.group)]);
+    const float b = q.bias(size_t(r) * q.groups_per_row() + size_t(c / q.group));
     out[size_t(c)] = std::abs(out[size_t(c)] - b) + std::abs(b);
   }
 }
@@ -259,7 +270,7 @@ Reference reference(const ExpertSet& s, const Vec& x, int T, int K, const std::v
 }
 
 RecordMat record_mat(const ProjLayout& p) {
-  return {p.bits, p.group, p.rows, p.cols, p.q_offset, p.scales_offset, p.biases_offset};
+  return {p.bits, p.group, p.rows, p.cols, p.q_offset, p.scales_offset, p.biases_offset, p.scale_type};
 }
 
 // The experts on the device and moe_experts on them.
@@ -312,13 +323,14 @@ Routed random_routes(Rng& rng, int T, int K, int E, bool same_for_all) {
 struct MoeCase {
   int H, I, bits_gate_up, bits_down, group, T, K, E;
   bool same_experts;
+  ScaleType scales = ScaleType::BF16;
 };
 
 std::string name(const MoeCase& c) {
   auto b = [](int bits) { return bits == 16 ? std::string("bf16") : "q" + std::to_string(bits); };
   return std::to_string(c.H) + "/" + std::to_string(c.I) + " " + b(c.bits_gate_up) + "/" + b(c.bits_down) + " g" +
-         std::to_string(c.group) + " T=" + std::to_string(c.T) + " K=" + std::to_string(c.K) +
-         (c.same_experts ? " same" : "");
+         std::to_string(c.group) + (c.scales == ScaleType::BF16 ? "" : std::string(" ") + scale_type_name(c.scales)) +
+         " T=" + std::to_string(c.T) + " K=" + std::to_string(c.K) + (c.same_experts ? " same" : "");
 }
 
 std::vector<MoeCase> moe_cases() {
@@ -349,6 +361,15 @@ std::vector<MoeCase> moe_cases() {
   cases.push_back({512, 384, 3, 2, 128, 1, 10, 12, false});
   cases.push_back({2048, 512, 4, 4, 64, 4, 10, 10, true});
   cases.push_back({256, 64, 8, 8, 64, 4, 8, 8, true});
+  // The layouts of GGUF imports (the float kernels): Q4_0 and Q8_0 (f16 scales, group 32), Q4_K
+  // with Q6_K down (f32, groups of 32 and 16), Q5_K; and groups of 16 with bf16 scales.
+  cases.push_back({2048, 512, 4, 8, 32, 1, 10, 16, false, ScaleType::F16});
+  cases.push_back({512, 384, 8, 8, 32, 4, 10, 12, false, ScaleType::F16});
+  cases.push_back({2048, 512, 4, 6, 32, 2, 10, 16, false, ScaleType::F32});
+  cases.push_back({256, 64, 5, 6, 16, 3, 8, 12, true, ScaleType::F32});
+  cases.push_back({512, 384, 5, 5, 32, 1, 8, 12, false, ScaleType::F32});
+  cases.push_back({256, 64, 2, 3, 64, 2, 8, 12, false, ScaleType::F16});
+  cases.push_back({512, 384, 4, 4, 16, 2, 8, 12, false});
   return cases;
 }
 
@@ -359,7 +380,7 @@ TEST(CudaMoe, ExpertsMatchCpu) {
   Rng rng(31);
   int n = 0;
   for (const MoeCase& c : moe_cases()) {
-    const ExpertSet s = random_experts(rng, c.E, c.H, c.I, c.bits_gate_up, c.bits_down, c.group);
+    const ExpertSet s = random_experts(rng, c.E, c.H, c.I, c.bits_gate_up, c.bits_down, c.group, c.scales);
     const Routed r = random_routes(rng, c.T, c.K, c.E, c.same_experts);
     const Vec x = rng.normals(size_t(c.T) * c.H);
     Reference ref = reference(s, x, c.T, c.K, r.ids, r.weights);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "quant_support.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 #include "quant/affine.h"
@@ -165,16 +166,21 @@ TEST(CudaOps, EmbedRowIsTheHostsRow) {
   check(Mat{WeightType::BF16, db.data(), kRows, kCols}, "bf16", [&](int r, float* o) {
     for (int c = 0; c < kCols; ++c) o[c] = bf16_to_f32(b16[size_t(r) * kCols + size_t(c)]);
   });
-  for (int bits : {2, 3, 4, 8})
-    for (int group : {32, 128}) {
-      const QuantBuffer qb = quantize(w.data(), kRows, kCols, bits, group);
-      DeviceArray<uint8_t> dq = DeviceArray<uint8_t>::from(qb.q, DeviceAlloc::Now);
-      DeviceArray<uint16_t> ds = DeviceArray<uint16_t>::from(qb.scales, DeviceAlloc::Now);
-      DeviceArray<uint16_t> dbias = DeviceArray<uint16_t>::from(qb.biases, DeviceAlloc::Now);
-      Mat table{WeightType::Affine, dq.data(), kRows, kCols, bits, group, ds.data(), dbias.data()};
-      check(table, std::to_string(bits) + "-bit g" + std::to_string(group),
-            [&](int r, float* o) { dequantize_row(qb.view(), r, o); });
-    }
+  // Every width and group the format allows, with bf16 scales and with the f16 and f32 ones of
+  // imports.
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int group : {16, 32, 128})
+      for (ScaleType st : {ScaleType::BF16, ScaleType::F16, ScaleType::F32}) {
+        if (group == 16 && bits < 4) continue;
+        const QuantBuffer qb = quantize(w.data(), kRows, kCols, bits, group);
+        const ::ms::test::TypedScales typed = ::ms::test::with_scale_type(qb, st, rng.gen);
+        DeviceArray<uint8_t> dq = DeviceArray<uint8_t>::from(qb.q, DeviceAlloc::Now);
+        DeviceArray<uint16_t> ds = DeviceArray<uint16_t>::from(typed.scales, DeviceAlloc::Now);
+        DeviceArray<uint16_t> dbias = DeviceArray<uint16_t>::from(typed.biases, DeviceAlloc::Now);
+        Mat table{WeightType::Affine, dq.data(), kRows, kCols, bits, group, ds.data(), dbias.data(), st};
+        check(table, std::to_string(bits) + "-bit g" + std::to_string(group) + " " + scale_type_name(st),
+              [&](int r, float* o) { dequantize_row(typed.view, r, o); });
+      }
   EXPECT_THROW(embed_row(Mat{WeightType::F32, db.data(), kRows, kCols}, reinterpret_cast<const int*>(db.data()), nullptr),
                Error);
 }
