@@ -34,7 +34,9 @@ void add_convert(CLI::App& app) {
                   "Checkpoint: a Hugging Face directory (config.json, safetensors); an mlx-lm quantized directory "
                   "(affine 2, 3, 4, 5, 6 or 8 bits, bf16 or f16 scales: copied exactly); or a llama.cpp GGUF file of "
                   "qwen3next or qwen3moe (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K carried "
-                  "without changing a weight; any other type is refused, naming the tensor)")
+                  "without changing a weight; any other type is refused, naming the tensor). Imports keep their file's "
+                  "quantization: the --expert-*, --proj-bits, --layer-bits and --dense-* flags are refused for them "
+                  "(except for the MTP layer --mtp-from adds)")
       ->required()
       ->check(non_empty());
   cmd->add_option("--mtp-from", a->opt.mtp_from,

@@ -274,6 +274,27 @@ std::map<std::string, int> parse_bits_list(const std::string& flag, const std::s
   return out;
 }
 
+namespace {
+
+// The quantization flags shape a Hugging Face conversion; an import keeps its file's own
+// quantization, so they are refused rather than ignored. With --mtp-from they shape the MTP
+// layer an MLX import takes from the Hugging Face checkpoint.
+void check_import_flags(const ConvertOptions& opt, const char* kind) {
+  if (!opt.mtp_from.empty()) return;
+  const ConvertOptions d;
+  const std::pair<bool, const char*> flags[] = {
+      {opt.expert_bits != d.expert_bits, "--expert-bits"}, {opt.expert_group != d.expert_group, "--expert-group"},
+      {!opt.proj_bits.empty(), "--proj-bits"},            {!opt.layer_bits.empty(), "--layer-bits"},
+      {opt.dense_bits != d.dense_bits, "--dense-bits"},    {opt.dense_group != d.dense_group, "--dense-group"}};
+  for (const auto& [set, flag] : flags)
+    if (set)
+      fail("{}: an {} import keeps {}'s own quantization, every weight as stored; to requantize, convert the "
+           "original Hugging Face checkpoint",
+           flag, kind, opt.from);
+}
+
+}  // namespace
+
 ConvertStats convert_checkpoint(const ConvertOptions& opt) {
   const auto start = Clock::now();
   check_options(opt);
@@ -281,10 +302,14 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
   if (fs::exists(out) && !opt.force) fail("{}: already exists (use --force to replace it)", opt.out);
   if (is_gguf_file(opt.from)) {
     if (!opt.mtp_from.empty()) fail("--mtp-from: only an MLX checkpoint takes it");
+    check_import_flags(opt, "GGUF");
     return convert_gguf(opt);
   }
   if (!fs::is_directory(opt.from)) fail("--from {}: not a checkpoint directory or a GGUF file", opt.from);
-  if (is_mlx_checkpoint(opt.from)) return convert_mlx(opt);
+  if (is_mlx_checkpoint(opt.from)) {
+    check_import_flags(opt, "MLX");
+    return convert_mlx(opt);
+  }
   if (!opt.mtp_from.empty()) fail("--mtp-from: only an MLX checkpoint (which has no MTP head) takes it");
   const ModelConfig cfg = load_config(opt.from);
   const TensorStore store = TensorStore::open(opt.from);

@@ -153,5 +153,37 @@ TEST(GgufImport, BadFilesNamed) {
   test::expect_error([&] { GgufFile::open(dir + "/b.gguf")->tensor("nope"); }, {"b.gguf", "'nope'"});
 }
 
+// The flags that requantize a Hugging Face conversion are refused by name for an import, which
+// keeps its file's quantization, rather than ignored; so is --mtp-from (MLX only). Checked
+// before the file is read: a GGUF magic and nothing else will do.
+TEST(GgufImport, QuantizationFlagsRefused) {
+  const std::string dir = test::scratch_dir("gguf-flags");
+  std::ofstream(dir + "/m.gguf", std::ios::binary) << "GGUF";
+  auto options = [&] {
+    ConvertOptions o;
+    o.from = dir + "/m.gguf";
+    o.out = dir + "/out";
+    return o;
+  };
+  std::vector<std::pair<ConvertOptions, std::string>> cases;
+  cases.emplace_back(options(), "--expert-bits");
+  cases.back().first.expert_bits = 2;
+  cases.emplace_back(options(), "--expert-group");
+  cases.back().first.expert_group = 32;
+  cases.emplace_back(options(), "--proj-bits");
+  cases.back().first.proj_bits = {{"down", 8}};
+  cases.emplace_back(options(), "--layer-bits");
+  cases.back().first.layer_bits = {{"0", 8}};
+  cases.emplace_back(options(), "--dense-bits");
+  cases.back().first.dense_bits = 8;
+  cases.emplace_back(options(), "--dense-group");
+  cases.back().first.dense_group = 32;
+  cases.emplace_back(options(), "--mtp-from");
+  cases.back().first.mtp_from = dir;
+  for (const auto& [opt, flag] : cases) test::expect_error([&] { convert_checkpoint(opt); }, {flag});
+  test::expect_error([&] { convert_checkpoint(cases[0].first); }, {"GGUF", "m.gguf", "own quantization"});
+  EXPECT_FALSE(fs::exists(dir + "/out"));
+}
+
 }  // namespace
 }  // namespace ms

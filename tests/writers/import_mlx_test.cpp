@@ -211,6 +211,13 @@ TEST(MlxImportErrors, BadCheckpointsNamed) {
   write_json(cfg_path, j);
   test::expect_error([&] { import(p.mlx, "mlx-bad-4"); }, {"config.json", "quantization.bits 7"});
   write_json(cfg_path, good);
+
+  // Requantizing flags are refused by name (without --mtp-from, which they would shape).
+  ConvertOptions opt;
+  opt.from = p.mlx;
+  opt.out = test::scratch_dir("mlx-bad-5") + "/model";
+  opt.dense_bits = 8;
+  test::expect_error([&] { convert_checkpoint(opt); }, {"--dense-bits", "MLX", "own quantization"});
 }
 
 }  // namespace
