@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "backends/load.h"
 #include "format/engine_dir.h"
@@ -135,6 +136,35 @@ TEST(GgufImport, KQuantModelsCarryEveryWeight) {
     EXPECT_EQ(qkvz.dtype, DType::F32) << type;
     EXPECT_EQ(qkvz.dim(1), 256 / 16) << type << ": Q6_K's groups of 16";
   }
+}
+
+// llama-quantize's own output: tests/data/gguf/tiny256-Q4_K_M.gguf is Q4_K_M of make_gguf.py's
+// tiny256 checkpoint (a BF16 GGUF of it, through llama-quantize from ../shared/peers), which mixes
+// Q4_K, Q5_K, Q6_K, Q8_0 and f32. Every weight of its import is gguf-py's dequantize of its
+// blocks, and its logits are the Hugging Face path's on those weights.
+TEST(GgufImport, LlamaQuantizeOutputCarriesEveryWeight) {
+  const std::string file = std::string(MOESTREAM_SOURCE_DIR) + "/tests/data/gguf/tiny256-Q4_K_M.gguf";
+  const std::string dir = test::scratch_dir("gguf-llama-quantize");
+  if (!test::make_gguf("tiny256 " + dir + "/hf")) GTEST_SKIP() << "../shared absent (gguf-py)";
+  ASSERT_TRUE(test::make_gguf("model " + dir + "/hf " + dir + "/m.gguf BF16 " + dir + "/ref --blocks-from " + file));
+  std::set<uint32_t> types;
+  for (const GgufTensor& t : GgufFile::open(file)->tensors()) types.insert(t.type);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F32})
+    EXPECT_TRUE(types.count(uint32_t(t))) << ggml_type_name(uint32_t(t));
+  const std::string out = import(file, "gguf-llama-quantize-out");
+  EXPECT_GE(test::expect_weights_equal(out, dir + "/ref", true), 58);  // 10 dense matrices, 48 expert ones
+  auto eng = load_model(out);
+  auto ref = load_model(dir + "/ref");
+  std::vector<int> ids;
+  for (int i = 0; i < 12; ++i) ids.push_back((i * 37 + 5) % eng->config().vocab);
+  State s1 = eng->new_state(), s2 = ref->new_state();
+  const auto a = eng->forward(ids.data(), int(ids.size()), s1, {.all_logits = true}).logits;
+  const auto b = ref->forward(ids.data(), int(ids.size()), s2, {.all_logits = true}).logits;
+  ASSERT_EQ(a.size(), b.size());
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  std::printf("tiny256 Q4_K_M (llama-quantize): max |logit - dequantized reference| = %.3g\n", worst);
+  EXPECT_LE(worst, 1e-4f);
 }
 
 TEST(GgufImport, BadFilesNamed) {

@@ -15,6 +15,14 @@ usage:
       and attn_gate as another K type: weights to check an import by, not a model to run.
       REF_DIR: the Hugging Face checkpoint of what the file holds (each matrix as gguf-py's
       dequantize of its blocks, float32), the reference an import is tested against.
+  make_gguf.py model HF_DIR OUT.gguf TYPE REF_DIR --blocks-from QUANTIZED.gguf
+      as above, but every tensor QUANTIZED.gguf holds is written with its blocks and type, as they
+      are (a file llama-quantize wrote from one of HF_DIR's dims, e.g. tiny256-Q4_K_M.gguf), and
+      REF_DIR holds their gguf-py dequantize.
+  make_gguf.py tiny256 OUT_DIR
+      a random Qwen3-MoE checkpoint whose every matrix has rows of 256 (K-quant super-blocks):
+      what tests/data/gguf/tiny256-Q4_K_M.gguf was quantized from (llama-quantize Q4_K_M of its
+      BF16 GGUF), with the same seed.
   make_gguf.py bad OUT_DIR
       damaged and foreign files for the error tests."""
 import json
@@ -82,9 +90,17 @@ NEXT_PLUS_ONE = ("input_layernorm.weight", "post_attention_layernorm.weight", "m
                  "k_norm.weight")
 
 
-def model(hf_dir, out, qtype_name, ref_dir=None):
+def source_blocks(path):
+    """{name: (raw blocks or values, GGML type)} of every tensor of a GGUF file."""
+    if path is None:
+        return {}
+    return {t.name: (np.array(t.data), Q(t.tensor_type)) for t in gguf.GGUFReader(path).tensors}
+
+
+def model(hf_dir, out, qtype_name, ref_dir=None, blocks_from=None):
     qtype = Q[qtype_name]
     ref = {}
+    source = source_blocks(blocks_from)
     cfg = json.load(open(os.path.join(hf_dir, "config.json")))
     next_arch = cfg["architectures"][0] == "Qwen3NextForCausalLM"
     arch = "qwen3next" if next_arch else "qwen3moe"
@@ -130,6 +146,19 @@ def model(hf_dir, out, qtype_name, ref_dir=None):
     def put(name, arr, matrix=True, hf=None):
         """hf: the checkpoint tensor names the GGUF tensor holds (experts: one per expert)."""
         arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if name in source:  # the blocks another tool wrote, as they are
+            raw, have = source[name]
+            if have in (Q.F32, Q.F16):
+                w.add_tensor(name, raw)
+                held = raw.astype(np.float32)
+            else:
+                w.add_tensor(name, raw, raw_dtype=have)
+                held = gguf.quants.dequantize(raw, have)
+            held = held.reshape(arr.shape)
+            if hf is not None and matrix:
+                for i, n in enumerate(hf):
+                    ref[n] = held[i] if len(hf) > 1 else held
+            return held
         want = qtype if matrix and arr.ndim >= 2 else Q.F32
         if want in k_types and name.endswith("attn_gate.weight"):  # meets attn_qkv in a wider layout
             want = Q.Q6_K if want != Q.Q6_K else Q.Q4_K
@@ -237,6 +266,35 @@ def add_tokenizer(w, hf_dir):
         w.add_chat_template(json.load(open(tc))["chat_template"])
 
 
+def tiny256(out_dir):
+    H, L, E, I, V, HD = 256, 2, 8, 256, 512, 128
+    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": H,
+           "intermediate_size": 512, "num_hidden_layers": L, "num_attention_heads": 2, "num_key_value_heads": 1,
+           "head_dim": HD, "num_local_experts": E, "num_experts_per_tok": 2, "moe_intermediate_size": I,
+           "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "rms_norm_eps": 1e-06,
+           "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "max_position_embeddings": 4096,
+           "vocab_size": V, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+           "hidden_act": "silu", "attention_bias": False}
+    rng = np.random.default_rng(256)
+    mat = lambda r, c: (rng.standard_normal((r, c)) * 0.05).astype(np.float32)
+    norm = lambda n: (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    t = {"model.embed_tokens.weight": mat(V, H), "lm_head.weight": mat(V, H), "model.norm.weight": norm(H)}
+    for l in range(L):
+        p = f"model.layers.{l}."
+        t[p + "input_layernorm.weight"], t[p + "post_attention_layernorm.weight"] = norm(H), norm(H)
+        t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"] = mat(2 * HD, H), mat(HD, H)
+        t[p + "self_attn.v_proj.weight"], t[p + "self_attn.o_proj.weight"] = mat(HD, H), mat(H, 2 * HD)
+        t[p + "self_attn.q_norm.weight"], t[p + "self_attn.k_norm.weight"] = norm(HD), norm(HD)
+        t[p + "mlp.gate.weight"] = mat(E, H)
+        for e in range(E):
+            for proj, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
+                t[f"{p}mlp.experts.{e}.{proj}.weight"] = mat(*shape)
+    os.makedirs(out_dir, exist_ok=True)
+    write_f32_safetensors(os.path.join(out_dir, "model.safetensors"), t)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
 def bad(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     w = gguf.GGUFWriter(os.path.join(out_dir, "foreign.gguf"), "llama")
@@ -255,5 +313,11 @@ def bad(out_dir):
 
 
 if __name__ == "__main__":
-    {"blocks": lambda: blocks(*sys.argv[2:4]), "model": lambda: model(*sys.argv[2:6]), "bad": lambda: bad(sys.argv[2])}[
-        sys.argv[1]]()
+    args = sys.argv[2:]
+    blocks_from = None
+    if "--blocks-from" in args:
+        at = args.index("--blocks-from")
+        blocks_from = args[at + 1]
+        del args[at:at + 2]
+    {"blocks": lambda: blocks(*args[:2]), "model": lambda: model(*args[:4], blocks_from=blocks_from),
+     "tiny256": lambda: tiny256(args[0]), "bad": lambda: bad(args[0])}[sys.argv[1]]()
