@@ -143,22 +143,15 @@ def model(hf_dir, out, qtype_name, ref_dir=None, blocks_from=None):
     rng = np.random.default_rng(11)
     k_types = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
-    def put(name, arr, matrix=True, hf=None):
-        """hf: the checkpoint tensor names the GGUF tensor holds (experts: one per expert)."""
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
+    def write(name, arr, matrix):
+        """Writes arr as the type it takes (or as the blocks `source` holds); returns what the file holds."""
         if name in source:  # the blocks another tool wrote, as they are
             raw, have = source[name]
             if have in (Q.F32, Q.F16):
                 w.add_tensor(name, raw)
-                held = raw.astype(np.float32)
-            else:
-                w.add_tensor(name, raw, raw_dtype=have)
-                held = gguf.quants.dequantize(raw, have)
-            held = held.reshape(arr.shape)
-            if hf is not None and matrix:
-                for i, n in enumerate(hf):
-                    ref[n] = held[i] if len(hf) > 1 else held
-            return held
+                return raw.astype(np.float32)
+            w.add_tensor(name, raw, raw_dtype=have)
+            return gguf.quants.dequantize(raw, have)
         want = qtype if matrix and arr.ndim >= 2 else Q.F32
         if want in k_types and name.endswith("attn_gate.weight"):  # meets attn_qkv in a wider layout
             want = Q.Q6_K if want != Q.Q6_K else Q.Q4_K
@@ -167,20 +160,22 @@ def model(hf_dir, out, qtype_name, ref_dir=None, blocks_from=None):
         if want in k_types:  # gguf-py cannot quantize these: random blocks, the weights what they say
             raw = random_k_blocks(want, arr.size // 256, rng).reshape(*arr.shape[:-1], -1)
             w.add_tensor(name, raw, raw_dtype=want)
-            held = gguf.quants.dequantize(raw, want)
-        elif want == Q.BF16:
+            return gguf.quants.dequantize(raw, want)
+        if want == Q.BF16:
             raw = f32_to_bf16(arr)
             w.add_tensor(name, raw, raw_shape=list(arr.shape), raw_dtype=Q.BF16)
-            held = (raw.astype(np.uint32) << 16).view(np.float32)
-        elif want in (Q.F32, Q.F16):
-            raw = gguf.quants.quantize(arr, want)
+            return (raw.astype(np.uint32) << 16).view(np.float32)
+        raw = gguf.quants.quantize(arr, want)
+        if want in (Q.F32, Q.F16):
             w.add_tensor(name, raw)
-            held = raw.astype(np.float32)
-        else:
-            raw = gguf.quants.quantize(arr, want)
-            w.add_tensor(name, raw, raw_dtype=want)
-            held = gguf.quants.dequantize(raw, want)
-        held = held.reshape(arr.shape)
+            return raw.astype(np.float32)
+        w.add_tensor(name, raw, raw_dtype=want)
+        return gguf.quants.dequantize(raw, want)
+
+    def put(name, arr, matrix=True, hf=None):
+        """hf: the checkpoint tensor names the GGUF tensor holds (experts: one per expert)."""
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        held = write(name, arr, matrix).reshape(arr.shape)
         if hf is not None and matrix:
             for i, n in enumerate(hf):
                 ref[n] = held[i] if len(hf) > 1 else held
