@@ -288,7 +288,7 @@ void check_import_flags(const ConvertOptions& opt, const char* kind) {
       {opt.dense_bits != d.dense_bits, "--dense-bits"},    {opt.dense_group != d.dense_group, "--dense-group"}};
   for (const auto& [set, flag] : flags)
     if (set)
-      fail("{}: an {} import keeps {}'s own quantization, every weight as stored; to requantize, convert the "
+      fail("{}: {} import keeps {}'s own quantization, every weight as stored; to requantize, convert the "
            "original Hugging Face checkpoint",
            flag, kind, opt.from);
 }
@@ -302,12 +302,12 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
   if (fs::exists(out) && !opt.force) fail("{}: already exists (use --force to replace it)", opt.out);
   if (is_gguf_file(opt.from)) {
     if (!opt.mtp_from.empty()) fail("--mtp-from: only an MLX checkpoint takes it");
-    check_import_flags(opt, "GGUF");
+    check_import_flags(opt, "a GGUF");
     return convert_gguf(opt);
   }
   if (!fs::is_directory(opt.from)) fail("--from {}: not a checkpoint directory or a GGUF file", opt.from);
   if (is_mlx_checkpoint(opt.from)) {
-    check_import_flags(opt, "MLX");
+    check_import_flags(opt, "an MLX");
     return convert_mlx(opt);
   }
   if (!opt.mtp_from.empty()) fail("--mtp-from: only an MLX checkpoint (which has no MTP head) takes it");
