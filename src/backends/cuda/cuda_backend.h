@@ -112,7 +112,8 @@ struct CudaBackend {
                             .nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = conv_k, .eps = eps, .q_scale = q_scale});
   }
   void shared_gate_add(float* out, const float* s, const float* x, const Mat& gate_w, int T, int H) const {
-    if (gate_w.type == WeightType::Affine) {  // a quantized gate row (an MLX import's): logits by the matmul
+    // A quantized gate row (an MLX import's) or a float32 one (a GGUF's): logits by the matmul.
+    if (gate_w.type != WeightType::BF16) {
       Buf logit = alloc(size_t(T));
       cuda::matmul(x, T, gate_w, logit.data());
       cuda::shared_logit_add(out, s, logit.data(), T, H);

@@ -7,45 +7,48 @@
 namespace ms {
 
 DeviceWeights::DeviceWeights(const ModelWeights& w) {
-  auto add_mlp = [&](const MlpWeights& m, const char* what) {
-    add(m.gate, what);
-    add(m.up, what);
-    add(m.down, what);
+  auto add_mlp = [&](const MlpWeights& m) {
+    add(m.gate);
+    add(m.up);
+    add(m.down);
   };
   auto add_layer = [&](const LayerWeights& l) {
     add(l.input_norm);
     add(l.post_attention_norm);
     if (l.type == LayerType::FullAttention) {
-      add_stack({&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj}, "attention");
-      add(l.attn.o_proj, "attention");
+      add_stack({&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj});
+      add(l.attn.o_proj);
       add(l.attn.q_norm);
       add(l.attn.k_norm);
     } else {
-      add_stack({&l.linear.in_proj_qkvz, &l.linear.in_proj_ba}, "linear attention");
-      add(l.linear.out_proj, "linear attention");
+      add_stack({&l.linear.in_proj_qkvz, &l.linear.in_proj_ba});
+      add(l.linear.out_proj);
       for (const auto* v : {&l.linear.conv1d, &l.linear.A, &l.linear.dt_bias, &l.linear.norm}) add(*v);
     }
-    if (!l.moe) return add_mlp(l.ffn.dense, "dense mlp");
+    if (!l.moe) return add_mlp(l.ffn.dense);
     if (l.ffn.shared_expert.gate.data) {
-      add_stack({&l.ffn.router, &l.ffn.shared_expert_gate}, "router and shared expert gate");
-      add_mlp(l.ffn.shared_expert, "shared expert");
+      add_stack({&l.ffn.router, &l.ffn.shared_expert_gate});
+      add_mlp(l.ffn.shared_expert);
     } else {
-      add(l.ffn.router, "router");
+      add(l.ffn.router);
     }
-    for (const MlpWeights& e : l.ffn.experts) add_mlp(e, "expert");
+    for (const MlpWeights& e : l.ffn.experts) add_mlp(e);
   };
   for (const LayerWeights& l : w.layers) add_layer(l);
   add(w.final_norm);
-  add(w.lm_head, "lm_head");
+  add(w.lm_head);
   if (w.mtp) {
-    add(w.mtp->fc, "mtp.fc");
+    add(w.mtp->fc);
     for (const auto* v : {&w.mtp->pre_fc_norm_embedding, &w.mtp->pre_fc_norm_hidden, &w.mtp->norm}) add(*v);
     add_layer(w.mtp->layer);
   }
 }
 
 namespace {
-size_t row_bytes(const Mat& m) { return m.type == WeightType::BF16 ? size_t(m.cols) * 2 : m.quant().row_bytes(); }
+size_t row_bytes(const Mat& m) {
+  if (m.type == WeightType::Affine) return m.quant().row_bytes();
+  return size_t(m.cols) * (m.type == WeightType::BF16 ? 2 : 4);
+}
 size_t row_groups(const Mat& m) { return m.type == WeightType::Affine ? size_t(m.cols / m.group) : 0; }
 // Bytes of a row's scales (or biases): its groups' entries.
 size_t row_scale_bytes(const Mat& m) {
@@ -60,7 +63,6 @@ bool stackable(const std::vector<const Mat*>& parts) {
     if (!m->data || m->type != a.type || m->cols != a.cols || m->bits != a.bits || m->group != a.group ||
         m->scale_type != a.scale_type)
       return false;
-    if (m->type != WeightType::BF16 && m->type != WeightType::Affine) return false;
   }
   size_t rows = 0;
   for (const Mat* m : parts) {
@@ -72,12 +74,8 @@ bool stackable(const std::vector<const Mat*>& parts) {
 }  // namespace
 
 // The parts' rows, in order, in one set of device buffers: the whole, and each part a view of it.
-void DeviceWeights::upload_rows(const std::vector<const Mat*>& parts, const char* what) {
+void DeviceWeights::upload_rows(const std::vector<const Mat*>& parts) {
   const Mat& a = *parts[0];
-  if (a.type != WeightType::BF16 && a.type != WeightType::Affine)
-    fail("{} weights [{}, {}] are float32 in memory (as a GGUF import's routers are); the CUDA matmul reads bf16 or "
-         "affine weights only: run this model with --device cpu",
-         what, a.rows, a.cols);
   size_t rows = 0;
   for (const Mat* m : parts) rows += size_t(m->rows);
   auto upload = [&](size_t per_row, auto field) {
@@ -117,17 +115,17 @@ void DeviceWeights::upload_rows(const std::vector<const Mat*>& parts, const char
   }
 }
 
-void DeviceWeights::add(const Mat& m, const char* what) {
+void DeviceWeights::add(const Mat& m) {
   if (!m.data || mats_.count(m.data)) return;  // absent, or the tied lm_head
-  upload_rows({&m}, what);
+  upload_rows({&m});
 }
 
-void DeviceWeights::add_stack(const std::vector<const Mat*>& parts, const char* what) {
+void DeviceWeights::add_stack(const std::vector<const Mat*>& parts) {
   if (!stackable(parts) || std::any_of(parts.begin(), parts.end(), [&](const Mat* m) { return mats_.count(m->data); })) {
-    for (const Mat* m : parts) add(*m, what);
+    for (const Mat* m : parts) add(*m);
     return;
   }
-  upload_rows(parts, what);
+  upload_rows(parts);
 }
 
 const Mat* DeviceWeights::stacked(std::initializer_list<const Mat*> parts) const {
@@ -148,7 +146,7 @@ void DeviceWeights::add(const std::vector<float>& v) {
 void DeviceWeights::add_embedding(const Mat& embed, uint64_t room) {
   if (has(embed) || embed.type == WeightType::F32) return;  // has: the tied lm_head
   const size_t table = size_t(embed.rows) * (row_bytes(embed) + 2 * row_scale_bytes(embed));
-  if (table <= room) add(embed, "embedding");
+  if (table <= room) add(embed);
 }
 
 const Mat& DeviceWeights::mat(const Mat& host) const {

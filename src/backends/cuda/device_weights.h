@@ -32,11 +32,11 @@ class DeviceWeights {
     Mat whole;
     std::vector<const void*> parts;  // their host addresses, in order
   };
-  void add(const Mat& m, const char* what);
+  void add(const Mat& m);
   // Matrices a forward multiplies by the same x, as one matrix of their rows where they share a
   // format and width (else each alone), so that a decode token's product is one launch.
-  void add_stack(const std::vector<const Mat*>& parts, const char* what);
-  void upload_rows(const std::vector<const Mat*>& parts, const char* what);
+  void add_stack(const std::vector<const Mat*>& parts);
+  void upload_rows(const std::vector<const Mat*>& parts);
   void add(const std::vector<float>& v);
   std::vector<cuda::DeviceArray<unsigned char>> buffers_;
   std::unordered_map<const void*, Mat> mats_;

@@ -173,10 +173,15 @@ void matmul_gemm(const float* x, int T, const Mat& W, float* y, size_t max_scrat
   static DeviceArray<float> scratch;
   std::lock_guard<std::mutex> lock(mu);
   const cublasHandle_t h = handle_locked();
+  const float one = 1.0f, zero = 0.0f;
+  if (W.type == WeightType::F32) {  // already float32: one SGEMM on the weights themselves, no scratch
+    CUBLAS_CHECK(cublas().sgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, T, W.cols, &one, static_cast<const float*>(W.data),
+                                W.cols, x, W.cols, &zero, y, W.rows));
+    return;
+  }
   const size_t floats = size_t(tile) * size_t(W.cols);  // tile rows of W, dequantized
   if (scratch.size() < floats)
     scratch = DeviceArray<float>(floats, DeviceAlloc::Now);  // frees the old one after the GPU is done with it
-  const float one = 1.0f, zero = 0.0f;
   for (int r0 = 0; r0 < W.rows; r0 += tile) {
     const int rows = std::min(tile, W.rows - r0);
     dequantize_tile(W, r0, rows, scratch.data());

@@ -1,6 +1,7 @@
 #pragma once
 // The two forms of cuda::matmul (kernels/cuda/ops.h), named so that tests and benchmarks can run
-// each on any T. Same arguments, checks and results as matmul; device pointers.
+// each on any T. Same arguments, checks and results as matmul; device pointers. float32 weights
+// (a GGUF's routers) take the bf16 threshold and need no dequantizing.
 // Plain C++: no CUDA headers needed to include this.
 #include <cstddef>
 

@@ -1,5 +1,5 @@
-// y = x · Wᵀ on the GPU for bf16 and affine-quantized weights. Two kernels: bf16 weights decode to
-// float for FMAs (weight_dot.cuh; a matvec of few rows, as the router's, has a kernel of its own,
+// y = x · Wᵀ on the GPU for bf16, float32 and affine-quantized weights. Two kernels: bf16 (and
+// float32) weights decode to float for FMAs (weight_dot.cuh; a matvec of few rows, as the router's, has a kernel of its own,
 // bf16_few_rows_kernel); affine codes, whose float decoding costs more instructions per byte than
 // HBM delivers them at, go to the integer tensor cores as bytes against x in exact integer parts
 // (mma_dot.cuh) where their layout allows (tensor_core_layout), else to the float kernel. Either
@@ -28,7 +28,7 @@ constexpr int kBatch = 4;  // tokens per block when T > 1
 
 // Launched overlapped (launch.cuh), as the affine kernel below: its launch and first loads hide
 // under the kernel before (docs/PERFORMANCE.md#cuda-matvec).
-// BITS: 16 for bf16 rows, else affine ones of that width (weight_dot.cuh's dot_rows_of).
+// BITS: 16 for bf16 rows, 32 for float32, else affine ones of that width (weight_dot.cuh's dot_rows_of).
 template <int BITS, int TT>
 __global__ void __launch_bounds__(kThreads) float_matmul_kernel(const float* __restrict__ x, int T, WeightArgs W,
                                                                 float* __restrict__ y, int split_log2) {
@@ -308,7 +308,6 @@ void check_matmul_args(const float* x, const Mat& W, const float* y) {
     arg_fail("cuda::matmul: cols " + std::to_string(W.cols) + " is not a positive multiple of 32");
   if (!aligned(x, 16) || !aligned(y, 16) || !aligned(W.data, 16))
     arg_fail("cuda::matmul: x, y and the weights must be 16-byte aligned");
-  if (W.type == WeightType::F32) arg_fail("cuda::matmul: f32 weights are not supported on the GPU (store them as bf16)");
   if (W.type != WeightType::Affine) return;
   if (W.group != 16 && W.group != 32 && W.group != 64 && W.group != 128)
     arg_fail("cuda::matmul: affine group " + std::to_string(W.group) + " is not 16, 32, 64 or 128");
@@ -329,6 +328,7 @@ void matmul_direct(const float* x, int T, const Mat& W, float* y) {
   check_matmul_args(x, W, y);
   const WeightArgs args = weight_args(W);
   if (W.type == WeightType::BF16) return launch_float_tokens<16>(x, T, args, y);
+  if (W.type == WeightType::F32) return launch_float_tokens<32>(x, T, args, y);
   if (!tensor_core_layout(W.bits, W.group, W.scale_type)) return launch_affine_float(x, T, args, W.bits, y);
   switch (W.bits) {
     case 2: return launch_affine<2>(x, T, args, y);

@@ -14,8 +14,8 @@
 
 namespace ms::cuda {
 
-// y[T, W.rows] = x[T, W.cols] · Wᵀ for BF16 and Affine weights (every layout quant/affine.h
-// allows). W.cols must be a multiple of 32; x, y and W's buffers 16-byte aligned. T = 1 is the
+// y[T, W.rows] = x[T, W.cols] · Wᵀ for BF16, F32 (a GGUF's routers) and Affine weights (every
+// layout quant/affine.h allows). W.cols must be a multiple of 32; x, y and W's buffers 16-byte aligned. T = 1 is the
 // memory-bound decode matvec; larger T reuses each weight chunk for 4 tokens at a time, and from
 // gemm_min_tokens(W) on (kernels/cuda/gemm.h) W is dequantized to float32 for a cuBLAS FP32 SGEMM.
 void matmul(const float* x, int T, const Mat& W, float* y);

@@ -216,12 +216,60 @@ __device__ __forceinline__ void dot_rows_affine(const float4* xs, const WeightAr
   }
 }
 
-// dot_rows for rows of BITS bits: 16 for bf16, else affine.
+// The float32 form of dot_rows (a GGUF's routers, which llama.cpp keeps in f32): a chunk is 32
+// floats, a step 8 of them.
+template <int TT, int M>
+__device__ __forceinline__ void dot_rows_f32(const float4* xs, const WeightArgs (&W)[M], int r0, int lane, int split,
+                                             float (&acc)[M][kFloatRows][TT]) {
+  constexpr int R = kFloatRows;
+  const int nchunks = W[0].cols / kChunk;
+  for (int c = lane; c < nchunks; c += split) {
+    float dot[M][R][TT] = {};
+#pragma unroll
+    for (int st = 0; st < kChunk / 8; ++st) {
+      float4 w[M][R][2];
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float4* p = reinterpret_cast<const float4*>(W[m].data) +
+                            (size_t(min(r0 + r, W[m].rows - 1)) * W[m].cols + size_t(c) * kChunk + st * 8) / 4;
+          w[m][r][0] = __ldg(p), w[m][r][1] = __ldg(p + 1);
+        }
+#pragma unroll
+      for (int t = 0; t < TT; ++t)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float4 xv = xs[(t * nchunks + c) * kChunkSlots + st * 2 + j];
+#pragma unroll
+          for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              float& d = dot[m][r][t];
+              d = fmaf(w[m][r][j].x, xv.x, d);
+              d = fmaf(w[m][r][j].y, xv.y, d);
+              d = fmaf(w[m][r][j].z, xv.z, d);
+              d = fmaf(w[m][r][j].w, xv.w, d);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < TT; ++t) acc[m][r][t] += dot[m][r][t];
+  }
+}
+
+// dot_rows for rows of BITS bits: 16 for bf16, 32 for float32, else affine.
 template <int BITS, int TT, int M>
 __device__ __forceinline__ void dot_rows_of(const float4* xs, const WeightArgs (&W)[M], int r0, int lane, int split,
                                             float (&acc)[M][kFloatRows][TT]) {
   if constexpr (BITS == 16)
     dot_rows<TT, M>(xs, W, r0, lane, split, acc);
+  else if constexpr (BITS == 32)
+    dot_rows_f32<TT, M>(xs, W, r0, lane, split, acc);
   else
     dot_rows_affine<BITS, TT, M>(xs, W, r0, lane, split, acc);
 }

@@ -123,6 +123,43 @@ TEST(CudaForward, PycoderQ4MatchesTheCpu) {
   EXPECT_EQ(generate_greedy(*gpu, gg, ids, gen), generate_greedy(*cpu, gc, ids, gen));
 }
 
+// GGUF imports (4-, 5- and 8-bit groups of 32 with f16 scales: the float kernels rather than the
+// tensor cores) on the GPU against the CPU path on the same engine directory: every logit of a
+// prompt within kTol, and the same greedy tokens. The files are made as import_gguf_test's, from
+// the fixtures' checkpoints with gguf-py; a fixture ../shared lacks is left out.
+TEST(CudaForward, GgufImportsMatchTheCpu) {
+  if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  int ran = 0;
+  for (const char* fixture : {"qwen3-next-tiny", "qwen3-moe-tiny"})
+    for (const char* type : {"Q4_0", "Q5_0", "Q8_0"}) {
+      const std::string what = std::string(fixture) + " " + type;
+      const std::string hf = test::shared_path(std::string("fixtures/") + fixture);
+      const std::string dir = test::scratch_dir(std::string("cuda-gguf-") + fixture + type);
+      if (hf.empty() || !test::make_gguf("model " + hf + " " + dir + "/m.gguf " + type + " " + dir + "/ref")) continue;
+      ++ran;
+      ConvertOptions opt;
+      opt.from = dir + "/m.gguf";
+      opt.out = dir + "/engine";
+      convert_checkpoint(opt);
+      auto cpu = load_model(opt.out), gpu = load_model(opt.out, on_gpu());
+      std::vector<int> ids;
+      for (int i = 0; i < 24; ++i) ids.push_back((i * 7919 + 13) % cpu->config().vocab);
+      State sc = cpu->new_state(), sg = gpu->new_state();
+      const ForwardOptions all{.all_logits = true};
+      const std::vector<float> lc = cpu->forward(ids.data(), int(ids.size()), sc, all).logits;
+      const std::vector<float> lg = gpu->forward(ids.data(), int(ids.size()), sg, all).logits;
+      ASSERT_EQ(lc.size(), lg.size()) << what;
+      float err = 0.f;
+      for (size_t i = 0; i < lc.size(); ++i) err = std::max(err, std::abs(lc[i] - lg[i]));
+      std::printf("cuda %s: max |gpu logit - cpu logit| = %.3g\n", what.c_str(), err);
+      EXPECT_LE(err, kTol) << what;
+      State gc = cpu->new_state(), gg = gpu->new_state();
+      const GenerateOptions gen{.max_tokens = 24, .stop_at_eos = false};
+      EXPECT_EQ(generate_greedy(*gpu, gg, ids, gen), generate_greedy(*cpu, gc, ids, gen)) << what;
+    }
+  if (ran == 0) GTEST_SKIP() << "../shared absent: no fixture to make a GGUF of";
+}
+
 // Decode steps of an engine directory route on the GPU (CudaBackend::moe_decode) and hand the routes and
 // router probabilities back at the end of the forward: the same sets as the CPU's, every layer.
 TEST(CudaForward, PycoderQ4DecodeRoutesMatchTheCpu) {

@@ -376,6 +376,26 @@ struct GemmShape {
   int rows, cols, tile_rows;  // tile_rows 0: the default scratch (one tile for these)
 };
 
+// float32 weights (a GGUF's routers, which llama.cpp keeps in f32): the float kernel at T = 1 and
+// in batches, and the cuBLAS form on the weights as they are.
+TEST(CudaMatmul, F32MatchesCpu) {
+  MS_REQUIRE_CUDA();
+  const Shape shapes[] = {{512, 2048, 1}, {1, 2048, 1}, {129, 256, 3}, {300, 1024, 40}, {64, 4096, 7}};
+  Rng rng(7);
+  for (const Shape& s : shapes) {
+    const Vec w = rng.normals(size_t(s.rows) * s.cols, 0.05f), x = rng.normals(size_t(s.T) * s.cols);
+    Vec y_cpu(size_t(s.T) * s.rows);
+    cpu::matmul(x.data(), s.T, Mat{WeightType::F32, w.data(), s.rows, s.cols}, y_cpu.data());
+    DeviceArray<float> dw = dev(w), dx = dev(x), dy(y_cpu.size(), DeviceAlloc::Now);
+    matmul(dx.data(), s.T, Mat{WeightType::F32, dw.data(), s.rows, s.cols}, dy.data());
+    Vec a(w.size());
+    for (size_t i = 0; i < w.size(); ++i) a[i] = std::abs(w[i]);
+    const double err = rel_error(host(dy), y_cpu, magnitudes(x, s.T, a, s.rows, s.cols));
+    record("matmul f32", name(s), err, kTol);
+    EXPECT_LE(err, kTol) << name(s);
+  }
+}
+
 TEST(CudaMatmul, GemmBf16MatchesCpu) {
   MS_REQUIRE_CUDA();
   const GemmShape shapes[] = {{300, 1024, 96}, {151, 2048, 64}, {1000, 4096, 0}, {64, 8192, 0}};
@@ -476,11 +496,9 @@ TEST(CudaMatmul, RejectsWhatItCannotRun) {
   float* y = reinterpret_cast<float*>(buf.data());
   const uint16_t* sb = reinterpret_cast<const uint16_t*>(buf.data());
   EXPECT_THROW(matmul(x, 1, Mat{WeightType::BF16, buf.data(), 4, 48}, y), Error);   // cols % 32
-  EXPECT_THROW(matmul(x, 1, Mat{WeightType::F32, buf.data(), 4, 64}, y), Error);    // f32 weights
   EXPECT_THROW(matmul(x + 1, 1, Mat{WeightType::BF16, buf.data(), 4, 64}, y), Error);  // misaligned x
   for (int T : {kGemmMinTokensBf16, kGemmMinTokensAffine}) {  // the cuBLAS form checks alike
     EXPECT_THROW(matmul(x, T, Mat{WeightType::BF16, buf.data(), 4, 48}, y), Error);
-    EXPECT_THROW(matmul(x, T, Mat{WeightType::F32, buf.data(), 4, 64}, y), Error);
     EXPECT_THROW(matmul(x + 1, T, Mat{WeightType::BF16, buf.data(), 4, 64}, y), Error);
     EXPECT_THROW(matmul(x, T, Mat{WeightType::Affine, buf.data(), 4, 64, 4, 48, sb, sb}, y),
                  Error);  // group 48
