@@ -9,10 +9,6 @@ namespace ms {
 
 namespace {
 
-constexpr uint32_t kQ4_0 = uint32_t(GgmlType::Q4_0), kQ4_1 = uint32_t(GgmlType::Q4_1), kQ5_0 = uint32_t(GgmlType::Q5_0),
-                   kQ5_1 = uint32_t(GgmlType::Q5_1), kQ8_0 = uint32_t(GgmlType::Q8_0), kQ4_K = uint32_t(GgmlType::Q4_K),
-                   kQ5_K = uint32_t(GgmlType::Q5_K), kQ6_K = uint32_t(GgmlType::Q6_K);
-
 float f16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -49,33 +45,33 @@ void scale_min_k4(const uint8_t* s, int g, int* sc, int* m) {
 
 // Decodes one block; returns its values and groups.
 void decode_block(uint32_t type, const uint8_t* p, Block& b) {
-  switch (type) {
-    case kQ8_0: {
+  switch (GgmlType(type)) {
+    case GgmlType::Q8_0: {
       const float d = f16_at(p);
       for (int j = 0; j < 32; ++j) b.q[j] = uint8_t(int(int8_t(p[2 + j])) + 128);
       b.scale[0] = d, b.bias[0] = -128.0f * d;
       return;
     }
-    case kQ4_0:
-    case kQ5_0: {
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0: {
       const float d = f16_at(p);
-      const bool five = type == kQ5_0;
+      const bool five = GgmlType(type) == GgmlType::Q5_0;
       nibbles32(p + (five ? 6 : 2), five ? p + 2 : nullptr, b);
       b.scale[0] = d, b.bias[0] = (five ? -16.0f : -8.0f) * d;
       return;
     }
-    case kQ4_1:
-    case kQ5_1: {
-      const bool five = type == kQ5_1;
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_1: {
+      const bool five = GgmlType(type) == GgmlType::Q5_1;
       nibbles32(p + (five ? 8 : 4), five ? p + 4 : nullptr, b);
       b.scale[0] = f16_at(p), b.bias[0] = f16_at(p + 2);
       return;
     }
-    case kQ4_K:
-    case kQ5_K: {
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {
       const float d = f16_at(p), dmin = f16_at(p + 2);
       const uint8_t* sc = p + 4;
-      const bool five = type == kQ5_K;
+      const bool five = GgmlType(type) == GgmlType::Q5_K;
       const uint8_t* qh = p + 16;
       const uint8_t* qs = p + (five ? 48 : 16);
       for (int g = 0; g < 8; ++g) {
@@ -91,7 +87,7 @@ void decode_block(uint32_t type, const uint8_t* p, Block& b) {
       }
       return;
     }
-    case kQ6_K: {
+    case GgmlType::Q6_K: {
       const uint8_t *ql = p, *qh = p + 128;
       const auto* sc = reinterpret_cast<const int8_t*>(p + 192);
       const float d = f16_at(p + 208);
@@ -104,6 +100,7 @@ void decode_block(uint32_t type, const uint8_t* p, Block& b) {
       for (int g = 0; g < 16; ++g) b.scale[g] = d * float(sc[g]), b.bias[g] = -32.0f * b.scale[g];
       return;
     }
+    default: return;  // float types have no blocks; callers check gguf_affine_layout first
   }
 }
 
@@ -150,15 +147,15 @@ std::string ggml_type_name(uint32_t type) {
 }
 
 bool gguf_affine_layout(uint32_t type, GgufAffine* out) {
-  switch (type) {
-    case kQ8_0: *out = {8, 32, ScaleType::F16}; return true;
-    case kQ4_0:
-    case kQ4_1: *out = {4, 32, ScaleType::F16}; return true;
-    case kQ5_0:
-    case kQ5_1: *out = {5, 32, ScaleType::F16}; return true;
-    case kQ4_K: *out = {4, 32, ScaleType::F32}; return true;
-    case kQ5_K: *out = {5, 32, ScaleType::F32}; return true;
-    case kQ6_K: *out = {6, 16, ScaleType::F32}; return true;
+  switch (GgmlType(type)) {
+    case GgmlType::Q8_0: *out = {8, 32, ScaleType::F16}; return true;
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1: *out = {4, 32, ScaleType::F16}; return true;
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1: *out = {5, 32, ScaleType::F16}; return true;
+    case GgmlType::Q4_K: *out = {4, 32, ScaleType::F32}; return true;
+    case GgmlType::Q5_K: *out = {5, 32, ScaleType::F32}; return true;
+    case GgmlType::Q6_K: *out = {6, 16, ScaleType::F32}; return true;
     default: return false;
   }
 }
