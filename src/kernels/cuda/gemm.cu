@@ -134,14 +134,7 @@ void dequantize(const Mat& W, int r0, int rows, float* out) {
 
 void dequantize_tile(const Mat& W, int r0, int rows, float* out) {
   if (W.type == WeightType::BF16) return dequantize<16>(W, r0, rows, out);
-  switch (W.bits) {
-    case 2: return dequantize<2>(W, r0, rows, out);
-    case 3: return dequantize<3>(W, r0, rows, out);
-    case 4: return dequantize<4>(W, r0, rows, out);
-    case 5: return dequantize<5>(W, r0, rows, out);
-    case 6: return dequantize<6>(W, r0, rows, out);
-    case 8: return dequantize<8>(W, r0, rows, out);
-  }
+  with_bits<2, 3, 4, 5, 6, 8>(W.bits, "cuda::matmul", [&](auto B) { dequantize<B>(W, r0, rows, out); });
 }
 
 // The same checks as matmul_direct, so that matmul throws alike whichever form T picks.

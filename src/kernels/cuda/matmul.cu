@@ -289,18 +289,6 @@ WeightArgs weight_args(const Mat& W) {
           W.group >= kChunk ? floor_log2(W.group / kChunk) : 0, floor_log2(W.group), int(W.scale_type)};
 }
 
-// Affine rows the tensor cores do not take, on the float kernel.
-void launch_affine_float(const float* x, int T, const WeightArgs& W, int bits, float* y) {
-  switch (bits) {
-    case 2: return launch_float_tokens<2>(x, T, W, y);
-    case 3: return launch_float_tokens<3>(x, T, W, y);
-    case 4: return launch_float_tokens<4>(x, T, W, y);
-    case 5: return launch_float_tokens<5>(x, T, W, y);
-    case 6: return launch_float_tokens<6>(x, T, W, y);
-    default: return launch_float_tokens<8>(x, T, W, y);
-  }
-}
-
 }  // namespace
 
 void check_matmul_args(const float* x, const Mat& W, const float* y) {
@@ -329,13 +317,9 @@ void matmul_direct(const float* x, int T, const Mat& W, float* y) {
   const WeightArgs args = weight_args(W);
   if (W.type == WeightType::BF16) return launch_float_tokens<16>(x, T, args, y);
   if (W.type == WeightType::F32) return launch_float_tokens<32>(x, T, args, y);
-  if (!tensor_core_layout(W.bits, W.group, W.scale_type)) return launch_affine_float(x, T, args, W.bits, y);
-  switch (W.bits) {
-    case 2: return launch_affine<2>(x, T, args, y);
-    case 3: return launch_affine<3>(x, T, args, y);
-    case 4: return launch_affine<4>(x, T, args, y);
-    default: return launch_affine<8>(x, T, args, y);
-  }
+  if (!tensor_core_layout(W.bits, W.group, W.scale_type))  // on the float kernel
+    return with_bits<2, 3, 4, 5, 6, 8>(W.bits, "cuda::matmul", [&](auto B) { launch_float_tokens<B>(x, T, args, y); });
+  with_bits<2, 3, 4, 8>(W.bits, "cuda::matmul", [&](auto B) { launch_affine<B>(x, T, args, y); });
 }
 
 void matmul(const float* x, int T, const Mat& W, float* y) {
@@ -356,12 +340,7 @@ void gate_up_silu(const float* x, const Mat& gate, const Mat& up, float* h) {
   check_matmul_args(x, up, h);
   if (gate.rows <= 0) return;
   const WeightArgs g = weight_args(gate), u = weight_args(up);
-  switch (gate.bits) {
-    case 2: return launch_gate_up<2>(x, g, u, h);
-    case 3: return launch_gate_up<3>(x, g, u, h);
-    case 4: return launch_gate_up<4>(x, g, u, h);
-    default: return launch_gate_up<8>(x, g, u, h);
-  }
+  with_bits<2, 3, 4, 8>(gate.bits, "cuda::gate_up_silu", [&](auto B) { launch_gate_up<B>(x, g, u, h); });
 }
 
 }  // namespace ms::cuda

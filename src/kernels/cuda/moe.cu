@@ -713,46 +713,24 @@ SharedTerm shared_term(const float* shared, const float* shared_logit, const cha
 // h [n, I] = silu(gate·x) · (up·x) of each row's expert (moe_experts' first launch).
 void launch_gate_up(const float* x, int n, int K, const uint8_t* const* records, const RecordMat (&proj)[3],
                     const Projections& p, float* h, const InlineRoute& route) {
-  if (!on_tensor_cores(proj[0]) || !on_tensor_cores(proj[1])) {
-    switch (proj[0].bits) {
-      case 16: return launch_gate_up_float<16>(x, n, K, records, p.gate, p.up, h);
-      case 2: return launch_gate_up_float<2>(x, n, K, records, p.gate, p.up, h);
-      case 3: return launch_gate_up_float<3>(x, n, K, records, p.gate, p.up, h);
-      case 4: return launch_gate_up_float<4>(x, n, K, records, p.gate, p.up, h);
-      case 5: return launch_gate_up_float<5>(x, n, K, records, p.gate, p.up, h);
-      case 6: return launch_gate_up_float<6>(x, n, K, records, p.gate, p.up, h);
-      default: return launch_gate_up_float<8>(x, n, K, records, p.gate, p.up, h);
-    }
-  }
-  switch (proj[0].bits) {
-    case 2: return gate_up<2>(x, n, K, records, p.gate, p.up, h, route);
-    case 3: return gate_up<3>(x, n, K, records, p.gate, p.up, h, route);
-    case 4: return gate_up<4>(x, n, K, records, p.gate, p.up, h, route);
-    case 8: return gate_up<8>(x, n, K, records, p.gate, p.up, h, route);
-  }
+  if (!on_tensor_cores(proj[0]) || !on_tensor_cores(proj[1]))
+    return with_bits<16, 2, 3, 4, 5, 6, 8>(proj[0].bits, "cuda::moe_experts", [&](auto B) {
+      launch_gate_up_float<B>(x, n, K, records, p.gate, p.up, h);
+    });
+  with_bits<2, 3, 4, 8>(proj[0].bits, "cuda::moe_experts",
+                        [&](auto B) { gate_up<B>(x, n, K, records, p.gate, p.up, h, route); });
 }
 
 // out from h [T·K, I] (moe_experts' second launch): down, the weighted sum over the slots and the
 // shared term.
 void launch_down(const float* h, int T, int K, const uint8_t* const* records, const float* weights,
                  const RecordMat (&proj)[3], const Projections& p, const SharedTerm& sh, float* out) {
-  if (!on_tensor_cores(proj[2])) {
-    switch (proj[2].bits) {
-      case 16: return launch_down_float<16>(h, T, K, records, weights, p.down, sh, out);
-      case 2: return launch_down_float<2>(h, T, K, records, weights, p.down, sh, out);
-      case 3: return launch_down_float<3>(h, T, K, records, weights, p.down, sh, out);
-      case 4: return launch_down_float<4>(h, T, K, records, weights, p.down, sh, out);
-      case 5: return launch_down_float<5>(h, T, K, records, weights, p.down, sh, out);
-      case 6: return launch_down_float<6>(h, T, K, records, weights, p.down, sh, out);
-      default: return launch_down_float<8>(h, T, K, records, weights, p.down, sh, out);
-    }
-  }
-  switch (proj[2].bits) {
-    case 2: return down_sum<2>(h, T, K, records, weights, p.down, sh, out);
-    case 3: return down_sum<3>(h, T, K, records, weights, p.down, sh, out);
-    case 4: return down_sum<4>(h, T, K, records, weights, p.down, sh, out);
-    case 8: return down_sum<8>(h, T, K, records, weights, p.down, sh, out);
-  }
+  if (!on_tensor_cores(proj[2]))
+    return with_bits<16, 2, 3, 4, 5, 6, 8>(proj[2].bits, "cuda::moe_experts", [&](auto B) {
+      launch_down_float<B>(h, T, K, records, weights, p.down, sh, out);
+    });
+  with_bits<2, 3, 4, 8>(proj[2].bits, "cuda::moe_experts",
+                        [&](auto B) { down_sum<B>(h, T, K, records, weights, p.down, sh, out); });
 }
 
 }  // namespace
