@@ -330,7 +330,8 @@ void matmul(const float* x, int T, const Mat& W, float* y) {
 bool gate_up_fuses(const Mat& gate, const Mat& up, int T) {
   return T == 1 && gate.type == WeightType::Affine && up.type == WeightType::Affine && gate.bits == up.bits &&
          gate.group == up.group && gate.rows == up.rows && gate.cols == up.cols &&
-         tensor_core_layout(gate.bits, gate.group, gate.scale_type) && up.scale_type == gate.scale_type;
+         tensor_core_layout(gate.bits, gate.group, gate.scale_type) &&
+         tensor_core_layout(up.bits, up.group, up.scale_type);  // each matrix reads its own scale type
 }
 
 void gate_up_silu(const float* x, const Mat& gate, const Mat& up, float* h) {

@@ -17,6 +17,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Block t's row: out[t] += gate · s[t], the shared expert's gated add.
+__device__ void gated_add_row(float* out, const float* s, float gate, int H) {
+  float* o = out + size_t(blockIdx.x) * H;
+  const float* sr = s + size_t(blockIdx.x) * H;
+  load_then_store<kThreads, 8>(
+      H, [&](int h) { return make_float2(o[h], sr[h]); }, [&](int h, float2 v) { o[h] = v.x + gate * v.y; });
+}
+
 // Block t: the gate's dot with x[t] (bf16 weights), then out[t] += sigmoid(dot) · s[t].
 __global__ void shared_gate_add_kernel(float* out, const float* s, const float* x, const uint16_t* w, int H) {
   start_after_kernel_before();  // launched by launch_after
@@ -24,18 +32,12 @@ __global__ void shared_gate_add_kernel(float* out, const float* s, const float* 
   float dot = 0.f;
 #pragma unroll 8
   for (int h = threadIdx.x; h < H; h += kThreads) dot = fmaf(xr[h], bf16_to_float(w[h]), dot);
-  const float gate = sigmoid(block_reduce<kThreads, false>(dot));
-  float* o = out + size_t(blockIdx.x) * H;
-  const float* sr = s + size_t(blockIdx.x) * H;
-  load_then_store<kThreads, 8>(
-      H, [&](int h) { return make_float2(o[h], sr[h]); }, [&](int h, float2 v) { o[h] = v.x + gate * v.y; });
+  gated_add_row(out, s, sigmoid(block_reduce<kThreads, false>(dot)), H);
 }
 
+// Block t: out[t] += sigmoid(logit[t]) · s[t], the gate's logits computed before (a float32 gate).
 __global__ void shared_logit_add_kernel(float* out, const float* s, const float* logit, int H) {
-  const float gate = sigmoid(logit[blockIdx.x]);
-  float* o = out + size_t(blockIdx.x) * H;
-  const float* sr = s + size_t(blockIdx.x) * H;
-  for (int h = threadIdx.x; h < H; h += kThreads) o[h] += gate * sr[h];
+  gated_add_row(out, s, sigmoid(logit[blockIdx.x]), H);
 }
 
 __global__ void gather_rows_kernel(const float* src, const int* rows, int H, float* dst) {

@@ -27,7 +27,7 @@ bool tensor_core_layout(int bits, int group, ScaleType scale_type);
 // h[rows] = silu(gate · x) * (up · x) for one token: an MLP's gate and up read in one launch,
 // each row's sums those matmul computes (its split of a row among warps may differ, so the last
 // bits may too). Where gate_up_fuses(gate, up, 1): affine of a tensor_core_layout, of one shape,
-// bits, group and scale type.
+// bits and group (each may have its own scale type).
 void gate_up_silu(const float* x, const Mat& gate, const Mat& up, float* h);
 bool gate_up_fuses(const Mat& gate, const Mat& up, int T);
 

@@ -191,39 +191,46 @@ TestWeights affine_weights(Rng& rng, int rows, int cols, int bits, int group, Qu
 // gate_up_silu (an MLP's gate and up in one launch) against the CPU's matmuls and silu_mul. Its
 // error, divided by what first-order propagation of the matmuls' tolerance gives
 // (|silu'(g)| <= 1.1 times mag_g·|u|, plus |silu(g)|·mag_u) plus |h| (expf's rounding), is held
-// to kTol.
+// to kTol. The up matrix with bf16 scales and with f16 (each matrix reads its own scale type).
 TEST(CudaMatmul, GateUpSiluMatchesCpu) {
   MS_REQUIRE_CUDA();
   const Shape shapes[] = {{512, 2048, 1}, {768, 2048, 1}, {33, 320, 1}, {7, 192, 1}, {2048, 512, 1}};
   Rng rng(12);
-  for (int bits : {2, 3, 4, 8})
-    for (int group : {32, 64})
-      for (const Shape& s : shapes) {
-        if (s.cols % group != 0) continue;
-        QuantBuffer qg, qu;
-        const TestWeights gate = affine_weights(rng, s.rows, s.cols, bits, group, qg);
-        const TestWeights up = affine_weights(rng, s.rows, s.cols, bits, group, qu);
-        ASSERT_TRUE(gate_up_fuses(gate.device, up.device, 1));
-        const Vec x = rng.normals(size_t(s.cols));
-        Vec g(size_t(s.rows)), u(g.size()), want(g.size());
-        cpu::matmul(x.data(), 1, gate.host, g.data());
-        cpu::matmul(x.data(), 1, up.host, u.data());
-        cpu::silu_mul(g.data(), u.data(), want.data(), int64_t(g.size()));
-        DeviceArray<float> dx = dev(x), dh(want.size(), DeviceAlloc::Now);
-        gate_up_silu(dx.data(), gate.device, up.device, dh.data());
-        const Vec h = host(dh);
-        const std::vector<double> mag_g = magnitudes(x, 1, gate.a, s.rows, s.cols),
-                                  mag_u = magnitudes(x, 1, up.a, s.rows, s.cols);
-        double err = 0;
-        for (size_t r = 0; r < h.size(); ++r) {
-          const double silu = double(g[r]) / (1.0 + std::exp(-double(g[r])));
-          const double bound = 1.1 * mag_g[r] * std::abs(u[r]) + std::abs(silu) * mag_u[r] + std::abs(want[r]);
-          err = std::max(err, std::abs(double(h[r]) - want[r]) / (bound + 1e-30));
+  for (ScaleType up_scales : {ScaleType::BF16, ScaleType::F16})
+    for (int bits : {2, 3, 4, 8})
+      for (int group : {32, 64})
+        for (const Shape& s : shapes) {
+          if (s.cols % group != 0) continue;
+          QuantBuffer qg, qu;
+          const TestWeights gate = affine_weights(rng, s.rows, s.cols, bits, group, qg);
+          TestWeights up = affine_weights(rng, s.rows, s.cols, bits, group, qu);
+          ::ms::test::TypedScales typed;
+          if (up_scales != ScaleType::BF16) {
+            typed = ::ms::test::with_scale_type(qu, up_scales, rng.gen);
+            up = affine_test_weights(typed.view);
+          }
+          ASSERT_TRUE(gate_up_fuses(gate.device, up.device, 1));
+          const Vec x = rng.normals(size_t(s.cols));
+          Vec g(size_t(s.rows)), u(g.size()), want(g.size());
+          cpu::matmul(x.data(), 1, gate.host, g.data());
+          cpu::matmul(x.data(), 1, up.host, u.data());
+          cpu::silu_mul(g.data(), u.data(), want.data(), int64_t(g.size()));
+          DeviceArray<float> dx = dev(x), dh(want.size(), DeviceAlloc::Now);
+          gate_up_silu(dx.data(), gate.device, up.device, dh.data());
+          const Vec h = host(dh);
+          const std::vector<double> mag_g = magnitudes(x, 1, gate.a, s.rows, s.cols),
+                                    mag_u = magnitudes(x, 1, up.a, s.rows, s.cols);
+          double err = 0;
+          for (size_t r = 0; r < h.size(); ++r) {
+            const double silu = double(g[r]) / (1.0 + std::exp(-double(g[r])));
+            const double bound = 1.1 * mag_g[r] * std::abs(u[r]) + std::abs(silu) * mag_u[r] + std::abs(want[r]);
+            err = std::max(err, std::abs(double(h[r]) - want[r]) / (bound + 1e-30));
+          }
+          const std::string what = "q" + std::to_string(bits) + " g" + std::to_string(group) + " up " +
+                                   scale_type_name(up_scales) + " " + name(s);
+          record("gate_up_silu", what, err, kTol);
+          EXPECT_LE(err, kTol) << what;
         }
-        const std::string what = "q" + std::to_string(bits) + " g" + std::to_string(group) + " " + name(s);
-        record("gate_up_silu", what, err, kTol);
-        EXPECT_LE(err, kTol) << what;
-      }
 }
 
 // The affine kernel multiplies byte codes by x in 30-bit integer form per chunk of 32 (four signed
