@@ -122,18 +122,28 @@ __device__ __forceinline__ void fma8(const float (&v)[8], const float4 (&xv)[2],
   }
 }
 
-// acc[m][r][t] += this lane's share (chunks lane, lane + split, ...) of bf16 row r0 + r of W[m] ·
-// x_t, for the TT token rows staged by stage_activations. The M matrices have the same cols;
-// their chunks are loaded together so that the loads of all are in flight at once. Rows past the
-// end repeat the last (their results are not to be stored).
-template <int TT, int M>
+// The 8 float32 weights of step st of chunk c of `row` of W.
+__device__ __forceinline__ void f32_step(const WeightArgs& W, int row, int c, int st, float (&v)[8]) {
+  const float4* p = reinterpret_cast<const float4*>(W.data) + (size_t(row) * W.cols + size_t(c) * kChunk + st * 8) / 4;
+  const float4 a = __ldg(p), b = __ldg(p + 1);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// acc[m][r][t] += this lane's share (chunks lane, lane + split, ...) of row r0 + r of W[m] · x_t,
+// rows of bf16 (BITS 16) or float32 (BITS 32: a GGUF's routers, which llama.cpp keeps in f32),
+// for the TT token rows staged by stage_activations. The M matrices have the same cols. A bf16
+// chunk of every matrix is loaded whole first, so that all those loads are in flight at once; a
+// float32 one (twice the bytes) a step of 8 at a time. Rows past the end repeat the last (their
+// results are not to be stored).
+template <int BITS, int TT, int M>
 __device__ __forceinline__ void dot_rows(const float4* xs, const WeightArgs (&W)[M], int r0, int lane, int split,
                                          float (&acc)[M][kFloatRows][TT]) {
+  static_assert(BITS == 16 || BITS == 32);
   constexpr int R = kFloatRows;
   const int nchunks = W[0].cols / kChunk;
   for (int c = lane; c < nchunks; c += split) {
     uint32_t w[M][R][16];
-    load_row_chunks<16, M>(W, r0, c, w);
+    if constexpr (BITS == 16) load_row_chunks<16, M>(W, r0, c, w);
     float dot[M][R][TT] = {};
 #pragma unroll
     for (int st = 0; st < kChunk / 8; ++st) {
@@ -144,7 +154,10 @@ __device__ __forceinline__ void dot_rows(const float4* xs, const WeightArgs (&W)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           float v[8];
-          bf16_step(w[m][r], st, v);
+          if constexpr (BITS == 16)
+            bf16_step(w[m][r], st, v);
+          else
+            f32_step(W[m], min(r0 + r, W[m].rows - 1), c, st, v);
 #pragma unroll
           for (int t = 0; t < TT; ++t) fma8(v, xv[t], dot[m][r][t]);
         }
@@ -216,60 +229,12 @@ __device__ __forceinline__ void dot_rows_affine(const float4* xs, const WeightAr
   }
 }
 
-// The float32 form of dot_rows (a GGUF's routers, which llama.cpp keeps in f32): a chunk is 32
-// floats, a step 8 of them.
-template <int TT, int M>
-__device__ __forceinline__ void dot_rows_f32(const float4* xs, const WeightArgs (&W)[M], int r0, int lane, int split,
-                                             float (&acc)[M][kFloatRows][TT]) {
-  constexpr int R = kFloatRows;
-  const int nchunks = W[0].cols / kChunk;
-  for (int c = lane; c < nchunks; c += split) {
-    float dot[M][R][TT] = {};
-#pragma unroll
-    for (int st = 0; st < kChunk / 8; ++st) {
-      float4 w[M][R][2];
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float4* p = reinterpret_cast<const float4*>(W[m].data) +
-                            (size_t(min(r0 + r, W[m].rows - 1)) * W[m].cols + size_t(c) * kChunk + st * 8) / 4;
-          w[m][r][0] = __ldg(p), w[m][r][1] = __ldg(p + 1);
-        }
-#pragma unroll
-      for (int t = 0; t < TT; ++t)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const float4 xv = xs[(t * nchunks + c) * kChunkSlots + st * 2 + j];
-#pragma unroll
-          for (int m = 0; m < M; ++m)
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-              float& d = dot[m][r][t];
-              d = fmaf(w[m][r][j].x, xv.x, d);
-              d = fmaf(w[m][r][j].y, xv.y, d);
-              d = fmaf(w[m][r][j].z, xv.z, d);
-              d = fmaf(w[m][r][j].w, xv.w, d);
-            }
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < TT; ++t) acc[m][r][t] += dot[m][r][t];
-  }
-}
-
 // dot_rows for rows of BITS bits: 16 for bf16, 32 for float32, else affine.
 template <int BITS, int TT, int M>
 __device__ __forceinline__ void dot_rows_of(const float4* xs, const WeightArgs (&W)[M], int r0, int lane, int split,
                                             float (&acc)[M][kFloatRows][TT]) {
-  if constexpr (BITS == 16)
-    dot_rows<TT, M>(xs, W, r0, lane, split, acc);
-  else if constexpr (BITS == 32)
-    dot_rows_f32<TT, M>(xs, W, r0, lane, split, acc);
+  if constexpr (BITS == 16 || BITS == 32)
+    dot_rows<BITS, TT, M>(xs, W, r0, lane, split, acc);
   else
     dot_rows_affine<BITS, TT, M>(xs, W, r0, lane, split, acc);
 }
