@@ -1,12 +1,12 @@
-// y = x · Wᵀ on the GPU for bf16, float32 and affine-quantized weights. Two kernels: bf16 (and
-// float32) weights decode to float for FMAs (weight_dot.cuh; a matvec of few rows, as the router's, has a kernel of its own,
-// bf16_few_rows_kernel); affine codes, whose float decoding costs more instructions per byte than
-// HBM delivers them at, go to the integer tensor cores as bytes against x in exact integer parts
-// (mma_dot.cuh) where their layout allows (tensor_core_layout), else to the float kernel. Either
-// stages the activations of TT tokens in shared memory once per block, and blocks loop over row
-// sets (a grid of what fits on the chip), so that the weights, read once per TT tokens, are what
-// streams from memory. gate_up_silu is the affine
-// kernel over an MLP's gate and up together, its silu·up written instead of either product.
+// y = x · Wᵀ on the GPU for bf16, float32 and affine-quantized weights. Two kernels: bf16 and
+// float32 weights decode to float for FMAs (weight_dot.cuh; a bf16 matvec of few rows, as the
+// router's, has a kernel of its own, bf16_few_rows_kernel); affine codes, whose float decoding
+// costs more instructions per byte than HBM delivers them at, go to the integer tensor cores as
+// bytes against x in exact integer parts (mma_dot.cuh) where their layout allows
+// (tensor_core_layout), else to the float kernel. Either stages the activations of TT tokens in
+// shared memory once per block, and blocks loop over row sets (a grid of what fits on the chip),
+// so that the weights, read once per TT tokens, are what streams from memory. gate_up_silu is the
+// affine kernel over an MLP's gate and up together, its silu·up written instead of either product.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -126,8 +126,8 @@ TEST(CudaForward, PycoderQ4MatchesTheCpu) {
 // GGUF imports (4-, 5- and 8-bit groups of 32 with f16 scales: Q4_0 and Q8_0 on the tensor
 // cores, Q5_0 on the float kernel; float32 routers and shared expert gates) on the GPU against
 // the CPU path on the same engine directory: every logit of a prompt within kTol, and the same
-// greedy tokens. The files are made as import_gguf_test's, from
-// the fixtures' checkpoints with gguf-py; a fixture ../shared lacks is left out.
+// greedy tokens. The files are made as import_gguf_test's, from the fixtures' checkpoints with
+// gguf-py; a fixture ../shared lacks is left out.
 TEST(CudaForward, GgufImportsMatchTheCpu) {
   if (!cuda::cuda_available()) GTEST_SKIP() << "no CUDA device";
   int ran = 0;
