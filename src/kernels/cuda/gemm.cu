@@ -86,7 +86,7 @@ __device__ __forceinline__ uint64_t load_unit(const uint8_t* q, size_t u) {
 // tile starting at a row, so its weights, q stream and groups run on from its first).
 template <int BITS>
 __global__ void dequantize_kernel(const uint8_t* __restrict__ q, const uint16_t* __restrict__ scales,
-                                  const uint16_t* __restrict__ biases, int scale_type, int units_per_group_log2,
+                                  const uint16_t* __restrict__ biases, ScaleType scale_type, int units_per_group_log2,
                                   size_t units, float* __restrict__ out) {
   for (size_t u = blockIdx.x * size_t(blockDim.x) + threadIdx.x; u < units; u += size_t(gridDim.x) * blockDim.x) {
     float v[kUnit];
@@ -127,7 +127,7 @@ void dequantize(const Mat& W, int r0, int rows, float* out) {
   }
   constexpr int threads = 256;
   const unsigned blocks = unsigned(std::min<size_t>((units + threads - 1) / threads, 65535));
-  dequantize_kernel<BITS><<<blocks, threads, 0, compute_stream()>>>(q, scales, biases, int(W.scale_type),
+  dequantize_kernel<BITS><<<blocks, threads, 0, compute_stream()>>>(q, scales, biases, W.scale_type,
                                                                      units_per_group_log2, units, out);
   CUDA_CHECK_LAUNCH();
 }

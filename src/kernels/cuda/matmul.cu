@@ -286,7 +286,7 @@ void launch_gate_up(const float* x, const WeightArgs& gate, const WeightArgs& up
 WeightArgs weight_args(const Mat& W) {
   if (W.type != WeightType::Affine) return {static_cast<const uint8_t*>(W.data), nullptr, nullptr, W.rows, W.cols, 0};
   return {static_cast<const uint8_t*>(W.data), W.scales, W.biases, W.rows, W.cols,
-          W.group >= kChunk ? floor_log2(W.group / kChunk) : 0, floor_log2(W.group), int(W.scale_type)};
+          W.group >= kChunk ? floor_log2(W.group / kChunk) : 0, floor_log2(W.group), W.scale_type};
 }
 
 }  // namespace

@@ -2,12 +2,12 @@
 // Dot products of affine 2/3/4/8-bit rows (bf16 or f16 scales, groups of 32 or more) on the
 // integer tensor cores, for the decode matvec (matmul.cu) and the routed experts (moe.cu).
 // Decoding a code to float and one FMA per weight issues more instructions per byte than HBM
-// delivers at 4 bits and below. Here the codes go to the tensor cores as unsigned bytes, which costs a shift and a mask per four of them (nothing at 8
-// bits), and x as integers: each unit of 32 or 64 values (what a lane reads of a row at once) is
-// scaled by a power of two to 30-bit integers X (exact for every value within 2^30 of the unit's
-// largest; the rest lose at most 2^-31 of that largest) and split into four signed bytes. The MMA
-// sums codes × bytes exactly in int32, and the four sums meet again in float with their powers of
-// 256.
+// delivers at 4 bits and below. Here the codes go to the tensor cores as unsigned bytes, which
+// costs a shift and a mask per four of them (nothing at 8 bits), and x as integers: each unit of
+// 32 or 64 values (what a lane reads of a row at once) is scaled by a power of two to 30-bit
+// integers X (exact for every value within 2^30 of the unit's largest; the rest lose at most
+// 2^-31 of that largest) and split into four signed bytes. The MMA sums codes × bytes exactly in
+// int32, and the four sums meet again in float with their powers of 256.
 //
 // The layout (mma.m16n8k32, A = 16 rows × 32 k of codes, B = 32 k × 8 columns of x's bytes): lane
 // (g, t) = (lane / 4, lane % 4) of a warp decodes its chunk of quad q (32 codes; chunk_of: 4q + t
@@ -326,7 +326,7 @@ struct LaneBlock {
   uint32_t scale[2][kWords], bias[2][kWords];
 };
 
-// Unit u's value of a LaneBlock's scale or bias words, bf16 or (f16) f16.
+// Unit u's value of a LaneBlock's scale or bias words: bf16, or f16 where f16 is set.
 template <int N>
 __device__ __forceinline__ float unit_value(const uint32_t (&words)[N], int u, bool f16) {
   const uint32_t w = words[u / 2];
@@ -560,7 +560,7 @@ __device__ __forceinline__ void mma_dot_rows(const StagedX& X, const WeightArgs 
   TileRows rows[M];
   bool f16[M];  // the matrix's scales and biases are f16 rather than bf16
 #pragma unroll
-  for (int m = 0; m < M; ++m) rows[m] = tile_rows<BITS, L>(W[m], r0, g, t), f16[m] = W[m].scale_type == kScalesF16;
+  for (int m = 0; m < M; ++m) rows[m] = tile_rows<BITS, L>(W[m], r0, g, t), f16[m] = W[m].scale_type == ScaleType::F16;
   int b = b0;
   for (; b + U <= full_end; b += U) {
     LaneBlock<BITS, L, G> blk[M][U];

@@ -77,7 +77,7 @@ __global__ void embed_row_kernel(Mat table, const int* id, float* out) {
   if (shift + table.bits > 8) word |= uint32_t(q[bit / 8 + 1]) << 8;
   const uint32_t code = (word >> shift) & ((1u << table.bits) - 1);
   const size_t g = row * size_t(table.cols / table.group) + size_t(c / table.group);
-  const int st = int(table.scale_type);
+  const ScaleType st = table.scale_type;
   const float scale = scale_at(table.scales, uint32_t(g), st), bias = scale_at(table.biases, uint32_t(g), st);
   out[c] = __fadd_rn(__fmul_rn(scale, float(code)), bias);
 }

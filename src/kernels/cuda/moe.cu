@@ -363,7 +363,8 @@ __device__ __forceinline__ float plus_shared(float o, const SharedTerm& sh, int 
 // A projection's place in a record, as the kernels take it.
 struct ProjArgs {
   size_t q, scales, biases;
-  int rows, cols, chunks_per_group_log2, group_log2, scale_type;
+  int rows, cols, chunks_per_group_log2, group_log2;
+  ScaleType scale_type;
 };
 
 __device__ __forceinline__ WeightArgs weights_of(const uint8_t* record, const ProjArgs& p) {
@@ -648,7 +649,7 @@ ProjArgs proj_args(const RecordMat& m, const char* name) {
     arg_fail(what + "[" + std::to_string(m.rows) + ", " + std::to_string(m.cols) +
              "]: cols must be a positive multiple of 32");
   if (m.q_offset % 16 != 0) arg_fail(what + "q_offset " + std::to_string(m.q_offset) + " is not 16-byte aligned");
-  if (m.bits == 16) return {m.q_offset, 0, 0, m.rows, m.cols, 0, 0, kScalesBf16};
+  if (m.bits == 16) return {m.q_offset, 0, 0, m.rows, m.cols, 0, 0, ScaleType::BF16};
   if (m.bits < 2 || m.bits > 8 || m.bits == 7)
     arg_fail(what + "bits " + std::to_string(m.bits) + " is not 16 (bf16), 2, 3, 4, 5, 6 or 8");
   if ((m.group != 16 && m.group != 32 && m.group != 64 && m.group != 128) || m.cols % m.group != 0)
@@ -658,7 +659,7 @@ ProjArgs proj_args(const RecordMat& m, const char* name) {
   if (m.scales_offset % entry != 0 || m.biases_offset % entry != 0)
     arg_fail(what + "scales or biases offset is not aligned to its " + std::to_string(entry) + "-byte entries");
   return {m.q_offset, m.scales_offset, m.biases_offset, m.rows, m.cols,
-          m.group >= kChunk ? floor_log2(m.group / kChunk) : 0, floor_log2(m.group), int(m.scale_type)};
+          m.group >= kChunk ? floor_log2(m.group / kChunk) : 0, floor_log2(m.group), m.scale_type};
 }
 
 bool on_tensor_cores(const RecordMat& m) { return m.bits != 16 && tensor_core_layout(m.bits, m.group, m.scale_type); }

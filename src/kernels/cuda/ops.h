@@ -15,9 +15,10 @@
 namespace ms::cuda {
 
 // y[T, W.rows] = x[T, W.cols] · Wᵀ for BF16, F32 (a GGUF's routers) and Affine weights (every
-// layout quant/affine.h allows). W.cols must be a multiple of 32; x, y and W's buffers 16-byte aligned. T = 1 is the
-// memory-bound decode matvec; larger T reuses each weight chunk for 4 tokens at a time, and from
-// gemm_min_tokens(W) on (kernels/cuda/gemm.h) W is dequantized to float32 for a cuBLAS FP32 SGEMM.
+// layout quant/affine.h allows). W.cols must be a multiple of 32; x, y and W's buffers 16-byte
+// aligned. T = 1 is the memory-bound decode matvec; larger T reuses each weight chunk for 4 tokens
+// at a time, and from gemm_min_tokens(W) on (kernels/cuda/gemm.h) W is dequantized to float32 for
+// a cuBLAS FP32 SGEMM (float32 weights as they are).
 void matmul(const float* x, int T, const Mat& W, float* y);
 // Whether affine rows of this layout go to the integer tensor cores: 2, 3, 4 or 8 bits in groups
 // of 32 to 128 with bf16 scales (what moestream's own conversion writes) or f16 ones (GGUF's
@@ -123,10 +124,11 @@ struct RecordMat {
 // sum_slots give). proj: gate [I, H], up [I, H], down [H, I], gate and up of one bit width.
 // records: a device array of T·K device pointers, each 16-byte aligned, repeats allowed;
 // weights [T, K]; x [T, H], out [T, H] and scratch (moe_scratch_floats) 16-byte aligned.
-// Per row the arithmetic of cuda::matmul (tensor_core_layout rows on the tensor cores, the others in float),
-// and the result deterministic. Rows too wide to stage in shared memory are refused. Where
-// shared is given, out[t] += sigmoid(shared_logit[t]) · shared[t] after the sum (shared_gate_add's
-// formula): the shared expert's output [T, H] and its gate's logit [T], added in the same launch.
+// Per row the arithmetic of cuda::matmul (tensor_core_layout rows on the tensor cores, the others
+// in float), and the result deterministic. Rows too wide to stage in shared memory are refused.
+// Where shared is given, out[t] += sigmoid(shared_logit[t]) · shared[t] after the sum
+// (shared_gate_add's formula): the shared expert's output [T, H] and its gate's logit [T], added in
+// the same launch.
 void moe_experts(const float* x, int T, int K, const uint8_t* const* records, const float* weights,
                  const RecordMat (&proj)[3], float* out, float* scratch, const float* shared = nullptr,
                  const float* shared_logit = nullptr);

@@ -6,6 +6,8 @@
 #include <climits>
 #include <cstdint>
 
+#include "quant/affine.h"
+
 namespace ms::cuda {
 
 template <class T>
@@ -95,14 +97,11 @@ __device__ __forceinline__ void load_then_store(int n, Load&& load, Store&& stor
 
 __device__ __forceinline__ float bf16_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 
-// ScaleType's numbering (quant/affine.h) as the kernels take it.
-enum : int { kScalesBf16 = 0, kScalesF16 = 1, kScalesF32 = 2 };
-
 // Entry i of an affine matrix's scales or biases p of type st, as float (exact).
-__device__ __forceinline__ float scale_at(const uint16_t* p, uint32_t i, int st) {
-  if (st == kScalesF32) return __ldg(reinterpret_cast<const float*>(p) + i);
+__device__ __forceinline__ float scale_at(const uint16_t* p, uint32_t i, ScaleType st) {
+  if (st == ScaleType::F32) return __ldg(reinterpret_cast<const float*>(p) + i);
   const uint16_t v = __ldg(p + i);
-  return st == kScalesF16 ? __half2float(__ushort_as_half(v)) : bf16_to_float(v);
+  return st == ScaleType::F16 ? __half2float(__ushort_as_half(v)) : bf16_to_float(v);
 }
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }

@@ -31,7 +31,7 @@ struct WeightArgs {
   int rows, cols;
   int chunks_per_group_log2;  // the tensor-core path's groups (32 weights or more)
   int group_log2 = 0;         // the float path's: log2 of the group, 16 to 128
-  int scale_type = kScalesBf16;
+  ScaleType scale_type = ScaleType::BF16;
 };
 
 
