@@ -74,9 +74,16 @@ int mismatched_route_sets(const std::vector<std::vector<int>>& routes, const Ten
   return mismatched;
 }
 
+namespace {
+// Environment variable `name` where set and not empty, else `fallback`.
+std::string env_or(const char* name, const char* fallback) {
+  const char* env = std::getenv(name);
+  return env && *env ? env : fallback;
+}
+}  // namespace
+
 std::string shared_dir() {
-  const char* env = std::getenv("MOESTREAM_SHARED");
-  fs::path p = env && *env ? fs::path(env) : fs::path(MOESTREAM_SHARED_DEFAULT);
+  const fs::path p(env_or("MOESTREAM_SHARED", MOESTREAM_SHARED_DEFAULT));
   return fs::is_directory(p) ? fs::canonical(p).string() : std::string();
 }
 
@@ -198,10 +205,6 @@ void run_generator(const std::string& cmd) {
 
 // The python3 that runs the generators, and where their scripts are: the build's, unless
 // MOESTREAM_PYTHON / MOESTREAM_SOURCE_DIR say otherwise (test binaries run on another machine).
-std::string env_or(const char* name, const char* fallback) {
-  const char* env = std::getenv(name);
-  return env && *env ? env : fallback;
-}
 std::string generator(const std::string& script) {
   return env_or("MOESTREAM_PYTHON", MOESTREAM_PYTHON) + " " + env_or("MOESTREAM_SOURCE_DIR", MOESTREAM_SOURCE_DIR) +
          "/tests/data/" + script;
