@@ -373,10 +373,17 @@ DenseChecksums dense_checksums(const std::string& path) {
   return sums;
 }
 
-void verify_dense(const std::string& dir, const EngineIndex& index) {
+DenseChecksums dense_checksums(const SafetensorsFile& file) {
+  DenseChecksums sums;
+  sums.header = XXH64(file.file_data(), file.data_begin(), 0);
+  for (const auto& [name, t] : file.tensors()) sums.tensors[name] = XXH64(t.data, t.nbytes, 0);
+  return sums;
+}
+
+void verify_dense(const SafetensorsFile& dense, const EngineIndex& index) {
   if (index.version < 2) return;
-  const std::string path = (fs::path(dir) / kEngineDenseFile).string();
-  const DenseChecksums got = dense_checksums(path);
+  const std::string& path = dense.path();
+  const DenseChecksums got = dense_checksums(dense);
   const DenseChecksums& want = index.dense_checksums;
   if (got.header != want.header)
     fail("{}: header checksum {} does not match {}'s ({}): the tensor list, a dtype, shape or offset was changed", path,
@@ -411,6 +418,16 @@ std::string engine_index_json(const EngineIndex& index, const ModelConfig& cfg) 
 }
 
 bool is_engine_dir(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / kEngineIndexFile); }
+
+std::vector<std::string> engine_dir_files(const std::string& dir, const EngineIndex& index) {
+  std::vector<std::string> files;
+  for (const char* f : kEngineSideFiles)
+    if (fs::exists(fs::path(dir) / f)) files.emplace_back(f);
+  files.emplace_back(kEngineIndexFile);
+  files.emplace_back(kEngineDenseFile);
+  for (const ExpertLayer& l : index.layers) files.push_back(l.file);
+  return files;
+}
 
 EngineIndex read_engine_index(const std::string& dir, const ModelConfig& cfg) {
   const std::string path = (fs::path(dir) / kEngineIndexFile).string();

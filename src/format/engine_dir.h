@@ -121,16 +121,31 @@ std::string engine_index_json(const EngineIndex& index, const ModelConfig& cfg);
 
 bool is_engine_dir(const std::string& dir);
 
+// Files of the checkpoint an engine directory keeps as they were; config.json is required, the
+// rest where the checkpoint has them.
+inline constexpr std::array<const char*, 5> kEngineSideFiles = {"config.json", "tokenizer.json", "tokenizer_config.json",
+                                                                 "generation_config.json", "chat_template.jinja"};
+
+// The files an engine directory ships, relative to it: the side files it has, the index, the
+// dense weights and every expert blob the index names. What a copy of the model needs, and
+// nothing a run or a tool left beside it.
+std::vector<std::string> engine_dir_files(const std::string& dir, const EngineIndex& index);
+
 // Reads and checks dir/moestream.json: format name and version, dense bits and group, every
 // layer's name (a MoE layer of cfg, listed once), file (inside dir, symlinks resolved) and
 // layout against the one plan_expert_layer computes, one checksum per expert, dims against cfg
 // (the directory's config.json). Errors name the file, the layer and the field.
 EngineIndex read_engine_index(const std::string& dir, const ModelConfig& cfg);
 
-// --verify of the dense weights: dir/dense.safetensors against index.dense_checksums (its
-// header, then every tensor), throwing naming the tensor that differs. A version-1 index
-// has no dense checksums: nothing to check (docs/FORMAT.md).
-void verify_dense(const std::string& dir, const EngineIndex& index);
+// The same checksums of a safetensors file already open (mapped or read into memory), from its
+// bytes there: what a load verifies without reading the file a second time.
+DenseChecksums dense_checksums(const SafetensorsFile& file);
+
+// The check of the dense weights at load (on unless --no-verify): dense.safetensors, as loaded,
+// against index.dense_checksums (its header, then every tensor), throwing naming the file and
+// the tensor that differs. A version-1 index has no dense checksums: nothing to check
+// (docs/FORMAT.md).
+void verify_dense(const SafetensorsFile& dense, const EngineIndex& index);
 
 // The expert blobs of an engine directory, mmap'ed; sizes checked against the index.
 class ExpertBlobs {

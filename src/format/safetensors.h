@@ -83,6 +83,7 @@ class TensorStore {
   const TensorView& get(const std::string& name) const;  // throws: missing tensor, naming where
   std::vector<std::string> names() const;
   const std::string& where() const { return where_; }
+  const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
 
  private:
   std::string where_;

@@ -29,10 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Files of the checkpoint copied as they are; config.json is required, the rest when present.
-constexpr const char* kCopiedFiles[] = {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                                        "chat_template.jinja"};
-
 bool is_float(DType t) { return t == DType::BF16 || t == DType::F16 || t == DType::F32; }
 
 }  // namespace
@@ -209,7 +205,7 @@ void write_experts(const fs::path& dir, ExpertPlan& plan, Progress& progress) {
 }
 
 void copy_side_files(const fs::path& from, const fs::path& dir) {
-  for (const char* f : kCopiedFiles) {
+  for (const char* f : kEngineSideFiles) {
     const fs::path src = from / f;
     if (!fs::exists(src)) continue;
     fs::copy_file(src, dir / f);
@@ -268,7 +264,9 @@ std::map<std::string, int> parse_bits_list(const std::string& flag, const std::s
     }
     if (at == 0 || at == std::string::npos || used == 0 || used != item.size() - at - 1)
       fail("{}: '{}' is not KEY{}BITS", flag, item, sep);
-    out[item.substr(0, at)] = bits;
+    if (!out.emplace(item.substr(0, at), bits).second)
+      fail("{}: '{}' is given twice ({}{}{} and {}{}{})", flag, item.substr(0, at), item.substr(0, at), sep,
+           out[item.substr(0, at)], item.substr(0, at), sep, bits);
     pos = comma + 1;
   }
   return out;

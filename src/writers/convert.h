@@ -18,8 +18,8 @@ struct ConvertOptions {
   std::string mtp_from;   // MLX import: the Hugging Face checkpoint to take `mtp.*` from
   bool force = false;     // replace an existing output directory
   bool progress = false;  // progress bar on stderr
-  // The engine format written (docs/FORMAT.md): 2, or 1 only to reproduce a version-1
-  // directory (the embedded model) byte for byte.
+  // The engine format written (docs/FORMAT.md): 2, or 1 only to make a version-1 directory
+  // (older conversions) for the tests that it still loads.
   int format_version = 2;
 };
 
