@@ -274,10 +274,20 @@ void ExpertStore::count_routes(int layer, const int* ids, int n) {
   std::vector<uint64_t>& c = routed_[size_t(layer)];
   for (int i = 0; i < n; ++i)
     if (ids[i] >= 0 && size_t(ids[i]) < c.size()) ++c[size_t(ids[i])];
-  if (layer != 0 || early_.tokens >= kEarlyTokens) return;
-  early_.tokens = std::min(kEarlyTokens, early_.tokens + n / std::max(1, opt_.top_k));
-  early_.pool = {};
-  for (const auto& p : pools_) early_.pool += p->stats();
+  if (layer != 0 || early_done_) return;
+  // Layer 0's routes start a forward: the forwards before it are complete, their pool hits in.
+  if (early_.tokens >= kEarlyTokens) {
+    early_.pool = pool_totals();
+    early_done_ = true;
+    return;
+  }
+  early_.tokens += n / std::max(1, opt_.top_k);
+}
+
+PoolStats ExpertStore::pool_totals() const {
+  PoolStats total;
+  for (const auto& p : pools_) total += p->stats();
+  return total;
 }
 
 UsageHistory ExpertStore::usage() const {
@@ -291,7 +301,9 @@ UsageHistory ExpertStore::usage() const {
 
 ExpertStore::Early ExpertStore::early() const {
   std::lock_guard lk(usage_mu_);
-  return early_;
+  Early e = early_;
+  if (!early_done_) e.pool = pool_totals();  // every forward so far is one of the first ones
+  return e;
 }
 
 const std::vector<int>& ExpertStore::prefetch_targets(int source) const {

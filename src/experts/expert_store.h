@@ -26,7 +26,7 @@ struct StoreOptions {
   PolicyKind policy = PolicyKind::LRU;
   IoKind io = IoKind::Auto;
   bool direct_io = true;               // O_DIRECT: bypass the page cache
-  bool verify = false;                 // checksum every record read
+  bool verify = true;                  // checksum every record read (--no-verify: off)
   int top_k = 1;                       // one token's experts: slots that pins must leave free
   bool cache = true;                   // false: the slots are staging and forget an expert at release
   PrefetchOptions prefetch;            // Auto resolves against the pools (prefetching())
@@ -116,15 +116,17 @@ class ExpertStore {
   void load_all(const std::function<void(size_t bytes)>& progress = {});
 
   // The routed ids of a forward of `layer` (T·top_k of them): counted per expert for the usage
-  // history (usage()), and the first kEarlyTokens tokens' pool hits kept apart (early()).
+  // history (usage()), and the pool hits of the first forwards, up to the one that reaches
+  // kEarlyTokens tokens (prompt included), kept apart (early()).
   void count_routes(int layer, const int* ids, int n);
   UsageHistory usage() const;  // the routings counted since start, as one run
   static constexpr int kEarlyTokens = 64;
   struct Early {
-    int tokens = 0;  // counted so far, up to kEarlyTokens
-    PoolStats pool;  // summed over layers, up to the forward that reached kEarlyTokens
+    int tokens = 0;  // tokens of the forwards counted: kEarlyTokens or more once they are all in
+    PoolStats pool;  // their pool hits and misses, summed over layers
   };
   Early early() const;
+  PoolStats pool_totals() const;  // every pool's stats, summed
 
   // Prefetch (options().prefetch). Whether it runs: On, or Auto where some pool streams.
   bool prefetching() const { return staging_ != nullptr; }
@@ -177,6 +179,7 @@ class ExpertStore {
   mutable std::mutex usage_mu_;  // routed_, early_
   std::vector<std::vector<uint64_t>> routed_;  // [expert layer][expert]
   Early early_;
+  bool early_done_ = false;  // early_.pool final: a forward after the first kEarlyTokens began
 };
 
 // The model layer a MoE block belongs to ("model.layers.12.mlp" -> 12), or -1 (MTP).

@@ -155,13 +155,29 @@ void write_usage(const std::string& path, const UsageHistory& h) {
   }
 }
 
-std::string default_usage_path(const std::string& dir, const EngineIndex& index) {
-  if (::access(dir.c_str(), W_OK) == 0) return (fs::path(dir) / "usage.json").string();
-  std::string base;
-  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) base = x;
-  else if (const char* home = std::getenv("HOME"); home && *home) base = std::string(home) + "/.local/state";
-  else base = "/tmp";
-  return (fs::path(base) / "moestream" / fmt::format("usage-{}.json", hex(usage_fingerprint(index)))).string();
+std::string state_dir() {
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return (fs::path(x) / "moestream").string();
+  if (const char* home = std::getenv("HOME"); home && *home) return (fs::path(home) / ".local/state/moestream").string();
+  return "/tmp/moestream-state";
+}
+
+std::string default_usage_path(const EngineIndex& index) {
+  return (fs::path(state_dir()) / hex(usage_fingerprint(index)) / "usage.json").string();
+}
+
+std::string legacy_usage_path(const std::string& dir) { return (fs::path(dir) / "usage.json").string(); }
+
+UsageFiles usage_files(const std::string& dir, const EngineIndex& index, const std::string& usage_flag) {
+  if (!usage_flag.empty()) return {usage_flag, usage_flag, ""};
+  UsageFiles f;
+  f.read = f.write = default_usage_path(index);
+  std::error_code ec;
+  if (const std::string legacy = legacy_usage_path(dir); !fs::exists(f.read, ec) && fs::exists(legacy, ec)) {
+    f.read = legacy;
+    f.note = fmt::format("usage history read from {} (beside the model, where older versions kept it); new history goes to {}",
+                         legacy, f.write);
+  }
+  return f;
 }
 
 }  // namespace ms

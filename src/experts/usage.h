@@ -1,7 +1,7 @@
 #pragma once
 // Usage history (--usage): how often each expert of each layer was routed, older runs weighing
-// less, kept beside the model (or in the user's state directory where the model's directory is
-// read-only) so that a later run can start with the hottest experts resident (--warm-start).
+// less, kept in the user's state directory (a model directory is read-only input) so that a later
+// run can start with the hottest experts resident (--warm-start).
 // A file of another model or shape, or a damaged one, is ignored with a warning: it only ever
 // changes what is resident, never an answer.
 #include <cstdint>
@@ -42,9 +42,25 @@ std::optional<UsageHistory> read_usage(const std::string& path, const EngineInde
 // Throws naming the file where that fails.
 void write_usage(const std::string& path, const UsageHistory& h);
 
-// Where an engine directory's history lives unless --usage names a file: usage.json in the
-// directory where it may be written, else usage-<fingerprint>.json in $XDG_STATE_HOME/moestream
-// (~/.local/state/moestream).
-std::string default_usage_path(const std::string& dir, const EngineIndex& index);
+// The user's state directory for moestream: $XDG_STATE_HOME/moestream, else
+// ~/.local/state/moestream (/tmp/moestream-state without a home).
+std::string state_dir();
+
+// Where an engine directory's history lives unless --usage names a file: usage.json in
+// state_dir()/<model id>/, the model id being its usage_fingerprint in hex, so copies of one
+// model share it and nothing is written beside the model.
+std::string default_usage_path(const EngineIndex& index);
+
+// Where older versions kept the history: usage.json beside the model. Still read (UsageFiles).
+std::string legacy_usage_path(const std::string& dir);
+
+// The files of a run's usage history: it reads `read` and writes `write`; `note` (one line, or
+// empty) says why they differ. With --usage FILE both are FILE; by default both are
+// default_usage_path, except that a usage.json beside the model is read while the state
+// directory has none yet.
+struct UsageFiles {
+  std::string read, write, note;
+};
+UsageFiles usage_files(const std::string& dir, const EngineIndex& index, const std::string& usage_flag);
 
 }  // namespace ms

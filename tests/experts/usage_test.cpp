@@ -1,6 +1,7 @@
 // The usage history (experts/usage.h): round trip, merge with decay, the hottest experts, an
 // atomic write that a kill cannot leave half-written, and every kind of bad file ignored with a
 // warning naming it.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -134,23 +135,33 @@ TEST(Usage, BadFilesAreIgnoredWithAWarningNamingThem) {
   EXPECT_NE(warning.find("another model"), std::string::npos) << warning;
 }
 
-TEST(Usage, DefaultPathIsBesideAWritableModelElseInTheStateDirectory) {
+// The history lives in the user's state directory under the model's id, whatever the model
+// directory's permissions; a usage.json beside the model (older versions) is read until the
+// state directory has one.
+TEST(Usage, DefaultPathIsInTheStateDirectoryUnderTheModelsId) {
   const EngineIndex index = tiny_index();
   const std::string dir = test::scratch_dir("usage-where");
-  EXPECT_EQ(default_usage_path(dir, index), dir + "/usage.json");
-  const std::string ro = dir + "/readonly";
-  fs::create_directory(ro);
-  fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
-  const std::string state = dir + "/state";
-  setenv("XDG_STATE_HOME", state.c_str(), 1);
-  const std::string p = default_usage_path(ro, index);
+  const std::string saved = std::getenv("XDG_STATE_HOME") ? std::getenv("XDG_STATE_HOME") : "";
+  setenv("XDG_STATE_HOME", (dir + "/state").c_str(), 1);
+  const std::string p = default_usage_path(index);
+  EXPECT_EQ(p, dir + "/state/moestream/" + fmt::format("{:016x}", usage_fingerprint(index)) + "/usage.json");
+  EXPECT_NE(default_usage_path(tiny_index(4)), p);  // another model, another file
+  UsageFiles f = usage_files(dir, index, "");
+  EXPECT_EQ(f.read, p);
+  EXPECT_EQ(f.write, p);
+  EXPECT_TRUE(f.note.empty());
+  std::ofstream(dir + "/usage.json") << "{}";
+  f = usage_files(dir, index, "");
+  EXPECT_EQ(f.read, dir + "/usage.json");
+  EXPECT_EQ(f.write, p);
+  EXPECT_NE(f.note.find("new history goes to " + p), std::string::npos) << f.note;
+  write_usage(p, empty_usage(index));
+  EXPECT_EQ(usage_files(dir, index, "").read, p);
+  EXPECT_EQ(usage_files(dir, index, dir + "/mine.json").write, dir + "/mine.json");
   unsetenv("XDG_STATE_HOME");
-  if (geteuid() == 0) {
-    EXPECT_EQ(p, ro + "/usage.json");  // root may write anywhere
-  } else {
-    EXPECT_EQ(p.rfind(state + "/moestream/usage-", 0), 0u) << p;
-  }
-  fs::permissions(ro, fs::perms::owner_all);
+  const char* home = std::getenv("HOME");
+  if (home && *home) EXPECT_EQ(state_dir(), std::string(home) + "/.local/state/moestream");
+  setenv("XDG_STATE_HOME", saved.c_str(), 1);
 }
 
 }  // namespace
