@@ -38,16 +38,20 @@ std::unique_ptr<Model> Model::open(const std::string& dir, const ModelOptions& o
     return m;
   }
   EngineIndex index = read_engine_index(dir, cfg);
-  if (opt.experts.verify) verify_dense(dir, index);  // the expert records are checked as they are read
   const std::string dense_path = dir + "/" + kEngineDenseFile;
+  // The plan first: a budget that cannot hold the model is refused before any weight is read.
+  MemoryPlan plan;
+  const StoreOptions store_opt = host_store_options(dir, cfg, index, std::filesystem::file_size(dense_path), opt, plan);
   // On the CPU the dense weights are read into the process's memory: under a memory cap the
   // page cache would evict them and read them again, token after token. (The GPU copies them to
   // VRAM and reads the map once.)
   TensorStore dense = TensorStore::open(dense_path, opt.device == Device::Cpu ? Residence::Memory : Residence::Mapped);
-  MemoryPlan plan;
-  const StoreOptions store_opt = host_store_options(dir, cfg, index, std::filesystem::file_size(dense_path), opt, plan);
+  if (opt.experts.verify) check_dense(dir, *dense.files().front(), index);  // expert records: as they are read
   auto experts = std::make_unique<ExpertStore>(dir, index, store_opt);
-  std::unique_ptr<Model> m(new Model(std::move(dense), std::move(cfg), std::move(experts), plan, opt.context, opt.prefill_chunk));
+  // A default budget may have planned a shorter context or prefill chunk than asked (fit_to_budget).
+  const int context = plan.context ? plan.context : opt.context;
+  const int chunk = plan.prefill_chunk ? plan.prefill_chunk : opt.prefill_chunk;
+  std::unique_ptr<Model> m(new Model(std::move(dense), std::move(cfg), std::move(experts), plan, context, chunk));
   m->kv_format_ = opt.kv;
   m->prepare_pools(dir, opt);
   return m;
@@ -71,6 +75,14 @@ int warm_slots(const ExpertStore& s, int layer, double fraction, int top_k, bool
 
 }  // namespace
 
+void Model::check_dense(const std::string& dir, const SafetensorsFile& dense, const EngineIndex& index) {
+  if (index.version >= 2) return verify_dense(dense, index);
+  fmt::print(stderr,
+             "moestream: note: {} is engine format version {}: its dense weights carry no checksums and are not checked "
+             "(convert the checkpoint again for version {})\n",
+             dir, index.version, kEngineFormatVersion);
+}
+
 void Model::prepare_pools(const std::string& dir, const ModelOptions& opt) {
   read_usage_history(dir, opt);
   warm_.profile = opt.pool_profile;
@@ -88,9 +100,11 @@ void Model::read_usage_history(const std::string& dir, const ModelOptions& opt) 
   const EngineIndex& index = experts_->index();
   usage_base_ = empty_usage(index);
   if (opt.usage == "off") return;
-  warm_.usage_path = opt.usage.empty() ? default_usage_path(dir, index) : opt.usage;
+  const UsageFiles files = usage_files(dir, index, opt.usage);
+  warm_.usage_path = files.write;
+  if (!files.note.empty()) fmt::print(stderr, "moestream: note: {}\n", files.note);
   std::string warning;
-  if (auto h = read_usage(warm_.usage_path, index, &warning)) usage_base_ = std::move(*h);
+  if (auto h = read_usage(files.read, index, &warning)) usage_base_ = std::move(*h);
   if (warning.empty()) return;
   warm_.note = warning;
   fmt::print(stderr, "moestream: warning: {}\n", warning);

@@ -101,6 +101,9 @@ class Model {
   // Reads the usage history, then loads every expert where the pools and the memory hold them
   // all, else warm-starts the pools from the history (opt.warm_start).
   void prepare_pools(const std::string& dir, const ModelOptions& opt);
+  // The dense weights as loaded against the index's checksums; a note on stderr for a version-1
+  // directory, which has none.
+  static void check_dense(const std::string& dir, const SafetensorsFile& dense, const EngineIndex& index);
   void read_usage_history(const std::string& dir, const ModelOptions& opt);
   bool load_whole(const ModelOptions& opt);  // whether it did; warm_.note says why not where it could not
   void warm_from_usage(const ModelOptions& opt);

@@ -3,17 +3,16 @@
 #include <algorithm>
 #include <filesystem>
 #include <system_error>
+#include <vector>
 
 #include "util/error.h"
+#include "util/memory.h"
 
 namespace ms {
 
 namespace {
 
-// "1.50 GiB" / "12.0 MiB".
-std::string gib(uint64_t b) {
-  return b >= (1ull << 30) ? fmt::format("{:.2f} GiB", double(b) / double(1ull << 30)) : fmt::format("{:.1f} MiB", double(b) / double(1ull << 20));
-}
+constexpr uint64_t kNoBudget = uint64_t(1) << 62;  // a budget that holds any model
 
 uint64_t per_slot_row(const EngineIndex& index) {  // one slot in every MoE layer
   uint64_t b = 0;
@@ -50,10 +49,14 @@ uint64_t activation_floats_per_token(const ModelConfig& c, const KvFormat& kv) {
 // state for `context` tokens, activations of a prefill chunk, with host_staging the host's
 // prefetch staging, and the rest as equal pools. A model without routed experts (an empty
 // index) needs only the first three.
-MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, uint64_t budget,
-                       const ModelOptions& opt, const char* what, bool host_staging = false, uint64_t process = 0) {
+// Everything of plan_memory but the pools and the floor's check: the plan's fixed parts and
+// its floor (*floor: the fixed parts and one token's experts in every layer).
+MemoryPlan plan_fixed(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, uint64_t budget,
+                      const ModelOptions& opt, bool host_staging, uint64_t process, uint64_t* floor) {
   const int context = opt.context;
   MemoryPlan p;
+  p.context = context;
+  p.prefill_chunk = opt.prefill_chunk;
   p.process = process;
   p.dense = dense_bytes;
   int full = 0;
@@ -83,16 +86,25 @@ MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_
       p.staging = uint64_t(p.staging_buffers) * widest;
     }
   }
-  const uint64_t floor = p.fixed() + per_slot * uint64_t(cfg.top_k);
+  *floor = p.fixed() + per_slot * uint64_t(cfg.top_k);
+  return p;
+}
+
+MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, uint64_t budget,
+                       const ModelOptions& opt, const char* what, bool host_staging = false, uint64_t process = 0) {
+  uint64_t floor = 0;
+  MemoryPlan p = plan_fixed(cfg, index, dense_bytes, budget, opt, host_staging, process, &floor);
+  const uint64_t per_slot = per_slot_row(index);
   if (budget < floor) {
     const std::string pools =
         per_slot ? fmt::format(", and {} expert slots per layer x {} layers ({} per slot row)", cfg.top_k,
-                               index.layers.size(), gib(per_slot))
+                               index.layers.size(), format_bytes(per_slot))
                  : std::string();
-    const std::string staging = p.staging ? fmt::format(", prefetch staging {} (--prefetch-staging)", gib(p.staging)) : std::string();
-    const std::string process = p.process ? fmt::format("the process {}, ", gib(p.process)) : std::string();
+    const std::string staging = p.staging ? fmt::format(", prefetch staging {} (--prefetch-staging)", format_bytes(p.staging)) : std::string();
+    const std::string process = p.process ? fmt::format("the process {}, ", format_bytes(p.process)) : std::string();
     fail("{} {} is below the floor of {}: {}dense weights {}, KV/state for {} tokens {}, activations {}{}{}", what,
-         gib(budget), gib(floor), process, gib(p.dense), context, gib(p.kv), gib(p.activations), staging, pools);
+         format_bytes(budget), format_bytes(floor), process, format_bytes(p.dense), p.context, format_bytes(p.kv),
+         format_bytes(p.activations), staging, pools);
   }
   if (per_slot == 0) return p;
   p.slots = int(std::min<uint64_t>((budget - p.fixed()) / per_slot, uint64_t(cfg.n_experts)));
@@ -121,13 +133,14 @@ StoreOptions host_tier_options(const std::string& dir, const ModelConfig& cfg, c
   h.prefetch = opt.experts.prefetch;
   h.prefault = true;  // staging for one token, or the --host-cache budget
   if (h.cache) {
+    check_under_cgroup_limit(opt.host_cache, "--host-cache");
     const uint64_t row = per_slot_row(index);
     // Prefetch staging comes out of the host cache (Auto: where it cannot hold every expert).
     const uint64_t staging = staging_bytes(h.prefetch, cfg, index, int(std::min<uint64_t>(opt.host_cache / row, uint64_t(cfg.n_experts))));
     if (opt.host_cache < staging + row * uint64_t(cfg.top_k))
       fail("{}: --host-cache {} cannot hold one token's {} experts in every layer ({} per slot row){}", dir,
-           gib(opt.host_cache), cfg.top_k, gib(row),
-           staging ? fmt::format(" beside the prefetch staging ({})", gib(staging)) : std::string());
+           format_bytes(opt.host_cache), cfg.top_k, format_bytes(row),
+           staging ? fmt::format(" beside the prefetch staging ({})", format_bytes(staging)) : std::string());
     h.slots = int(std::min<uint64_t>((opt.host_cache - staging) / row, uint64_t(cfg.n_experts)));
   }
   return h;
@@ -136,13 +149,20 @@ StoreOptions host_tier_options(const std::string& dir, const ModelConfig& cfg, c
 }  // namespace
 
 std::string describe(const MemoryPlan& p, Device device) {
-  if (p.slots == 0) return {};
+  if (p.slots == 0 && p.budget == 0) return {};
   auto mib = [](uint64_t b) { return double(b) / (1 << 20); };
   const std::string process = p.process ? fmt::format("process {:.1f} MiB, ", mib(p.process)) : std::string();
-  return fmt::format("{} budget: {}dense {:.1f} MiB, KV/state {:.1f} MiB, activations {:.1f} MiB, prefetch staging {:.1f} MiB, "
-                     "pools {:.1f} MiB ({} slots a layer)",
-                     device == Device::Cuda ? "VRAM" : "memory", process, mib(p.dense), mib(p.kv), mib(p.activations),
-                     mib(p.staging), mib(p.pool), p.slots);
+  const std::string tokens = p.context ? fmt::format(" ({} tokens)", p.context) : std::string();
+  const std::string chunk = p.prefill_chunk ? fmt::format(" (chunks of {})", p.prefill_chunk) : std::string();
+  const std::string parts = fmt::format("{}dense {:.1f} MiB, KV/state {:.1f} MiB{}, activations {:.1f} MiB{}, prefetch "
+                                        "staging {:.1f} MiB, pools {:.1f} MiB",
+                                        process, mib(p.dense), mib(p.kv), tokens, mib(p.activations), chunk, mib(p.staging),
+                                        mib(p.pool));
+  const std::string from = p.source.empty() ? std::string() : fmt::format(" {} from {}", format_bytes(p.budget), p.source);
+  const char* what = device == Device::Cuda ? "VRAM budget" : "memory budget";
+  if (p.slots == 0)  // a budget that sized nothing: everything fits in it
+    return fmt::format("{}{} (every expert fits: nothing sized by it): {}", what, from, parts);
+  return fmt::format("{}{}: {} ({} slots a layer)", what, from, parts, p.slots);
 }
 
 uint64_t process_reserve(const std::string& dir) {
@@ -166,18 +186,104 @@ void check_prefill_chunk(int chunk) {
     fail("prefill chunk {} must be a multiple of {} and at least {}", chunk, kPrefillChunkAlign, 2 * kPrefillChunkAlign);
 }
 
+namespace {
+
+// Bytes the pools take where no budget sizes them: every expert, or the slots or caps asked for.
+uint64_t unsized_pool_bytes(const EngineIndex& index, const StoreOptions& o) {
+  uint64_t b = 0;
+  for (const auto& l : index.layers) b += uint64_t(layer_capacity(o, l)) * l.stride;
+  return b;
+}
+
+// Where a budget nobody named (the cgroup's, MemAvailable's) cannot hold the prefill chunk and
+// the context planned by default, both are halved until its floor fits, down to
+// kFitMinChunk-token chunks and kFitMinContext tokens; a --context the user gave is kept.
+ModelOptions fit_to_budget(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, uint64_t budget,
+                           ModelOptions opt, uint64_t process) {
+  constexpr int kFitMinChunk = 2 * kPrefillChunkAlign, kFitMinContext = 512;
+  for (;;) {
+    uint64_t floor = 0;
+    plan_fixed(cfg, index, dense_bytes, budget, opt, true, process, &floor);
+    if (floor <= budget) return opt;
+    if (opt.prefill_chunk / 2 >= kFitMinChunk && opt.prefill_chunk / 2 % kPrefillChunkAlign == 0) opt.prefill_chunk /= 2;
+    else if (!opt.context_given && opt.context / 2 >= kFitMinContext) opt.context /= 2;
+    else return opt;  // as small as it goes: plan_memory names the floor
+  }
+}
+
+}  // namespace
+
+MemoryPlan plan_host_memory(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes,
+                            const ModelOptions& opt) {
+  if (opt.memory_budget > 0) {
+    check_under_cgroup_limit(opt.memory_budget, "--memory");
+    MemoryPlan plan = plan_memory(cfg, index, dense_bytes, opt.memory_budget, opt, "memory budget", true, process_reserve(dir));
+    plan.budget = opt.memory_budget;
+    plan.source = "--memory";
+    return plan;
+  }
+  const HostBudget limit = opt.host_budget ? *opt.host_budget : default_host_budget();
+  // What the run takes unsized: the plan of a budget that holds every expert, whose pools are
+  // then what the slots or caps asked for hold.
+  MemoryPlan unsized = plan_memory(cfg, index, dense_bytes, kNoBudget, opt, "memory", true, process_reserve(dir));
+  unsized.pool = unsized_pool_bytes(index, opt.experts);
+  unsized.slots = 0;
+  unsized.budget = limit.bytes;
+  unsized.source = limit.source;
+  if (unsized.total() <= limit.bytes) return unsized;  // fits: nothing to size
+  const bool asked = opt.experts.slots > 0 || !opt.experts.layer_caps.empty();
+  if (asked)
+    fail("{}: the expert pools asked for (--expert-slots or a pool profile: {}) and the rest ({}) need {}, more than the {} "
+         "that {} leaves; ask for fewer slots, or for a --memory budget, which sizes them",
+         dir, format_bytes(unsized.pool), format_bytes(unsized.fixed()), format_bytes(unsized.total()),
+         format_bytes(limit.bytes), limit.source);
+  const ModelOptions fitted = fit_to_budget(cfg, index, dense_bytes, limit.bytes, opt, process_reserve(dir));
+  MemoryPlan plan;
+  try {
+    plan = plan_memory(cfg, index, dense_bytes, limit.bytes, fitted, "memory budget", true, process_reserve(dir));
+  } catch (const Error& e) {
+    fail("{}; with no --memory the budget is {}: raise the limit, or run a smaller model", e.what(), limit.source);
+  }
+  plan.budget = limit.bytes;
+  plan.source = limit.source;
+  return plan;
+}
+
+namespace {
+
+// A pool profile's layers must be MoE layers of this model: a cap or pin for another model's
+// layer would otherwise be dropped without a word.
+void check_profile_layers(const EngineIndex& index, const ModelOptions& opt) {
+  std::vector<int> layers;
+  for (const ExpertLayer& l : index.layers)
+    if (const int m = model_layer_of(l.name); m >= 0) layers.push_back(m);
+  auto check = [&](int layer, const char* field) {
+    if (std::find(layers.begin(), layers.end(), layer) != layers.end()) return;
+    fail("{}: {} names layer {}, which is not one of this model's {} MoE layers ({} to {})",
+         opt.pool_profile.empty() ? std::string("pool profile") : opt.pool_profile, field, layer, layers.size(),
+         layers.empty() ? 0 : layers.front(), layers.empty() ? 0 : layers.back());
+  };
+  for (const auto& [layer, cap] : opt.experts.layer_caps) check(layer, "layer_caps");
+  for (const auto& [layer, experts] : opt.experts.pins) check(layer, "pins");
+}
+
+}  // namespace
+
 StoreOptions host_store_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
                                 uint64_t dense_bytes, const ModelOptions& opt, MemoryPlan& plan) {
+  check_profile_layers(index, opt);
   StoreOptions store_opt = opt.experts;
   store_opt.top_k = cfg.top_k;
   if (opt.device == Device::Cuda) {
     store_opt = host_tier_options(dir, cfg, index, opt);
-  } else if (opt.memory_budget > 0) {
-    plan = plan_memory(cfg, index, dense_bytes, opt.memory_budget, opt, "memory budget", true, process_reserve(dir));
-    store_opt.slots = plan.slots;
-    store_opt.prefetch.staging = plan.staging_buffers;
-    store_opt.prefault = true;  // the plan fits the budget: its pools are charged at start
-    store_opt.layer_caps.clear();
+  } else {
+    plan = plan_host_memory(dir, cfg, index, dense_bytes, opt);
+    if (plan.slots > 0) {
+      store_opt.slots = plan.slots;
+      store_opt.prefetch.staging = plan.staging_buffers;
+      store_opt.prefault = true;  // the plan fits the budget: its pools are charged at start
+      store_opt.layer_caps.clear();
+    }
   }
   check_floor(dir, store_opt, index, cfg.top_k, opt.device == Device::Cuda ? "host " : "");
   return store_opt;

@@ -3,6 +3,7 @@
 // the CPU, --vram and --host-cache on the GPU, --context and the prefill chunk on both. Every
 // budget and the per-layer slot counts of the expert pools are worked out here, once.
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "experts/expert_store.h"
@@ -10,6 +11,7 @@
 #include "format/engine_dir.h"
 #include "model/executor.h"
 #include "quant/kv_quant.h"
+#include "util/memory.h"
 
 namespace ms {
 
@@ -41,7 +43,11 @@ enum class WarmStart { Off, Auto, Pin };
 struct ModelOptions {
   StoreOptions experts;
   uint64_t memory_budget = 0;  // Cpu: bytes for everything (dense + KV + activations + pool); 0 = unset
+  // Cpu, no memory_budget: what the process may use (default_host_budget() where unset); pools
+  // are sized to it where the model does not fit, and a run that cannot fit is refused.
+  std::optional<HostBudget> host_budget;
   int context = 4096;          // tokens the KV budget provides for
+  bool context_given = false;  // asked for (--context): a default budget does not shrink it
   KvFormat kv;                 // how the KV caches store keys and values (--kv-bits, --kv-group, --kv-rotation)
   // Most tokens one forward runs at once: longer prompts go through in chunks (Model::next_chunk)
   // whose activations the memory plan counts. A multiple of kPrefillChunkAlign, at least twice it.
@@ -74,14 +80,18 @@ struct MemoryPlan {
   // Host budgets: what the process holds beside the rest (code and library pages, thread stacks,
   // the tokenizer, allocator slack); see process_reserve.
   uint64_t process = 0;
-  int slots = 0;            // per MoE layer
+  int slots = 0;            // per MoE layer; 0 where the budget sized no pool (everything fits)
+  uint64_t budget = 0;      // the budget planned for; 0 where there is none
+  std::string source;       // where the budget came from: "--memory", "the cgroup memory limit (...) less 5 %"
+  int context = 0;          // the tokens of KV planned for, and the prefill chunk's tokens: the options',
+  int prefill_chunk = 0;    // or less where a default budget could not hold those
   int staging_buffers = 0;  // of `staging`
   uint64_t fixed() const { return process + dense + kv + activations + staging; }  // all but the pool
   uint64_t total() const { return fixed() + pool; }
 };
 
-// The plan in one line, for --stats: "memory budget: dense 12.0 MiB, KV/state ..." ("VRAM
-// budget" on Cuda); empty where no budget split anything into pools.
+// The plan in one line, for --stats: "memory budget 38.0 MiB from the cgroup memory limit (...)
+// less 5 %: dense 12.0 MiB, KV/state ..." ("VRAM budget" on Cuda); empty where there is no budget.
 std::string describe(const MemoryPlan& plan, Device device);
 
 // The process's share of a host budget for a model directory: a fixed reserve for code pages,
@@ -97,6 +107,12 @@ void check_prefill_chunk(int chunk);
 // The bytes of the staging area prefetch reads land in where prefetch runs with `slots` a layer
 // (model/predict.h; off, or auto where every expert is resident: none).
 uint64_t staging_bytes(const PrefetchOptions& p, const ModelConfig& cfg, const EngineIndex& index, int slots);
+
+// The CPU's plan of an engine directory: of --memory (refused above the cgroup limit), else of
+// the budget the process may use (ModelOptions::host_budget) where the model does not fit it
+// whole; a plan with no slots where it does (its budget and source say what was checked).
+MemoryPlan plan_host_memory(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes,
+                            const ModelOptions& opt);
 
 StoreOptions host_store_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
                                 uint64_t dense_bytes, const ModelOptions& opt, MemoryPlan& plan);

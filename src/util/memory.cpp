@@ -1,7 +1,9 @@
 #include "util/memory.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include <sys/mman.h>
@@ -10,6 +12,8 @@
 #include <cerrno>
 #include <cstring>
 #include <utility>
+
+#include <fmt/format.h>
 
 #include "util/error.h"
 
@@ -66,9 +70,10 @@ uint64_t read_number(const std::string& path, uint64_t none) {
   }
 }
 
-// The path of this process's cgroup for `controller` ("memory" in v1, "" for the v2 hierarchy).
-std::string own_cgroup(const std::string& controller) {
-  std::ifstream in("/proc/self/cgroup");
+// The path of this process's cgroup for `controller` ("memory" in v1, "" for the v2 hierarchy)
+// in the text of /proc/self/cgroup.
+std::string own_cgroup_in(const std::string& text, const std::string& controller) {
+  std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     const size_t a = line.find(':'), b = line.find(':', a + 1);
     if (a == std::string::npos || b == std::string::npos) continue;
@@ -79,18 +84,46 @@ std::string own_cgroup(const std::string& controller) {
   return "";
 }
 
-}  // namespace
+std::string proc_self_cgroup() {
+  std::ifstream in("/proc/self/cgroup");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
-uint64_t available_memory() {
-  constexpr uint64_t kNone = UINT64_MAX;
-  uint64_t avail = kNone;
+std::string own_cgroup(const std::string& controller) { return own_cgroup_in(proc_self_cgroup(), controller); }
+
+// v1 writes "no limit" as the largest page count in bytes (0x7ffffffffffff000); v2 as "max".
+constexpr uint64_t kUnlimited = uint64_t(1) << 62;
+
+// The tightest limit in `file_name` from `root`/`cgroup` up to `root`.
+void tightest_on_path(const std::filesystem::path& root, const std::string& cgroup, const char* file_name, CgroupLimit& best) {
+  std::filesystem::path p = std::filesystem::path(cgroup).relative_path();
+  for (;;) {
+    const std::filesystem::path file = root / p / file_name;
+    const uint64_t v = read_number(file.string(), UINT64_MAX);
+    if (v < kUnlimited && (best.bytes == 0 || v < best.bytes)) best = {v, file.lexically_normal().string()};
+    if (p.empty()) return;
+    p = p.parent_path();
+  }
+}
+
+uint64_t mem_available() {
   std::ifstream meminfo("/proc/meminfo");
   for (std::string key; meminfo >> key;) {
     uint64_t kib = 0;
     meminfo >> kib;
     meminfo.ignore(64, '\n');
-    if (key == "MemAvailable:") avail = kib * 1024;
+    if (key == "MemAvailable:") return kib * 1024;
   }
+  return UINT64_MAX;
+}
+
+}  // namespace
+
+uint64_t available_memory() {
+  constexpr uint64_t kNone = UINT64_MAX;
+  uint64_t avail = mem_available();
   // The cgroup's room: its limit less what it holds (page cache included, which it can reclaim,
   // so this errs on the safe side).
   auto room = [&](const std::string& limit, const std::string& usage) {
@@ -102,6 +135,48 @@ uint64_t available_memory() {
   if (const std::string v2 = own_cgroup(""); !v2.empty())
     room("/sys/fs/cgroup" + v2 + "/memory.max", "/sys/fs/cgroup" + v2 + "/memory.current");
   return avail;
+}
+
+CgroupLimit cgroup_memory_limit(const std::string& proc_cgroup, const std::string& sys_fs_cgroup) {
+  CgroupLimit best;
+  const std::filesystem::path root(sys_fs_cgroup);
+  if (const std::string v1 = own_cgroup_in(proc_cgroup, "memory"); !v1.empty())
+    tightest_on_path(root / "memory", v1, "memory.limit_in_bytes", best);
+  // v2: the whole of /sys/fs/cgroup, or /sys/fs/cgroup/unified beside v1's controllers (hybrid).
+  const std::filesystem::path v2_root = std::filesystem::exists(root / "cgroup.controllers") ? root : root / "unified";
+  if (const std::string v2 = own_cgroup_in(proc_cgroup, ""); !v2.empty()) tightest_on_path(v2_root, v2, "memory.max", best);
+  return best;
+}
+
+CgroupLimit cgroup_memory_limit() { return cgroup_memory_limit(proc_self_cgroup()); }
+
+std::string format_bytes(uint64_t b) {
+  return b >= (uint64_t(1) << 30) ? fmt::format("{:.2f} GiB", double(b) / double(uint64_t(1) << 30))
+                                  : fmt::format("{:.1f} MiB", double(b) / double(uint64_t(1) << 20));
+}
+
+HostBudget default_host_budget() {
+  HostBudget b;
+  b.limit = cgroup_memory_limit();
+  const uint64_t avail = mem_available();
+  const uint64_t from_avail = avail == UINT64_MAX ? UINT64_MAX : uint64_t(double(avail) * (1 - kMemAvailableMargin));
+  if (b.limit.bytes) {
+    b.bytes = uint64_t(double(b.limit.bytes) * (1 - kCgroupMargin));
+    b.source = fmt::format("the cgroup memory limit ({}, {}) less {:.0f} %", format_bytes(b.limit.bytes), b.limit.file,
+                           kCgroupMargin * 100);
+  }
+  if (!b.limit.bytes || from_avail < b.bytes) {
+    b.bytes = from_avail;
+    b.source = fmt::format("MemAvailable ({}) less {:.0f} %", format_bytes(avail), kMemAvailableMargin * 100);
+  }
+  return b;
+}
+
+void check_under_cgroup_limit(uint64_t bytes, const char* flag) {
+  const CgroupLimit l = cgroup_memory_limit();
+  if (l.bytes && bytes > l.bytes)
+    fail("{} {} is more than this process's cgroup memory limit of {} ({}): the kernel would kill it; ask for less", flag,
+         format_bytes(bytes), format_bytes(l.bytes), l.file);
 }
 
 }  // namespace ms
