@@ -10,7 +10,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <map>
+#include <string>
 #include <unordered_map>
 
 #include "util/error.h"
@@ -24,6 +26,19 @@ using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// The path of a request target (RFC 9112 3.2): origin-form "/p?q" gives "/p"; absolute-form
+// "http://host:port/p?q", which a server must accept, gives "/p" ("/" where it has none).
+std::string origin_path(const std::string& target) {
+  std::string path = target.substr(0, target.find('?'));
+  for (const char* scheme : {"http://", "https://"}) {
+    const size_t n = std::strlen(scheme);
+    if (path.size() < n || !beast::iequals(path.substr(0, n), scheme)) continue;
+    const size_t slash = path.find('/', n);
+    return slash == std::string::npos ? "/" : path.substr(slash);
+  }
+  return path;
+}
 
 // A streamed response that wrote nothing for this long writes a heartbeat.
 constexpr auto kHeartbeat = std::chrono::milliseconds(1000);
@@ -161,7 +176,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     req_ = HttpRequest{};
     req_.method = std::string(h.method_string());
     req_.target = std::string(h.target());
-    req_.path = req_.target.substr(0, req_.target.find('?'));
+    req_.path = origin_path(req_.target);
     req_.client = client_;
     for (const auto& f : h) req_.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     version_ = h.version();
@@ -319,14 +334,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
   }
 
+  // The head goes out with the stream's first bytes (or its first heartbeat): a stream that ends
+  // before then, failed, is answered with the status it reports instead of 200.
   void begin_stream(HttpResponse r, bool keep) {
     body_stream_ = r.stream;
     chunked_ = version_ >= 11;
     keep_stream_ = keep && chunked_;
-    std::string head = fmt::format("HTTP/1.{} {} {}\r\nServer: moestream\r\nContent-Type: {}\r\nCache-Control: no-cache\r\n{}{}\r\n",
-                                   chunked_ ? 1 : 0, r.status, std::string(http::obsolete_reason(http::status(r.status))),
-                                   r.content_type, chunked_ ? "Transfer-Encoding: chunked\r\n" : "",
-                                   keep_stream_ ? "" : "Connection: close\r\n");
+    stream_type_ = r.content_type;
+    head_sent_ = false;
+    last_write_ = Clock::now();
     std::weak_ptr<Connection> weak = shared_from_this();
     net::io_context& ioc = srv_.ioc_;
     body_stream_->start([weak, &ioc] {
@@ -334,8 +350,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
         if (auto self = weak.lock()) self->wake_.cancel();
       });
     });
-    write_piece(std::move(head), false);
+    pump();
     watch_peer();
+  }
+
+  std::string stream_head(int status) const {
+    return fmt::format("HTTP/1.{} {} {}\r\nServer: moestream\r\nContent-Type: {}\r\nCache-Control: no-cache\r\n{}{}\r\n",
+                       chunked_ ? 1 : 0, status, std::string(http::obsolete_reason(http::status(status))), stream_type_,
+                       chunked_ ? "Transfer-Encoding: chunked\r\n" : "", keep_stream_ ? "" : "Connection: close\r\n");
   }
 
   // While a response streams nothing is read, so a client that leaves would only be noticed by
@@ -368,6 +390,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     std::string out = chunked_ && !data.empty() ? chunk_frame(data) : data;
     if (done && chunked_) out += "0\r\n\r\n";
+    if (!head_sent_) out = stream_head(done ? body_stream_->status() : 200) + out, head_sent_ = true;
     write_piece(std::move(out), done);
   }
 
@@ -397,7 +420,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // A streamed response.
   std::shared_ptr<HttpStream> body_stream_;
   net::steady_timer wake_;
-  bool chunked_ = true, keep_stream_ = false, writing_ = false;
+  bool chunked_ = true, keep_stream_ = false, writing_ = false, head_sent_ = true;
+  std::string stream_type_;  // the streamed response's content type, for its head
   Clock::time_point last_write_ = Clock::now();
   std::string out_;  // the bytes being written
   std::shared_ptr<std::array<char, 4096>> drain_;

@@ -55,6 +55,9 @@ class HttpStream {
   // What is ready now (may be empty); `done` once the body is complete.
   virtual std::string pull(bool& done) = 0;
   virtual std::string heartbeat() = 0;
+  // The status of a stream that is done before any of it was written (a failure: 500); 200
+  // once anything was, whatever happens after.
+  virtual int status() const { return 200; }
   // The response ended before done (client gone, write timed out, server stopped).
   virtual void abandon() = 0;
 };

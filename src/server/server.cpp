@@ -142,7 +142,8 @@ class HttpServer::Formatter {
     return out + "data: [DONE]\n\n";
   }
 
-  // After the headers went out as 200, a failure can only be reported in the body.
+  // A failure: the whole answer where it comes before the headers went out (the transport then
+  // sends 500), else reported in the body after a 200.
   std::string error(const std::string& message) {
     ApiError e(500, "generation failed: " + message, "server_error");
     return stream_ ? sse(e.to_json()) + "data: [DONE]\n\n" : e.to_json().dump();
@@ -313,7 +314,7 @@ GenerationRequest HttpServer::generation_request(std::vector<int> prompt, const 
       invalid_param("speculative", e.what(), "unsupported_value");
     }
   // A verify keeps per-token states the memory plan counts only where the server speculates.
-  if (g.speculative && g.speculative->mtp && !engine_.speculative().mtp && engine_.model().memory_plan().total() > 0)
+  if (g.speculative && g.speculative->mtp && !engine_.speculative().mtp && engine_.model().memory_plan().slots > 0)
     invalid_param("speculative",
                   "this server's memory budget was planned without speculation: start it with --speculative auto "
                   "(or mtp) to allow MTP drafts",
@@ -362,6 +363,7 @@ class HttpServer::JobStream : public HttpStream {
   }
 
   std::string heartbeat() override { return f_->heartbeat(); }
+  int status() const override { return job_->error().empty() ? 200 : 500; }
 
   // Whatever ended the response early (client gone, write timeout, server stop): nobody reads on.
   void abandon() override { release(); }

@@ -330,5 +330,18 @@ TEST_F(HttpLayerTest, OversizedHeadsAndWrongRoutesAreNamed) {
   EXPECT_NE(wrong->body.find("method_not_allowed"), std::string::npos);
 }
 
+// A request line in absolute form (RFC 9112 3.2.2: a server must accept it) reaches the route
+// its path names; a query is not part of the path.
+TEST_F(HttpLayerTest, AbsoluteFormTargetsAreRouted) {
+  for (const char* target : {"http://127.0.0.1/health", "HTTP://localhost:8080/health?x=1", "/health?x=1"}) {
+    const std::string out = raw_exchange(server_->port(), fmt::format("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", target));
+    EXPECT_EQ(status_line(out), "HTTP/1.1 200 OK") << target << ": " << out.substr(0, 300);
+  }
+  const std::string models = raw_exchange(server_->port(), "GET http://127.0.0.1:9/v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(status_line(models), "HTTP/1.1 200 OK") << models.substr(0, 300);
+  const std::string root = raw_exchange(server_->port(), "GET http://127.0.0.1 HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(status_line(root).substr(0, 12), status_line(raw_exchange(server_->port(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n")).substr(0, 12));
+}
+
 }  // namespace
 }  // namespace ms::test

@@ -688,6 +688,33 @@ TEST(ServerPool, StatsReportTheStreamingPool) {
   EXPECT_NE(metrics.find("moestream_loaded_whole 0"), std::string::npos);
 }
 
+// A corrupt expert record (checked by default) fails the request that reads it with an error
+// naming the file, the layer and the expert; the server stays up and answers the next request.
+// Corrupt dense weights stop `serve` at load, naming the tensor.
+TEST(ServerPool, ACorruptRecordFailsItsRequestAndTheServerStaysUp) {
+  const std::string dir = test::embedded_model_copy("server-corrupt");
+  const std::string blob = test::flip_expert_records(dir, 0);
+  ServerProcess server(dir, {"--expert-slots", "16"});
+  ASSERT_GT(server.port(), 0);
+  auto c = server.client();
+  for (int i = 0; i < 2; ++i) {
+    auto r = c.Post("/v1/completions", json{{"prompt", "def f("}, {"max_tokens", 4}}.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 500) << r->body;
+    const std::string message = json::parse(r->body)["error"]["message"];
+    EXPECT_NE(message.find(blob + ": layer model.layers.0.mlp, expert "), std::string::npos) << message;
+    EXPECT_NE(message.find("checksum"), std::string::npos) << message;
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 200);
+  }
+  const std::string dense_dir = test::embedded_model_copy("server-corrupt-dense");
+  test::flip_dense_tensor(dense_dir, "model.norm.weight");
+  std::string out, err;
+  EXPECT_EQ(test::run_cli("serve --model " + dense_dir + " --port 0", &out, &err), 1);
+  EXPECT_NE(err.find(dense_dir + "/dense.safetensors: tensor 'model.norm.weight': checksum"), std::string::npos) << err;
+}
+
 // The KV cache's format and bytes (--kv-bits) in /api/stats and /metrics.
 TEST(ServerPool, StatsReportTheKvCache) {
   ServerProcess server(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", {"--kv-bits", "4,3"});
