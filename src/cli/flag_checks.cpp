@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "cli/model_options.h"
@@ -104,10 +106,13 @@ CLI::Validator bits_list(char sep, const std::vector<std::string>& keys) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         if (text.empty()) return "must not be empty";
+        std::set<std::string> seen;
         for (size_t pos = 0; pos <= text.size();) {
           const size_t comma = std::min(text.find(',', pos), text.size());
-          if (std::string why = bits_item_error(text.substr(pos, comma - pos), sep, keys); !why.empty())
-            return why;
+          const std::string item = text.substr(pos, comma - pos);
+          if (std::string why = bits_item_error(item, sep, keys); !why.empty()) return why;
+          if (const std::string key = item.substr(0, item.find(sep)); !seen.insert(key).second)
+            return fmt::format("'{}' is given twice", key);
           pos = comma + 1;
         }
         return "";

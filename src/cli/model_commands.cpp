@@ -14,6 +14,7 @@
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "util/error.h"
+#include "util/memory.h"
 
 namespace ms::cli {
 
@@ -176,15 +177,19 @@ void add_inspect(CLI::App& app) {
     if (const ExpertStore* experts = model->experts()) {
       const std::string profile = default_pool_profile(*model_dir);
       fmt::print("pool profile   {}\n", profile.empty() ? "none" : profile + " (used by default)");
-      const std::string usage = default_usage_path(*model_dir, experts->index());
+      const UsageFiles usage = usage_files(*model_dir, experts->index(), "");
       std::string warning;
-      const auto history = read_usage(usage, experts->index(), &warning);
-      fmt::print("usage history  {}\n", history ? fmt::format("{} ({} runs; --warm-start reads its hottest experts)", usage, history->runs)
+      const auto history = read_usage(usage.read, experts->index(), &warning);
+      fmt::print("usage history  {}\n", history ? fmt::format("{} ({} runs; --warm-start reads its hottest experts)", usage.read, history->runs)
                                         : !warning.empty() ? warning
-                                                           : fmt::format("none yet ({})", usage));
+                                                           : fmt::format("none yet ({})", usage.write));
+      if (!usage.note.empty()) fmt::print("               {}\n", usage.note);
+      const HostBudget budget = default_host_budget();
+      fmt::print("memory budget  {} from {} (the CPU's, where no --memory is given: pools are sized to it where the "
+                 "model does not fit it whole)\n", format_bytes(budget.bytes), budget.source);
       fmt::print("format         engine directory, version {}{}\n", experts->index().version,
-                 experts->index().version < 2 ? " (records without headers, no dense checksums: --verify checks the "
-                                                "expert records only)"
+                 experts->index().version < 2 ? " (records without headers, no dense checksums: only the expert records are "
+                                                "checked)"
                                               : "");
     }
     fmt::print("parameters     dense {} ({})  experts {} ({})  total {}\n", w.dense_params, human_bytes(double(w.dense_bytes)),

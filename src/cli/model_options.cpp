@@ -140,9 +140,9 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
                   "default: the model directory's pool_profile.json where there is one; none: no profile")
       ->check(CLI::ExistingFile | CLI::IsMember({"none"}));
   cmd->add_option("--usage", a.usage,
-                  "Where the experts' usage history is kept across runs: auto (the model directory's usage.json, or "
-                  "the user's state directory where that is read-only), a file, or off; default $MOESTREAM_USAGE, "
-                  "else auto")
+                  "Where the experts' usage history is kept across runs: auto (usage.json under $XDG_STATE_HOME/"
+                  "moestream/<model id>/, ~/.local/state when unset; inspect shows it), a file, or off; default "
+                  "$MOESTREAM_USAGE, else auto")
       ->check(non_empty());
   cmd->add_flag("--no-load-whole", a.no_load_whole,
                 "Read experts as routing asks even where the pools hold them all (by default those are all read at "
@@ -161,7 +161,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
                   "Tokens the memory plan (--memory, --vram) holds KV for; a sequence's KV cache stays within it while "
                   "the sequence fits")
       ->capture_default_str()
-      ->check(int_in(1, 1 << 24));
+      ->check(int_in(1, 1 << 24))
+      ->each([&a](const std::string&) { a.context_given = true; });
   cmd->add_option("--kv-bits", a.kv_bits,
                   "Bits of the KV cache's keys and values: K,V of 32 (float32, exact), 16 (bf16), 8, 4, 3 or 2 "
                   "(affine groups with half scales), e.g. 16,16 or 4,3; one number for both")
@@ -178,7 +179,9 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   cmd->add_option("--policy", a.policy, "Expert eviction policy")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
   cmd->add_option("--io", a.io, "Expert reads: io_uring or a pread thread pool")->check(CLI::IsMember({"auto", "uring", "pread"}));
   cmd->add_flag("--no-direct-io", a.no_direct_io, "Read experts through the page cache (no O_DIRECT)");
-  cmd->add_flag("--verify", a.verify, "Checksum every expert record read, and the dense weights at load (format 2)");
+  cmd->add_flag("--verify,!--no-verify", a.verify,
+                "Checksum every expert record read, and the dense weights at load (format 2); on by default, "
+                "--no-verify turns it off");
   cmd->add_option("--device", a.device,
                   "Where the forward runs: cpu, cuda (dense weights and the expert pool in VRAM), or auto (cuda when a "
                   "GPU is present)")
@@ -252,6 +255,7 @@ ModelOptions model_options(const ModelArgs& a) {
   o.experts.verify = a.verify;
   if (!a.memory.empty()) o.memory_budget = parse_bytes(a.memory);
   o.context = a.context;
+  o.context_given = a.context_given;
   parse_kv_bits(a.kv_bits, o.kv);
   o.kv.k.group = o.kv.v.group = a.kv_group;
   o.kv.rotation = parse_kv_rotation(a.kv_rotation);
@@ -319,8 +323,8 @@ void print_expert_stats(const Model& model, std::FILE* out) {
   if (const std::string plan = describe(model.memory_plan(), model.device()); !plan.empty()) fmt::print(out, "{}\n", plan);
   fmt::print(out, "{}\n", describe(model.warm_report()));
   if (const ExpertStore::Early e = model.experts()->early(); e.tokens > 0)
-    fmt::print(out, "first {} tokens: hit rate {:.3f} ({} hits, {} misses)\n", e.tokens, e.pool.hit_rate(), e.pool.hits,
-               e.pool.misses);
+    fmt::print(out, "first {} tokens: hit rate {:.3f} ({} hits, {} misses; the run's first forwards, prompt included)\n",
+               e.tokens, e.pool.hit_rate(), e.pool.hits, e.pool.misses);
   std::vector<PoolStats> totals;
   for (const PoolTier& t : tiers) {
     fmt::print(out, "{}:\n", t.title);

@@ -16,9 +16,10 @@ struct ModelArgs {
   int expert_slots = 0;
   std::string pool_profile, memory, policy = "lru", io = "auto";
   int context = 4096;
+  bool context_given = false;  // --context was passed
   std::string kv_bits = "32,32", kv_rotation = "hadamard";
   int kv_group = 64;
-  bool no_direct_io = false, verify = false;
+  bool no_direct_io = false, verify = true;
   std::string device = "auto", vram, host_cache, host_policy = "lru";
   bool no_cuda_graphs = false, no_load_whole = false;
   std::string prefetch = "auto", prefetch_ahead = "1", prefetch_width = "auto";

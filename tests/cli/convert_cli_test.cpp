@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "test_support.h"
+#include "writers/convert.h"
 
 namespace ms {
 namespace {
@@ -41,17 +42,29 @@ TEST(ConvertCli, ConvertedFixtureGivesTheCheckpointsLogits) {
   EXPECT_EQ(run_cli("inspect --model " + work + "/m", &out, &err), 0) << err;
   EXPECT_NE(out.find("mtp head       yes"), std::string::npos) << out;
   EXPECT_NE(out.find("format         engine directory, version 2\n"), std::string::npos) << out;
-  // The embedded model is version 1, read as it is; inspect says what --verify cannot cover there.
-  EXPECT_EQ(run_cli("inspect --model " + std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4", &out, &err), 0) << err;
+  // A version-1 directory (older conversions) is read as it is; inspect says what the checks
+  // cannot cover there, and a run notes that its dense weights are unchecked.
+  ConvertOptions v1;
+  v1.from = dir, v1.out = work + "/v1", v1.expert_bits = 4, v1.format_version = 1;
+  convert_checkpoint(v1);
+  EXPECT_EQ(run_cli("inspect --model " + work + "/v1", &out, &err), 0) << err;
   EXPECT_NE(out.find("version 1 (records without headers, no dense checksums"), std::string::npos) << out;
-  // --verify on a converted directory checks dense.safetensors too: a flipped byte is named.
+  EXPECT_EQ(run_cli("logits --model " + work + "/v1 " + ids + " --out " + work + "/d.safetensors", nullptr, &err), 0) << err;
+  EXPECT_NE(err.find("note: " + work + "/v1 is engine format version 1: its dense weights carry no checksums and are not "
+                     "checked"),
+            std::string::npos)
+      << err;
+  // A converted directory's dense.safetensors is checked at load by default: a flipped byte is
+  // named; --no-verify loads it.
   const std::string dense = work + "/m/dense.safetensors";
   std::string bytes = slurp(dense);
   bytes[bytes.size() - 3] ^= 0x20;
   std::ofstream(dense, std::ios::binary | std::ios::trunc) << bytes;
-  EXPECT_EQ(run_cli("logits --model " + work + "/m " + ids + " --verify --out " + work + "/c.safetensors", nullptr, &err), 1);
+  EXPECT_EQ(run_cli("logits --model " + work + "/m " + ids + " --out " + work + "/c.safetensors", nullptr, &err), 1);
   EXPECT_NE(err.find("dense.safetensors"), std::string::npos) << err;
   EXPECT_NE(err.find("checksum"), std::string::npos) << err;
+  EXPECT_EQ(run_cli("logits --model " + work + "/m " + ids + " --no-verify --out " + work + "/c.safetensors", nullptr, &err), 0)
+      << err;
 }
 
 // An MLX directory or a GGUF file as --model: refused with the convert command, or converted

@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "test_support.h"
@@ -36,24 +38,55 @@ TEST(ProfileCommand, WritesCapsThatRunAccepts) {
   std::ofstream(dir + "/bad.json") << R"({"layer_caps": {"zero": 10}})";
   EXPECT_EQ(test::run_cli("run --prompt x --pool-profile " + dir + "/bad.json", &out, &err), 1);
   EXPECT_NE(err.find("'zero' is not a layer number"), std::string::npos) << err;
+  // A layer the model does not have (pycoder has 8) is refused, not dropped.
+  for (const char* bad : {R"({"layer_caps": {"0": 16, "99": 10}})", R"({"layer_caps": {"0": 16}, "pins": {"8": [1]}})"}) {
+    std::ofstream(dir + "/other.json") << bad;
+    EXPECT_EQ(test::run_cli("run --prompt x --pool-profile " + dir + "/other.json", &out, &err), 1) << bad;
+    EXPECT_NE(err.find(dir + "/other.json: "), std::string::npos) << err;
+    EXPECT_NE(err.find(std::string(bad).find("99") != std::string::npos ? "names layer 99" : "names layer 8"), std::string::npos)
+        << err;
+  }
 }
 
-// A copy of the embedded model in a scratch directory: what runs write beside it stays there.
-std::string model_copy(const std::string& tag) {
-  const std::string dir = test::scratch_dir(tag) + "/model";
-  std::filesystem::copy(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", dir, std::filesystem::copy_options::recursive);
-  return dir;
+std::string model_copy(const std::string& tag) { return test::embedded_model_copy(tag); }
+
+// The usage.json a run of the embedded model keeps by default: in this process's state
+// directory, under the model's id; the line of --stats that names it.
+std::string state_usage_path(const std::string& stats) {
+  const std::string key = "; usage history ";
+  const size_t at = stats.find(key);
+  if (at == std::string::npos) return "";
+  const size_t from = at + key.size();
+  return stats.substr(from, stats.find(';', from) - from);
 }
 
-// A run leaves its usage history beside the model; the next warm-starts from it, and --stats
-// says so; a damaged history is a warning, not a failure; --usage off writes nothing.
+// Every file under dir, relative to it, with its size and modification time.
+std::map<std::string, std::string> listing(const std::string& dir) {
+  std::map<std::string, std::string> m;
+  for (auto& e : std::filesystem::recursive_directory_iterator(dir))
+    m[std::filesystem::relative(e.path(), dir).string()] =
+        e.is_regular_file() ? std::to_string(e.file_size()) + "@" +
+                                  std::to_string(e.last_write_time().time_since_epoch().count())
+                            : "dir";
+  return m;
+}
+
+// A run keeps its usage history in the user's state directory, under the model's id, never
+// beside the model; the next run warm-starts from it, and --stats and inspect say where it is;
+// a damaged history is a warning, not a failure; --usage off writes nothing.
 TEST(WarmStartFlags, UsageHistoryWarmsTheNextRun) {
   const std::string dir = model_copy("warm-cli");
+  const auto before = listing(dir);
   const std::string run = "run --model " + dir + " --expert-slots 16 --max-tokens 16 --ignore-eos --usage auto ";
   std::string out, err, first;
   ASSERT_EQ(test::run_cli(run + "--prompt 'import os' --stats", &first, &err), 0) << err;
   EXPECT_NE(err.find("pools at load: empty"), std::string::npos) << err;
-  ASSERT_TRUE(std::filesystem::exists(dir + "/usage.json"));
+  const std::string usage = state_usage_path(err);
+  EXPECT_EQ(usage.rfind(test::state_home() + "/moestream/", 0), 0u) << err;
+  ASSERT_TRUE(std::filesystem::exists(usage)) << usage;
+  EXPECT_EQ(listing(dir), before) << "a run wrote into the model directory";
+  ASSERT_EQ(test::run_cli("inspect --model " + dir, &out, &err), 0) << err;
+  EXPECT_NE(out.find("usage history  " + usage + " (1 runs"), std::string::npos) << out;
   for (const char* mode : {"auto", "pin"}) {
     ASSERT_EQ(test::run_cli(run + "--prompt 'def fib(n):' --stats --warm-start " + std::string(mode), &out, &err), 0) << err;
     EXPECT_NE(err.find(std::string("warm start ") + mode + " read"), std::string::npos) << err;
@@ -62,12 +95,96 @@ TEST(WarmStartFlags, UsageHistoryWarmsTheNextRun) {
   std::string plain;
   ASSERT_EQ(test::run_cli(run + "--prompt 'def fib(n):' --warm-start off", &plain, &err), 0) << err;
   EXPECT_EQ(out, plain);  // warm start changes what is resident, not the answer
-  std::ofstream(dir + "/usage.json") << "{\"format\": \"moestream-usage\", \"vers";
+  std::ofstream(usage) << "{\"format\": \"moestream-usage\", \"vers";
   ASSERT_EQ(test::run_cli(run + "--prompt x --stats", &out, &err), 0) << err;
-  EXPECT_NE(err.find("warning: usage history " + dir + "/usage.json ignored"), std::string::npos) << err;
-  std::filesystem::remove(dir + "/usage.json");
+  EXPECT_NE(err.find("warning: usage history " + usage + " ignored"), std::string::npos) << err;
+  std::filesystem::remove(usage);
   ASSERT_EQ(test::run_cli("run --model " + dir + " --expert-slots 16 --max-tokens 4 --prompt x --usage off", &out, &err), 0);
-  EXPECT_FALSE(std::filesystem::exists(dir + "/usage.json"));
+  EXPECT_FALSE(std::filesystem::exists(usage));
+  EXPECT_EQ(listing(dir), before) << "a run wrote into the model directory";
+}
+
+// A model directory is read-only input: no command but convert, profile and synth (each asked
+// to write there) changes it, whatever it does with the usage history.
+TEST(ReadOnlyInput, NoRunWritesIntoTheModelDirectory) {
+  const std::string dir = model_copy("read-only-input");
+  const auto before = listing(dir);
+  const std::string scratch = test::scratch_dir("read-only-out");
+  const std::string m = " --model " + dir + " --usage auto ";
+  for (const std::string& cmd :
+       {"run" + m + "--prompt 'def f(' --max-tokens 8 --stats", "run" + m + "--prompt 'import os' --max-tokens 8 --expert-slots 16",
+        "generate" + m + "--ids 1,2,3 --max-tokens 4 --memory 64M", "bench" + m + "--prompt 16 --tokens 4 --repeat 1",
+        "inspect --model " + dir, "logits" + m + "--ids 1,2,3 --out " + scratch + "/l.safetensors",
+        "chat" + m + "--max-tokens 4"}) {
+    std::string out, err;
+    EXPECT_EQ(test::run_cli(cmd, &out, &err), 0) << cmd << ": " << err;
+    EXPECT_EQ(listing(dir), before) << cmd << " wrote into the model directory";
+  }
+}
+
+// A usage.json beside the model (where older versions kept it) still warms the next run, with a
+// note saying where new history goes; the file itself is left as it was.
+TEST(WarmStartFlags, AHistoryBesideTheModelIsReadAndNewHistoryGoesToTheStateDirectory) {
+  const std::string dir = model_copy("warm-legacy");
+  const std::string run = "run --model " + dir + " --expert-slots 16 --max-tokens 8 --ignore-eos --prompt 'def f(' --stats ";
+  std::string out, err;
+  ASSERT_EQ(test::run_cli(run + "--usage " + dir + "/../old.json", &out, &err), 0) << err;
+  std::filesystem::rename(dir + "/../old.json", dir + "/usage.json");
+  const std::string old_bytes = test::slurp(dir + "/usage.json");
+  ASSERT_EQ(test::run_cli(run + "--usage auto", &out, &err), 0) << err;
+  EXPECT_NE(err.find("warm start pin read"), std::string::npos) << err;
+  EXPECT_NE(err.find("note: usage history read from " + dir + "/usage.json"), std::string::npos) << err;
+  const std::string usage = state_usage_path(err);
+  EXPECT_NE(err.find("new history goes to " + usage), std::string::npos) << err;
+  EXPECT_TRUE(std::filesystem::exists(usage)) << usage;
+  EXPECT_EQ(test::slurp(dir + "/usage.json"), old_bytes);
+  ASSERT_EQ(test::run_cli(run + "--usage auto", &out, &err), 0) << err;  // the state directory's, from now on
+  EXPECT_EQ(err.find("note: usage history read from"), std::string::npos) << err;
+}
+
+// --stats' first tokens count the forward that reached them: after a 64-token prompt and 32 new
+// tokens it reports the prompt's hits and misses, not an empty snapshot taken as it began.
+TEST(WarmStartFlags, TheFirstTokensHitRateCountsThePrompt) {
+  std::string ids;
+  for (int i = 0; i < 64; ++i) ids += (i ? "," : "") + std::to_string(100 + 37 * i);
+  std::string out, err;
+  ASSERT_EQ(test::run_cli("generate --model " MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4 --expert-slots 16 --ids " + ids +
+                              " --max-tokens 32 --ignore-eos --stats",
+                          &out, &err),
+            0)
+      << err;
+  const size_t at = err.find("first 64 tokens: hit rate ");
+  ASSERT_NE(at, std::string::npos) << err;
+  const std::string line = err.substr(at, err.find('\n', at) - at);
+  EXPECT_EQ(line.find("(0 hits, 0 misses"), std::string::npos) << line;
+  EXPECT_NE(line.find("prompt included"), std::string::npos) << line;
+}
+
+// Checksums are checked by default: bytes flipped in every record of an expert blob, or in a
+// dense tensor, are an error naming the file and the record or tensor, whether the experts are
+// read at load or as routed; --no-verify is the way to run without the checks.
+TEST(Checksums, FlippedBytesAreAnErrorByDefault) {
+  const std::string dir = model_copy("flipped-records");
+  const std::string gen = "generate --model " + dir + " --ids 563,279,1002,14 --max-tokens 8 --ignore-eos";
+  std::string want, out, err;
+  ASSERT_EQ(test::run_cli(gen, &want, &err), 0) << err;
+  const std::string blob = test::flip_expert_records(dir, 3);
+  for (const char* flags : {"", " --expert-slots 16", " --memory 64M"}) {
+    SCOPED_TRACE(flags);
+    EXPECT_EQ(test::run_cli(gen + flags, &out, &err), 1) << out;
+    for (const std::string& part : std::vector<std::string>{blob + ": layer model.layers.3.mlp, expert ", "checksum"})
+      EXPECT_NE(err.find(part), std::string::npos) << err;
+  }
+  ASSERT_EQ(test::run_cli(gen + " --no-verify", &out, &err), 0) << err;  // unchecked: it runs (and computes with them)
+
+  const std::string dense_dir = model_copy("flipped-dense");
+  test::flip_dense_tensor(dense_dir, "model.layers.1.linear_attn.in_proj_qkvz.weight.q");
+  const std::string dense_gen = "generate --model " + dense_dir + " --ids 563,279,1002,14 --max-tokens 8";
+  EXPECT_EQ(test::run_cli(dense_gen, &out, &err), 1) << out;
+  EXPECT_NE(err.find(dense_dir + "/dense.safetensors: tensor 'model.layers.1.linear_attn.in_proj_qkvz.weight.q': checksum"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(test::run_cli(dense_gen + " --no-verify", &out, &err), 0) << err;
 }
 
 // profile writes pool_profile.json into the model directory, and later runs use it unless told not to.

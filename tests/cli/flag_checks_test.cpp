@@ -139,6 +139,7 @@ TEST(FlagChecks, ConvertAndSynthRefuseNonsense) {
            {"--proj-bits ''", "--proj-bits"},        {"--layer-bits x:4", "--layer-bits"},
            {"--layer-bits 3:", "--layer-bits"},      {"--layer-bits -1:4", "--layer-bits"},
            {"--layer-bits 0:4,mtp:5", "--layer-bits"}, {"--layer-bits 0=4", "--layer-bits"},
+           {"--proj-bits gate=4,gate=8", "'gate' is given twice"}, {"--layer-bits 3:8,3:4", "'3' is given twice"},
            {"--expert-bits 5", "--expert-bits"},     {"--expert-group 48", "--expert-group"},
            {"--dense-bits 2", "--dense-bits"},       {"--dense-group 0", "--dense-group"}})
     expect_refused("convert --from a --out b", c);
