@@ -18,6 +18,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "format/engine_dir.h"
+
 
 namespace ms::test {
 
@@ -27,6 +29,18 @@ namespace fs = std::filesystem;
 // from another's routings, and write into the repository's embedded model); the tests of the
 // history name their files with --usage.
 [[maybe_unused]] static const bool kNoUsageHistory = [] { return setenv("MOESTREAM_USAGE", "off", 0) == 0; }();
+
+// Hermetic state: this process and the moestream processes it starts keep their state in a
+// scratch directory of their own, never in the user's $XDG_STATE_HOME.
+std::string state_home() {
+  static const std::string dir = [] {
+    std::string d = scratch_dir("state");
+    setenv("XDG_STATE_HOME", d.c_str(), 1);
+    return d;
+  }();
+  return dir;
+}
+[[maybe_unused]] static const std::string kStateHome = state_home();
 
 std::vector<int> ints(const TensorView& t) {
   std::vector<int> v;
@@ -143,6 +157,50 @@ int run_cli(const std::string& args, std::string* out, std::string* err, const s
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+void copy_model(const std::string& from, const std::string& to) {
+  const ModelConfig cfg = load_config(from);
+  const EngineIndex index = read_engine_index(from, cfg);
+  for (const std::string& f : engine_dir_files(from, index)) {
+    fs::create_directories((fs::path(to) / f).parent_path());
+    fs::copy_file(fs::path(from) / f, fs::path(to) / f);
+  }
+}
+
+std::string embedded_model_copy(const std::string& tag) {
+  const std::string dir = scratch_dir(tag) + "/model";
+  copy_model(MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4", dir);
+  return dir;
+}
+
+static void flip_byte(const std::string& path, size_t at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(std::streamoff(at));
+  const char c = char(f.get());
+  f.seekp(std::streamoff(at));
+  f.put(char(c ^ 0x5a));
+  if (!f) throw std::runtime_error("cannot flip byte " + std::to_string(at) + " of " + path);
+}
+
+std::string flip_expert_records(const std::string& dir, size_t layer) {
+  const EngineIndex index = read_engine_index(dir, load_config(dir));
+  const ExpertLayer& l = index.layers.at(layer);
+  const std::string blob = (fs::path(dir) / l.file).string();
+  const size_t middle = l.header_bytes + (l.record_bytes - l.header_bytes) / 2;
+  for (int e = 0; e < l.n_experts; ++e) flip_byte(blob, size_t(e) * l.stride + middle);
+  return blob;
+}
+
+void flip_dense_tensor(const std::string& dir, const std::string& name) {
+  const std::string path = (fs::path(dir) / kEngineDenseFile).string();
+  size_t at = 0;
+  {
+    const SafetensorsFile f(path);
+    const TensorView& t = f.tensors().at(name);
+    at = size_t(static_cast<const uint8_t*>(t.data) - f.file_data()) + t.nbytes / 2;
+  }
+  flip_byte(path, at);
+}
+
 static bool write_file(const fs::path& f, const std::string& v) {
   std::ofstream out(f);
   out << v;
@@ -151,17 +209,24 @@ static bool write_file(const fs::path& f, const std::string& v) {
 }
 
 MemoryCgroup::MemoryCgroup(size_t limit_bytes) {
-  const fs::path root = "/sys/fs/cgroup/memory";
   static int counter = 0;
-  const fs::path p = root / ("moestream-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
-  std::error_code ec;
-  if (!fs::is_directory(root) || !fs::create_directory(p, ec)) return;
-  path_ = p;
-  if (!write_file(path_ / "memory.limit_in_bytes", std::to_string(limit_bytes))) {
-    rmdir(path_.c_str());
-    path_.clear();
-  }
+  const std::string name = "moestream-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+  auto make = [&](const fs::path& root, const char* limit_file) {
+    std::error_code ec;
+    if (!fs::is_directory(root) || !fs::create_directory(root / name, ec)) return false;
+    if (write_file(root / name / limit_file, std::to_string(limit_bytes))) return path_ = root / name, true;
+    rmdir((root / name).c_str());
+    return false;
+  };
+  if (make("/sys/fs/cgroup/memory", "memory.limit_in_bytes")) return;
+  // cgroup v2: the memory controller enabled for the root's children, then a child of the root.
+  const fs::path v2 = "/sys/fs/cgroup";
+  if (slurp(v2 / "cgroup.controllers").find("memory") == std::string::npos) return;
+  if (slurp(v2 / "cgroup.subtree_control").find("memory") == std::string::npos) write_file(v2 / "cgroup.subtree_control", "+memory");
+  if (make(v2, "memory.max")) v2_ = true;
 }
+
+size_t MemoryCgroup::peak() const { return read(v2_ ? "memory.peak" : "memory.max_usage_in_bytes"); }
 
 MemoryCgroup::~MemoryCgroup() {
   if (!path_.empty()) rmdir(path_.c_str());

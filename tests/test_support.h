@@ -76,6 +76,19 @@ bool make_gguf(const std::string& args);
 
 // A fresh empty directory under the build's temp area, removed at process exit.
 std::string scratch_dir(const std::string& tag);
+// Copies the engine directory `from` to `to` (which must not exist): only the files the model
+// ships (engine_dir_files), never what runs or tools left beside it.
+void copy_model(const std::string& from, const std::string& to);
+// A copy of the embedded model (models/pycoder-moe-q4) in a fresh scratch directory.
+std::string embedded_model_copy(const std::string& tag);
+// Flips one byte in the middle of every record of expert layer `layer` (index order) of the
+// engine directory `dir` (past the record header), as a bad disk or copy would; returns the blob's path.
+std::string flip_expert_records(const std::string& dir, size_t layer);
+// Flips one byte in the middle of tensor `name` of dir's dense.safetensors.
+void flip_dense_tensor(const std::string& dir, const std::string& name);
+// The state directory the processes of this test binary use ($XDG_STATE_HOME, set per process
+// to a scratch directory so that no test reads or writes the user's).
+std::string state_home();
 // A file's bytes ("" when it cannot be read).
 std::string slurp(const std::string& path);
 // Drops every file under dir from the page cache, so that a child's reads of them are charged
@@ -86,9 +99,9 @@ void drop_cached(const std::string& dir);
 int run_cli(const std::string& args, std::string* out = nullptr, std::string* err = nullptr,
             const std::string& stdin_path = "");
 
-// A cgroup v1 memory cgroup of its own with a limit, removed on destruction; path() is empty
-// when none could be made (not root, cgroup v2 only, a container without the controller), and
-// the test should skip.
+// A memory cgroup of its own with a limit (cgroup v1, else v2), removed on destruction; path()
+// is empty when none could be made (not root, a container without the controller), and the
+// test should skip.
 class MemoryCgroup {
  public:
   explicit MemoryCgroup(size_t limit_bytes);
@@ -97,9 +110,11 @@ class MemoryCgroup {
   MemoryCgroup& operator=(const MemoryCgroup&) = delete;
   const std::filesystem::path& path() const { return path_; }
   size_t read(const char* file) const;  // a number file: "memory.max_usage_in_bytes"
+  size_t peak() const;                   // the most it held (page cache included): v1's or v2's file
 
  private:
   std::filesystem::path path_;
+  bool v2_ = false;
 };
 
 // What a command run inside a cgroup left: its exit status (-1 when killed), its stderr and

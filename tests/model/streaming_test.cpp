@@ -209,11 +209,7 @@ TEST(Streaming, MemoryBudgetOfACheckpointCountsItsWeights) {
 }
 
 // A copy of the embedded model whose blob of layer 2 can be damaged.
-std::string damaged_copy(const std::string& tag) {
-  const std::string dir = test::scratch_dir(tag) + "/model";
-  fs::copy(std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4", dir, fs::copy_options::recursive);
-  return dir;
-}
+std::string damaged_copy(const std::string& tag) { return test::embedded_model_copy(tag); }
 
 std::string error_running(const std::string& dir, const ModelOptions& opt) {
   try {

@@ -1,6 +1,6 @@
 // The loader against what config.json claims: a num_hidden_layers that disagrees with the
 // checkpoint's or the engine directory's layers, in either direction, is refused naming the
-// tensor; and --verify holds the dense weights to the checksums convert and synth stored.
+// tensor; and the load holds the dense weights to the checksums convert and synth stored.
 #include "model/weights.h"
 
 #include <gtest/gtest.h>
@@ -76,9 +76,7 @@ TEST(Weights, NumHiddenLayersMustMatchTheEngineDirectory) {
 
 TEST(Weights, VerifyCatchesCorruptDenseWeightsNamingTheTensor) {
   const std::string dir = synth_tiny("dense-verify", 11);
-  ModelOptions verify;
-  verify.experts.verify = true;
-  EXPECT_NO_THROW(load_model(dir, verify));
+  EXPECT_NO_THROW(load_model(dir));
   const std::string dense = dir + "/" + kEngineDenseFile;
   std::string name;
   size_t at = 0;
@@ -95,9 +93,11 @@ TEST(Weights, VerifyCatchesCorruptDenseWeightsNamingTheTensor) {
     f.seekp(std::streamoff(at));
     f.put(char(c ^ 0x40));
   }
-  // Without --verify the flipped weight loads (and would compute with it); with it, it is named.
-  EXPECT_NO_THROW(load_model(dir));
-  expect_error([&] { load_model(dir, verify); }, {"dense.safetensors", "'" + name + "'", "checksum"});
+  // By default the flipped weight is named; --no-verify loads it (and would compute with it).
+  expect_error([&] { load_model(dir); }, {"dense.safetensors", "'" + name + "'", "checksum"});
+  ModelOptions unchecked;
+  unchecked.experts.verify = false;
+  EXPECT_NO_THROW(load_model(dir, unchecked));
 }
 
 }  // namespace
