@@ -61,7 +61,7 @@ void ExpertFiles::check(int layer, int expert, const ReadOp& op) const {
     fail("{}: short read ({} of {} bytes): the blob is truncated", where(), op.result, l.record_bytes);
   const auto* rec = static_cast<const uint8_t*>(op.dst);
   check_record_header(index_, l, expert, rec, path);
-  if (verify_ && record_checksum(rec, l.record_bytes) != l.checksums[size_t(expert)])
+  if (verify_ && record_checksum(l, rec) != l.checksums[size_t(expert)])
     fail("{}: checksum mismatch: the record is corrupt", where());
 }
 

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <set>
 
+#include "format/checksum.h"
 #include "util/error.h"
 #include "util/json.h"
 
@@ -194,6 +195,7 @@ ExpertLayer plan_expert_layer(const std::string& name, const std::string& file, 
   l.name = name;
   l.file = file;
   l.n_experts = n_experts;
+  l.version = version;
   l.header_bytes = version >= 2 ? kRecordHeaderBytes : 0;
   size_t offset = l.header_bytes;
   for (size_t i = 0; i < 3; ++i)
@@ -211,7 +213,13 @@ std::string expert_file_name(const std::string& name) {
   return fmt::format("experts/{}layer_{:03d}.bin", name.rfind("mtp.", 0) == 0 ? "mtp_" : "", layer);
 }
 
-uint64_t record_checksum(const void* data, size_t n) { return XXH64(data, n, 0); }
+uint64_t content_checksum(int version, const void* data, size_t n) {
+  return version >= 3 ? xxh3_64(data, n) : XXH64(data, n, 0);
+}
+
+uint64_t record_checksum(const ExpertLayer& layer, const void* rec) {
+  return content_checksum(layer.version, rec, layer.record_bytes);
+}
 
 size_t EngineIndex::widest_stride() const {
   size_t widest = 0;
@@ -313,7 +321,7 @@ void write_record_header(const ExpertLayer& layer, int e, uint8_t* rec) {
   if (layer.header_bytes == 0) return;
   RecordHeader h;
   std::memcpy(h.magic, kRecordMagic, sizeof kRecordMagic);
-  h.version = 2;
+  h.version = uint32_t(layer.version);
   h.expert = uint32_t(e);
   h.layer_hash = layer_name_hash(layer.name);
   h.record_bytes = layer.record_bytes;
@@ -327,9 +335,9 @@ void check_record_header(const EngineIndex& index, const ExpertLayer& layer, int
   if (layer.header_bytes == 0) return;
   const RecordHeader h = header_of(rec);
   const auto where = [&] { return fmt::format("{}: layer {}, expert {}", file, layer.name, e); };
-  if (std::memcmp(h.magic, kRecordMagic, sizeof kRecordMagic) != 0 || h.version != 2)
-    fail("{}: the record does not start with a version-2 record header: the blob is corrupt or not of this conversion",
-         where());
+  if (std::memcmp(h.magic, kRecordMagic, sizeof kRecordMagic) != 0 || h.version != uint32_t(layer.version))
+    fail("{}: the record does not start with a version-{} record header: the blob is corrupt or not of this conversion",
+         where(), layer.version);
   if (h.layer_hash != layer_name_hash(layer.name) || h.expert != uint32_t(e))
     fail("{}: the record read holds {}: the blob is misplaced or swapped", where(), record_owner(index, h));
   bool zero = true;
@@ -340,50 +348,71 @@ void check_record_header(const EngineIndex& index, const ExpertLayer& layer, int
          where(), h.record_bytes, h.n_experts, zero ? "zero" : "not zero", layer.record_bytes, layer.n_experts);
 }
 
-DenseChecksums dense_checksums(const std::string& path) {
+namespace {
+
+// content_checksum of a version over bytes given in pieces.
+class ContentHasher {
+ public:
+  explicit ContentHasher(int version) : v3_(version >= 3) {
+    if (v3_ ? !(s3_ = XXH3_createState()) : !(s64_ = XXH64_createState())) fail("out of memory for a checksum state");
+  }
+  ~ContentHasher() { v3_ ? XXH3_freeState(s3_) : XXH64_freeState(s64_); }
+  ContentHasher(const ContentHasher&) = delete;
+  ContentHasher& operator=(const ContentHasher&) = delete;
+  void reset() { v3_ ? XXH3_64bits_reset(s3_) : XXH64_reset(s64_, 0); }
+  void update(const void* p, size_t n) { v3_ ? XXH3_64bits_update(s3_, p, n) : XXH64_update(s64_, p, n); }
+  uint64_t digest() const { return v3_ ? XXH3_64bits_digest(s3_) : XXH64_digest(s64_); }
+
+ private:
+  bool v3_;
+  XXH3_state_t* s3_ = nullptr;
+  XXH64_state_t* s64_ = nullptr;
+};
+
+}  // namespace
+
+DenseChecksums dense_checksums(const std::string& path, int version) {
   const SafetensorsFile file(path);
   DenseChecksums sums;
-  sums.header = XXH64(file.file_data(), file.data_begin(), 0);
+  sums.header = content_checksum(version, file.file_data(), file.data_begin());
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
   std::vector<uint8_t> buf(size_t(4) << 20);
-  XXH64_state_t* state = XXH64_createState();
   try {
+    ContentHasher hasher(version);
     for (const auto& [name, t] : file.tensors()) {
-      XXH64_reset(state, 0);
+      hasher.reset();
       const size_t begin = size_t(static_cast<const uint8_t*>(t.data) - file.file_data());
       for (size_t done = 0; done < t.nbytes;) {
         const size_t n = std::min(buf.size(), t.nbytes - done);
         const ssize_t got = ::pread(fd, buf.data(), n, off_t(begin + done));
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) fail("{}: tensor '{}': read failed: {}", path, name, got < 0 ? std::strerror(errno) : "end of file");
-        XXH64_update(state, buf.data(), size_t(got));
+        hasher.update(buf.data(), size_t(got));
         done += size_t(got);
       }
-      sums.tensors[name] = XXH64_digest(state);
+      sums.tensors[name] = hasher.digest();
       posix_fadvise(fd, off_t(begin), off_t(t.nbytes), POSIX_FADV_DONTNEED);
     }
   } catch (...) {
-    XXH64_freeState(state);
     ::close(fd);
     throw;
   }
-  XXH64_freeState(state);
   ::close(fd);
   return sums;
 }
 
-DenseChecksums dense_checksums(const SafetensorsFile& file) {
+DenseChecksums dense_checksums(const SafetensorsFile& file, int version) {
   DenseChecksums sums;
-  sums.header = XXH64(file.file_data(), file.data_begin(), 0);
-  for (const auto& [name, t] : file.tensors()) sums.tensors[name] = XXH64(t.data, t.nbytes, 0);
+  sums.header = content_checksum(version, file.file_data(), file.data_begin());
+  for (const auto& [name, t] : file.tensors()) sums.tensors[name] = content_checksum(version, t.data, t.nbytes);
   return sums;
 }
 
 void verify_dense(const SafetensorsFile& dense, const EngineIndex& index) {
   if (index.version < 2) return;
   const std::string& path = dense.path();
-  const DenseChecksums got = dense_checksums(dense);
+  const DenseChecksums got = dense_checksums(dense, index.version);
   const DenseChecksums& want = index.dense_checksums;
   if (got.header != want.header)
     fail("{}: header checksum {} does not match {}'s ({}): the tensor list, a dtype, shape or offset was changed", path,
@@ -489,7 +518,7 @@ const uint8_t* ExpertBlobs::record(const ExpertLayer& layer, int e) const {
 }
 
 void ExpertBlobs::verify(const ExpertLayer& layer, int e) const {
-  const uint64_t got = record_checksum(record(layer, e), layer.record_bytes);
+  const uint64_t got = record_checksum(layer, record(layer, e));
   if (got != layer.checksums[size_t(e)])
     fail("{}: layer {}: expert {}: checksum {} does not match the index ({}); the file is corrupt",
          (fs::path(dir_) / layer.file).string(), layer.name, e, hex64(got), hex64(layer.checksums[size_t(e)]));

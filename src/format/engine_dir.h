@@ -20,12 +20,13 @@ namespace ms {
 inline constexpr const char* kEngineIndexFile = "moestream.json";
 inline constexpr const char* kEngineDenseFile = "dense.safetensors";
 inline constexpr const char* kEngineFormatName = "moestream";
-inline constexpr int kEngineFormatVersion = 2;       // what convert and synth write
+// Version 3: checksums are XXH3-64 (XXH64 before). Version 2: record headers, dense checksums.
+inline constexpr int kEngineFormatVersion = 3;        // what convert and synth write
 inline constexpr int kOldestEngineFormatVersion = 1;  // still read: no record headers, no dense checksums
 inline constexpr size_t kExpertStrideAlign = 4096;  // O_DIRECT reads of whole records
 inline constexpr size_t kRecordRegionAlign = 64;    // every region of a record starts on a cache line
 inline constexpr int kRawBits = 16;                 // "bits" of an unquantized bf16 projection
-// Version 2: every record starts with a header naming its layer and expert (RecordHeader).
+// From version 2 every record starts with a header naming its layer and expert (RecordHeader).
 inline constexpr size_t kRecordHeaderBytes = 64;
 inline constexpr char kRecordMagic[8] = {'M', 'S', 'E', 'X', 'P', 'R', 'T', '2'};
 
@@ -45,11 +46,12 @@ struct ExpertLayer {
   std::string name;  // tensor prefix of the MoE block: "model.layers.3.mlp", "mtp.layers.0.mlp"
   std::string file;  // relative to the directory: "experts/layer_003.bin"
   int n_experts = 0;
-  size_t header_bytes = 0;  // kRecordHeaderBytes in version 2, 0 in version 1
+  int version = kEngineFormatVersion;  // the format version of its layout, header and checksums
+  size_t header_bytes = 0;  // kRecordHeaderBytes from version 2, 0 in version 1
   size_t record_bytes = 0;  // bytes a record uses; the checksum covers these
   size_t stride = 0;        // record_bytes rounded up to kExpertStrideAlign; the rest is zero
   std::array<ProjLayout, 3> proj;
-  std::vector<uint64_t> checksums;  // XXH64 (seed 0) of each record's record_bytes bytes
+  std::vector<uint64_t> checksums;  // content_checksum(version) of each record's record_bytes bytes
 };
 
 struct ProjSpec {
@@ -70,7 +72,7 @@ struct EngineIndex;
 // one asked for without a full checksum.
 struct RecordHeader {
   char magic[8];          // kRecordMagic
-  uint32_t version;       // the format version (2)
+  uint32_t version;       // the format version (2 or 3)
   uint32_t expert;        // expert id within its layer
   uint64_t layer_hash;    // layer_name_hash(layer name)
   uint64_t record_bytes;  // the layer's record_bytes
@@ -92,9 +94,14 @@ void check_record_header(const EngineIndex& index, const ExpertLayer& layer, int
 // "mtp.layers.0.mlp" -> "experts/mtp_layer_000.bin").
 std::string expert_file_name(const std::string& name);
 
-uint64_t record_checksum(const void* data, size_t n);
+// The checksum a format version keeps of n bytes: XXH64 (seed 0) before version 3, XXH3-64
+// (seed 0) from it.
+uint64_t content_checksum(int version, const void* data, size_t n);
+// The checksum of a record of `layer` (its record_bytes bytes at rec).
+uint64_t record_checksum(const ExpertLayer& layer, const void* rec);
 
-// Checksums of dense.safetensors (version 2): its header bytes and each tensor's bytes, XXH64.
+// Checksums of dense.safetensors (from version 2): its header bytes and each tensor's bytes,
+// content_checksum of the index's version.
 struct DenseChecksums {
   uint64_t header = 0;
   std::map<std::string, uint64_t> tensors;
@@ -102,7 +109,7 @@ struct DenseChecksums {
 
 // The checksums of a safetensors file (what convert and synth store in the index), read in
 // pieces with pread and dropped from the page cache behind, so memory does not grow with it.
-DenseChecksums dense_checksums(const std::string& path);
+DenseChecksums dense_checksums(const std::string& path, int version);
 
 struct EngineIndex {
   std::string architecture;  // config.json's, e.g. "Qwen3NextForCausalLM"
@@ -139,7 +146,7 @@ EngineIndex read_engine_index(const std::string& dir, const ModelConfig& cfg);
 
 // The same checksums of a safetensors file already open (mapped or read into memory), from its
 // bytes there: what a load verifies without reading the file a second time.
-DenseChecksums dense_checksums(const SafetensorsFile& file);
+DenseChecksums dense_checksums(const SafetensorsFile& file, int version);
 
 // The check of the dense weights at load (on unless --no-verify): dense.safetensors, as loaded,
 // against index.dense_checksums (its header, then every tensor), throwing naming the file and

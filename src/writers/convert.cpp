@@ -328,7 +328,7 @@ ConvertStats convert_checkpoint(const ConvertOptions& opt) {
   fs::create_directory(tmp.path() / "experts");
   EngineIndex index{cfg.architecture, opt.dense_bits, opt.dense_bits == kRawBits ? 0 : opt.dense_group, {}};
   index.version = opt.format_version;
-  if (index.version >= 2) index.dense_checksums = dense_checksums((tmp.path() / kEngineDenseFile).string());
+  if (index.version >= 2) index.dense_checksums = dense_checksums((tmp.path() / kEngineDenseFile).string(), index.version);
   for (auto& plan : experts) {
     write_experts(tmp.path(), plan, progress);
     index.layers.push_back(plan.layout);

@@ -18,9 +18,9 @@ struct ConvertOptions {
   std::string mtp_from;   // MLX import: the Hugging Face checkpoint to take `mtp.*` from
   bool force = false;     // replace an existing output directory
   bool progress = false;  // progress bar on stderr
-  // The engine format written (docs/FORMAT.md): 2, or 1 only to make a version-1 directory
-  // (older conversions) for the tests that it still loads.
-  int format_version = 2;
+  // The engine format written (docs/FORMAT.md): 3, or 1 or 2 only to make a directory of an
+  // older version for the tests that it still loads.
+  int format_version = 3;
 };
 
 struct ConvertStats {

@@ -186,7 +186,7 @@ void write_expert_blob(const fs::path& dir, ExpertLayer& layout,
         rec.assign(layout.stride, 0);
         fill(e, rec, scratch);
         write_record_header(layout, int(e), rec.data());
-        layout.checksums[e] = record_checksum(rec.data(), layout.record_bytes);
+        layout.checksums[e] = record_checksum(layout, rec.data());
         pwrite_all(fd, rec.data(), rec.size(), e * layout.stride, path);
         done(e);
       }

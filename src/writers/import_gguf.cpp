@@ -501,7 +501,7 @@ ConvertStats convert_gguf(const ConvertOptions& opt) {
   }
   fs::create_directory(tmp.path() / "experts");
   EngineIndex index{cfg.architecture, kRawBits, 0, {}};
-  index.dense_checksums = dense_checksums((tmp.path() / kEngineDenseFile).string());
+  index.dense_checksums = dense_checksums((tmp.path() / kEngineDenseFile).string(), index.version);
   for (GgufExperts& x : experts) {
     write_expert_blob(
         tmp.path(), x.layout, [&](size_t e, std::vector<uint8_t>& rec, std::vector<float>&) { fill_record(*f, x, e, rec); },

@@ -346,7 +346,7 @@ ConvertStats convert_mlx(const ConvertOptions& opt) {
   fs::create_directory(tmp.path() / "experts");
   const int dense_bits = qc.default_bits() == 8 || qc.default_bits() == 4 ? qc.default_bits() : kRawBits;
   EngineIndex index{cfg.architecture, dense_bits, dense_bits == kRawBits ? 0 : qc.default_group(), {}};
-  index.dense_checksums = dense_checksums((tmp.path() / kEngineDenseFile).string());
+  index.dense_checksums = dense_checksums((tmp.path() / kEngineDenseFile).string(), index.version);
   for (auto& x : experts) {
     write_mlx_experts(tmp.path(), x, progress);
     index.layers.push_back(x.layout);

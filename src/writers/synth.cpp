@@ -332,7 +332,7 @@ SynthStats synth_model(const SynthOptions& opt) {
         [&](size_t) { progress.add(expert_values * 2); });
   progress.finish();
   EngineIndex index{cfg.architecture, opt.dense_bits, opt.dense_bits == kRawBits ? 0 : opt.dense_group, experts};
-  index.dense_checksums = dense_checksums((tmp.path() / kEngineDenseFile).string());
+  index.dense_checksums = dense_checksums((tmp.path() / kEngineDenseFile).string(), index.version);
   // The index last: a directory holding moestream.json holds everything it names.
   write_text_file(tmp.path() / kEngineIndexFile, engine_index_json(index, cfg));
   SynthStats stats;

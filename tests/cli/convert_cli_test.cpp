@@ -41,7 +41,7 @@ TEST(ConvertCli, ConvertedFixtureGivesTheCheckpointsLogits) {
       << err;
   EXPECT_EQ(run_cli("inspect --model " + work + "/m", &out, &err), 0) << err;
   EXPECT_NE(out.find("mtp head       yes"), std::string::npos) << out;
-  EXPECT_NE(out.find("format         engine directory, version 2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("format         engine directory, version 3\n"), std::string::npos) << out;
   // A version-1 directory (older conversions) is read as it is; inspect says what the checks
   // cannot cover there, and a run notes that its dense weights are unchecked.
   ConvertOptions v1;
@@ -54,6 +54,15 @@ TEST(ConvertCli, ConvertedFixtureGivesTheCheckpointsLogits) {
                      "checked"),
             std::string::npos)
       << err;
+  // A version-2 directory (XXH64 checksums) is checked as it was written.
+  ConvertOptions v2 = v1;
+  v2.out = work + "/v2", v2.format_version = 2;
+  convert_checkpoint(v2);
+  EXPECT_EQ(run_cli("inspect --model " + work + "/v2", &out, &err), 0) << err;
+  EXPECT_NE(out.find("format         engine directory, version 2\n"), std::string::npos) << out;
+  test::flip_dense_tensor(work + "/v2", "model.norm.weight");
+  EXPECT_EQ(run_cli("logits --model " + work + "/v2 " + ids + " --out " + work + "/e.safetensors", nullptr, &err), 1);
+  EXPECT_NE(err.find(work + "/v2/dense.safetensors: tensor 'model.norm.weight': checksum"), std::string::npos) << err;
   // A converted directory's dense.safetensors is checked at load by default: a flipped byte is
   // named; --no-verify loads it.
   const std::string dense = work + "/m/dense.safetensors";

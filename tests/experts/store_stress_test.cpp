@@ -34,7 +34,7 @@ EngineIndex write_store(const std::string& dir) {
     for (int e = 0; e < kExperts; ++e) {
       for (size_t i = 0; i < layer.record_bytes; ++i) rec[i] = byte_of(l, e, i);
       write_record_header(layer, e, rec.data());
-      layer.checksums.push_back(record_checksum(rec.data(), layer.record_bytes));
+      layer.checksums.push_back(record_checksum(layer, rec.data()));
       out.write(reinterpret_cast<const char*>(rec.data()), std::streamsize(rec.size()));
     }
     index.layers.push_back(layer);

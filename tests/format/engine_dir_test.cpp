@@ -101,7 +101,7 @@ std::string write_dir(const ModelConfig& cfg, EngineIndex* index_out = nullptr) 
     uint8_t* rec = blob.data() + size_t(e) * l.stride;
     for (size_t i = 0; i < l.record_bytes; ++i) rec[i] = uint8_t(i * 7 + size_t(e));
     write_record_header(l, e, rec);
-    l.checksums.push_back(record_checksum(rec, l.record_bytes));
+    l.checksums.push_back(record_checksum(l, rec));
   }
   std::ofstream(dir + "/" + l.file, std::ios::binary).write(reinterpret_cast<const char*>(blob.data()), std::streamsize(blob.size()));
   EngineIndex index{cfg.architecture, 8, 64, {l}};
@@ -144,7 +144,7 @@ TEST(EngineDir, IndexEditsAreRejected) {
     EXPECT_NE(e.find(want), std::string::npos) << "wanted '" << want << "' in: " << e;
     EXPECT_NE(e.find("moestream.json"), std::string::npos) << e;
   };
-  check([](json& j) { j["version"] = 3; }, "version 3");
+  check([](json& j) { j["version"] = 4; }, "version 4");
   check([](json& j) { j["version"] = 0; }, "version 0");
   check([](json& j) { j["format"] = "gguf"; }, "format");
   check([](json& j) { j["dims"]["hidden_size"] = 512; }, "hidden_size");
@@ -322,7 +322,7 @@ TEST(EngineDir, Version1IndexIsStillRead) {
   fs::create_directory(dir + "/experts");
   ExpertLayer l = plan_expert_layer("model.layers.0.mlp", "experts/layer_000.bin", 3, specs(4, 4, 4, 64), 1);
   std::vector<uint8_t> blob(3 * l.stride, 7);
-  for (int e = 0; e < 3; ++e) l.checksums.push_back(record_checksum(blob.data() + size_t(e) * l.stride, l.record_bytes));
+  for (int e = 0; e < 3; ++e) l.checksums.push_back(record_checksum(l, blob.data() + size_t(e) * l.stride));
   std::ofstream(dir + "/" + l.file, std::ios::binary).write(reinterpret_cast<const char*>(blob.data()), std::streamsize(blob.size()));
   EngineIndex index{cfg.architecture, 8, 64, {l}};
   index.version = 1;
@@ -346,14 +346,14 @@ TEST(EngineDir, DenseChecksumsCatchEveryChangeNamingTheTensor) {
   const std::string dense = dir + "/dense.safetensors";
   write_safetensors(dense, {make_f32_tensor("model.norm.weight", {256}, a.data()), make_f32_tensor("w.b", {64}, b.data())});
   EngineIndex index = read_engine_index(dir, cfg);
-  index.dense_checksums = dense_checksums(dense);
+  index.dense_checksums = dense_checksums(dense, index.version);
   ASSERT_EQ(index.dense_checksums.tensors.size(), 2u);
   std::ofstream(dir + "/moestream.json") << engine_index_json(index, cfg);
   const EngineIndex read = read_engine_index(dir, cfg);
   EXPECT_EQ(read.dense_checksums.tensors, index.dense_checksums.tensors);
   EXPECT_EQ(read.dense_checksums.header, index.dense_checksums.header);
   // What a load checks (the file as open) agrees with what convert stored (read in pieces).
-  const DenseChecksums loaded = dense_checksums(SafetensorsFile(dense, Residence::Memory));
+  const DenseChecksums loaded = dense_checksums(SafetensorsFile(dense, Residence::Memory), index.version);
   EXPECT_EQ(loaded.header, index.dense_checksums.header);
   EXPECT_EQ(loaded.tensors, index.dense_checksums.tensors);
   auto verify_dense_file = [&] { verify_dense(SafetensorsFile(dense), read); };
