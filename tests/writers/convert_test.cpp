@@ -307,7 +307,7 @@ TEST(Convert, EmbeddedDefaultModelIsReproducedByteForByte) {
   const fs::path committed = fs::path(MOESTREAM_SOURCE_DIR) / "models/pycoder-moe-q4";
   ASSERT_TRUE(is_engine_dir(committed.string())) << committed << " is missing";
   const fs::path fresh =
-      convert(dir, {.expert_bits = 4, .expert_group = 64, .dense_bits = 8, .dense_group = 64, .format_version = 1}, "embedded");
+      convert(dir, {.expert_bits = 4, .expert_group = 64, .dense_bits = 8, .dense_group = 64}, "embedded");
   // What runs keep beside a model (docs/FORMAT.md) is not part of it.
   auto kept_by_runs = [](const fs::path& rel) { return rel == "usage.json" || rel == "pool_profile.json"; };
   auto files = [&](const fs::path& root) {
