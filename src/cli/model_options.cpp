@@ -180,8 +180,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   cmd->add_option("--io", a.io, "Expert reads: io_uring or a pread thread pool")->check(CLI::IsMember({"auto", "uring", "pread"}));
   cmd->add_flag("--no-direct-io", a.no_direct_io, "Read experts through the page cache (no O_DIRECT)");
   cmd->add_flag("--verify,!--no-verify", a.verify,
-                "Checksum every expert record read, and the dense weights at load (format 2); on by default, "
-                "--no-verify turns it off");
+                "Checksum every expert record read, and the dense weights at load (format 2 and later); on by "
+                "default, --no-verify turns it off");
   cmd->add_option("--device", a.device,
                   "Where the forward runs: cpu, cuda (dense weights and the expert pool in VRAM), or auto (cuda when a "
                   "GPU is present)")
