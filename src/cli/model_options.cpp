@@ -188,8 +188,11 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--vram", a.vram, "cuda: VRAM budget (e.g. 16G): the expert pools get what dense, KV and activations leave")
       ->check(byte_size());
-  cmd->add_option("--host-cache", a.host_cache, "cuda: host RAM caching experts between SSD and VRAM (e.g. 8G; default: none)")
-      ->check(byte_size());
+  cmd->add_option("--host-cache", a.host_cache,
+                  "cuda: host RAM caching experts between SSD and VRAM: a size (e.g. 8G), auto (the default: as "
+                  "many as fit in the memory the process may use, every expert read at load where they all fit) or "
+                  "0 (staging for one token only)")
+      ->check(byte_size() | CLI::IsMember({"auto", "0"}));
   cmd->add_option("--host-policy", a.host_policy, "cuda: eviction policy of the host cache")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
   cmd->add_option("--prefetch", a.prefetch,
                   "Read the experts that a later layer's router, applied to this layer's input, predicts, while this "
@@ -262,9 +265,12 @@ ModelOptions model_options(const ModelArgs& a) {
   o.device = a.device == "cuda" ? Device::Cuda : a.device == "cpu" ? Device::Cpu : default_device();
   if (o.device == Device::Cpu && (!a.vram.empty() || !a.host_cache.empty()))
     fail("--vram and --host-cache size the GPU's expert tiers: they need --device cuda (and a GPU)");
+  // --host-cache: auto (the default) sizes the host tier from the memory the process may use; 0
+  // keeps staging only.
+  o.host_cache_auto = o.device == Device::Cuda && (a.host_cache.empty() || a.host_cache == "auto");
   o.cuda_graphs = !a.no_cuda_graphs;
   if (!a.vram.empty()) o.vram_budget = parse_bytes(a.vram);
-  if (!a.host_cache.empty()) o.host_cache = parse_bytes(a.host_cache);
+  if (!a.host_cache.empty() && a.host_cache != "auto" && a.host_cache != "0") o.host_cache = parse_bytes(a.host_cache);
   o.host_policy = parse_policy(a.host_policy);
   PrefetchOptions& p = o.experts.prefetch;
   p.mode = parse_prefetch_mode(a.prefetch);
@@ -321,6 +327,7 @@ void print_expert_stats(const Model& model, std::FILE* out) {
   const std::vector<PoolTier> tiers = model.executor().pool_tiers();
   if (tiers.empty()) return;
   if (const std::string plan = describe(model.memory_plan(), model.device()); !plan.empty()) fmt::print(out, "{}\n", plan);
+  if (model.device() == Device::Cuda) fmt::print(out, "{}\n", describe_host_tier(model.host_memory_plan()));
   fmt::print(out, "{}\n", describe(model.warm_report()));
   if (const ExpertStore::Early e = model.experts()->early(); e.tokens > 0)
     fmt::print(out, "first {} tokens: hit rate {:.3f} ({} hits, {} misses; the run's first forwards, prompt included)\n",

@@ -51,7 +51,10 @@ std::unique_ptr<Model> Model::open(const std::string& dir, const ModelOptions& o
   // A default budget may have planned a shorter context or prefill chunk than asked (fit_to_budget).
   const int context = plan.context ? plan.context : opt.context;
   const int chunk = plan.prefill_chunk ? plan.prefill_chunk : opt.prefill_chunk;
-  std::unique_ptr<Model> m(new Model(std::move(dense), std::move(cfg), std::move(experts), plan, context, chunk));
+  // On Cuda `plan` is the host tier's; the executor plans the VRAM.
+  const MemoryPlan device_plan = opt.device == Device::Cuda ? MemoryPlan{} : plan;
+  std::unique_ptr<Model> m(new Model(std::move(dense), std::move(cfg), std::move(experts), device_plan, context, chunk));
+  m->host_plan_ = plan;
   m->kv_format_ = opt.kv;
   m->prepare_pools(dir, opt);
   return m;

@@ -93,6 +93,8 @@ class Model {
   std::vector<LayerStats> pool_stats() const { return executor_->pool_stats(); }
   size_t pool_bytes() const { return executor_->pool_bytes(); }
   const MemoryPlan& memory_plan() const { return plan_; }
+  // The host's plan: memory_plan() on the CPU, the host tier's on Cuda (describe_host_tier).
+  const MemoryPlan& host_memory_plan() const { return host_plan_; }
   Device device() const { return executor_->device(); }
 
  private:
@@ -112,6 +114,7 @@ class Model {
   ModelConfig cfg_;
   std::unique_ptr<ExpertStore> experts_;  // engine directory: routed experts, streamed
   MemoryPlan plan_;
+  MemoryPlan host_plan_;
   ModelWeights w_;
   std::unique_ptr<Executor> executor_;  // after experts_ and w_: it borrows them
   int kv_positions_ = 0;                // ModelOptions::context: what new states' KV caches plan for

@@ -118,10 +118,31 @@ void check_floor(const std::string& dir, const StoreOptions& o, const EngineInde
       fail("{}: {} {}expert slots for layer {} cannot hold one token's {} routed experts", dir, cap, where, l.name, top_k);
 }
 
-// The host tier under the VRAM pool: a cache of `host_cache` bytes (equal slots per layer), or
-// staging slots for one token's experts that keep nothing.
+// --host-cache auto: the bytes of expert records (and prefetch staging) that fit in what the
+// process may use (ModelOptions::host_budget, else default_host_budget: the cgroup's limit or
+// MemAvailable, less their margins) beside its own reserve: every expert where they all fit, 0
+// (staging only) where one token's experts in every layer do not. `plan` records the budget.
+uint64_t auto_host_cache(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index, const ModelOptions& opt,
+                         MemoryPlan& plan) {
+  const HostBudget limit = opt.host_budget ? *opt.host_budget : default_host_budget();
+  plan.budget = limit.bytes;
+  plan.source = limit.source;
+  plan.process = process_reserve(dir);
+  const uint64_t row = per_slot_row(index), all = row * uint64_t(cfg.n_experts);
+  const uint64_t room = limit.bytes > plan.process ? limit.bytes - plan.process : 0;
+  if (room >= all + staging_bytes(opt.experts.prefetch, cfg, index, cfg.n_experts))
+    return all + staging_bytes(opt.experts.prefetch, cfg, index, cfg.n_experts);
+  const uint64_t staging = staging_bytes(opt.experts.prefetch, cfg, index, 0);
+  return room >= staging + row * uint64_t(cfg.top_k) ? room : 0;
+}
+
+// The host tier under the VRAM pool: a cache of `host_cache` bytes (equal slots per layer; auto:
+// auto_host_cache), or staging slots for one token's experts that keep nothing. `plan` gets the
+// tier's share: its pool, staging, slots and (auto) the budget they came from.
 StoreOptions host_tier_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
-                               const ModelOptions& opt) {
+                               const ModelOptions& opt, MemoryPlan& plan) {
+  if (!opt.host_cache_auto && opt.host_cache > 0) check_under_cgroup_limit(opt.host_cache, "--host-cache");
+  const uint64_t host_cache = opt.host_cache_auto ? auto_host_cache(dir, cfg, index, opt, plan) : opt.host_cache;
   StoreOptions h;
   h.io = opt.experts.io;
   h.direct_io = opt.experts.direct_io;
@@ -129,19 +150,21 @@ StoreOptions host_tier_options(const std::string& dir, const ModelConfig& cfg, c
   h.top_k = cfg.top_k;
   h.policy = opt.host_policy;
   h.slots = cfg.top_k;
-  h.cache = opt.host_cache > 0;
+  h.cache = host_cache > 0;
   h.prefetch = opt.experts.prefetch;
   h.prefault = true;  // staging for one token, or the --host-cache budget
   if (h.cache) {
-    check_under_cgroup_limit(opt.host_cache, "--host-cache");
     const uint64_t row = per_slot_row(index);
     // Prefetch staging comes out of the host cache (Auto: where it cannot hold every expert).
-    const uint64_t staging = staging_bytes(h.prefetch, cfg, index, int(std::min<uint64_t>(opt.host_cache / row, uint64_t(cfg.n_experts))));
-    if (opt.host_cache < staging + row * uint64_t(cfg.top_k))
+    const uint64_t staging = staging_bytes(h.prefetch, cfg, index, int(std::min<uint64_t>(host_cache / row, uint64_t(cfg.n_experts))));
+    if (host_cache < staging + row * uint64_t(cfg.top_k))
       fail("{}: --host-cache {} cannot hold one token's {} experts in every layer ({} per slot row){}", dir,
-           format_bytes(opt.host_cache), cfg.top_k, format_bytes(row),
+           format_bytes(host_cache), cfg.top_k, format_bytes(row),
            staging ? fmt::format(" beside the prefetch staging ({})", format_bytes(staging)) : std::string());
-    h.slots = int(std::min<uint64_t>((opt.host_cache - staging) / row, uint64_t(cfg.n_experts)));
+    h.slots = int(std::min<uint64_t>((host_cache - staging) / row, uint64_t(cfg.n_experts)));
+    plan.slots = h.slots;
+    plan.pool = row * uint64_t(h.slots);
+    plan.staging = staging;
   }
   return h;
 }
@@ -163,6 +186,14 @@ std::string describe(const MemoryPlan& p, Device device) {
   if (p.slots == 0)  // a budget that sized nothing: everything fits in it
     return fmt::format("{}{} (every expert fits: nothing sized by it): {}", what, from, parts);
   return fmt::format("{}{}: {} ({} slots a layer)", what, from, parts, p.slots);
+}
+
+std::string describe_host_tier(const MemoryPlan& p) {
+  const std::string from = p.source.empty() ? std::string() : fmt::format(" (--host-cache auto: {} from {})",
+                                                                          format_bytes(p.budget), p.source);
+  if (p.slots == 0) return "host tier: staging for one token only" + (from.empty() ? std::string(" (--host-cache 0)") : from);
+  return fmt::format("host tier: {} of expert records, {} slots a layer, prefetch staging {}{}", format_bytes(p.pool), p.slots,
+                     format_bytes(p.staging), from);
 }
 
 uint64_t process_reserve(const std::string& dir) {
@@ -275,7 +306,7 @@ StoreOptions host_store_options(const std::string& dir, const ModelConfig& cfg, 
   StoreOptions store_opt = opt.experts;
   store_opt.top_k = cfg.top_k;
   if (opt.device == Device::Cuda) {
-    store_opt = host_tier_options(dir, cfg, index, opt);
+    store_opt = host_tier_options(dir, cfg, index, opt, plan);
   } else {
     plan = plan_host_memory(dir, cfg, index, dense_bytes, opt);
     if (plan.slots > 0) {

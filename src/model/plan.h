@@ -56,6 +56,7 @@ struct ModelOptions {
   Device device = Device::Cpu;
   uint64_t vram_budget = 0;  // Cuda: VRAM for dense + KV + activations + pool; 0 = unset
   uint64_t host_cache = 0;   // Cuda: host RAM caching experts between SSD and VRAM; 0 = staging only
+  bool host_cache_auto = false;  // Cuda: size it from the memory the process may use (--host-cache auto)
   PolicyKind host_policy = PolicyKind::LRU;
   // Cuda: run each decode step as a CUDA graph, captured once per sequence, where every routed
   // expert is resident in VRAM (a step then has no host round trip until the sampled token).
@@ -98,12 +99,13 @@ std::string describe(const MemoryPlan& plan, Device device);
 // stacks, I/O rings and allocator slack, and the tokenizer file's size for its parsed tables.
 uint64_t process_reserve(const std::string& dir);
 
+// The host tier's plan on Cuda (host_store_options), in one line for --stats: "host tier: 30.1
+// GiB of expert records, 512 slots a layer, ... (--host-cache auto: ... from MemAvailable ...)".
+std::string describe_host_tier(const MemoryPlan& host_plan);
+
 // Fails unless chunk is a multiple of kPrefillChunkAlign and at least twice it.
 void check_prefill_chunk(int chunk);
 
-// The options of the host's expert store of an engine directory, and the plan of a --memory
-// budget (CPU; a plan with no slots where there is no budget): the pools' slots from the budget,
-// or the host tier under the VRAM pool on Cuda (--host-cache's slots, or staging for one token).
 // The bytes of the staging area prefetch reads land in where prefetch runs with `slots` a layer
 // (model/predict.h; off, or auto where every expert is resident: none).
 uint64_t staging_bytes(const PrefetchOptions& p, const ModelConfig& cfg, const EngineIndex& index, int slots);
@@ -114,6 +116,10 @@ uint64_t staging_bytes(const PrefetchOptions& p, const ModelConfig& cfg, const E
 MemoryPlan plan_host_memory(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes,
                             const ModelOptions& opt);
 
+// The options of the host's expert store of an engine directory, and its plan: on the CPU
+// plan_host_memory's (the pools' slots from the budget); on Cuda the host tier under the VRAM
+// pool (--host-cache's slots, auto: from the memory the process may use, or staging for one
+// token), whose plan describe_host_tier reports.
 StoreOptions host_store_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
                                 uint64_t dense_bytes, const ModelOptions& opt, MemoryPlan& plan);
 
