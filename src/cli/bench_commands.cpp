@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +22,8 @@
 #include "kernels/cpu/quant_matmul.h"
 #include "model/model.h"
 #include "runtime/generate.h"
+#include "runtime/workload.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -27,6 +32,9 @@ namespace ms::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+const char* kDefaultText = MOESTREAM_SOURCE_DIR "/docs/ARCHITECTURE.md";
+const char* kEmbeddedTokenizer = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4/tokenizer.json";
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
@@ -87,6 +95,42 @@ double time_decode(const Model& m, State& state, int n, unsigned seed, const Spe
   return seconds(first, Clock::now());
 }
 
+// The text workload's ids: `file` tokenized by the model's tokenizer, or the embedded model's
+// where the model has none (a synth): its ids are valid in any vocabulary of 8192 or more.
+std::vector<int> text_ids(const std::string& model_dir, const std::string& file) {
+  const std::string own = model_dir + "/tokenizer.json";
+  const std::string tok = std::filesystem::exists(own) ? own : std::string(kEmbeddedTokenizer);
+  std::ifstream in(file, std::ios::binary);
+  if (!in) fail("{}: cannot read the text workload's file", file);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<int> ids = Tokenizer::load(tok).encode(text.str());
+  if (ids.size() < 2) fail("{}: the text workload needs a text of two tokens or more", file);
+  return ids;
+}
+
+// Seconds of n decode steps of workload w after its first, from `state`.
+double time_workload(const Model& m, State& state, const Workload& w, int n, unsigned seed) {
+  Clock::time_point first;
+  run_workload(m, state, w, n + 1, seed, [&](int i) {
+    if (i == 0) first = Clock::now();
+  });
+  return seconds(first, Clock::now());
+}
+
+// One line: how a per-layer LRU pool sees the workload's routing over n steps (untimed), beside
+// what real 512-expert top-10 models show.
+void print_routing_curve(const Model& m, const Workload& w, int n) {
+  if (!m.experts() || n < 2) return;
+  State state = m.new_state();
+  std::vector<std::vector<std::vector<int>>> routes;
+  run_workload(m, state, w, n, 1, {}, &routes);
+  const RoutingCurve c = routing_curve(routes, m.config().n_experts, m.config().top_k);
+  std::printf("routing of %s over %d tokens: LRU hit rate at 1/16, 1/8, 1/4, 1/2 of a layer's experts %.2f / %.2f / %.2f / "
+              "%.2f, reused at the next token %.2f (real 512-expert top-10 models: ~0.67 at 1/8, ~0.81 at 1/4, ~0.45)\n",
+              w.name(), n, c.hit[0], c.hit[1], c.hit[2], c.hit[3], c.reuse);
+}
+
 void add_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Prompt and decode speed of a model beside the machine's memory bandwidth");
   struct Args {
@@ -94,6 +138,7 @@ void add_bench(CLI::App& app) {
     std::vector<int> prompts{16, 128, 512}, depths{0};
     int tokens = 64, repeat = 3;
     bool no_preload = false;
+    std::string workloads = "uniform,text,greedy", text = kDefaultText;
   };
   auto a = std::make_shared<Args>();
   add_model_options(cmd, a->m);
@@ -108,6 +153,15 @@ void add_bench(CLI::App& app) {
       ->delimiter(',')
       ->check(int_in(0, 1 << 24));
   cmd->add_option("--repeat", a->repeat, "Runs of each test; the median is reported")->check(int_in(1, 1000));
+  cmd->add_option("--workload", a->workloads,
+                  "What drives the decode test (tg<N>-<workload>), comma-separated: uniform (tokens sampled at "
+                  "temperature 1: routing that changes every token), text (the tokens of --text, teacher-forced), "
+                  "greedy (argmax: on random weights one expert set repeats, an upper bound; MTP drafts only here)")
+      ->capture_default_str()
+      ->check(parses_with([](const std::string& s) { parse_workloads(s); }, "LIST"));
+  cmd->add_option("--text", a->text, "The text workload's file (tokenized by the model's tokenizer, else the embedded model's)")
+      ->capture_default_str()
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--no-preload", a->no_preload,
                 "Do not read every expert at load where the pools hold them all, nor warm-start them (times the disk too)");
   cmd->callback([a] {
@@ -129,10 +183,15 @@ void add_bench(CLI::App& app) {
     else if (m.experts() && !m.experts()->holds_everything())
       std::printf("the pools cannot hold every expert: decode streams them\n");
     const double step_bytes = decode_bytes(m);
-    std::printf("a decode step reads %.2f GB of weights\n\n%-8s %10s %10s %8s\n", step_bytes / 1e9, "test", "tok/s",
+    std::printf("a decode step reads %.2f GB of weights\n\n%-16s %10s %10s %8s\n", step_bytes / 1e9, "test", "tok/s",
                 "GB/s", "of read");
     // A short warm-up of each path: first-touch allocations stay out of the timings.
     time_prompt(m, 16, 0);
+    std::vector<Workload> workloads;
+    for (const WorkloadKind k : parse_workloads(a->workloads)) {
+      workloads.push_back({k, {}});
+      if (k == WorkloadKind::Text) workloads.back().text = text_ids(a->m.model, a->text);
+    }
     if (a->tokens > 0) {
       State warm = m.new_state();
       time_decode(m, warm, 4, 0);
@@ -141,7 +200,7 @@ void add_bench(CLI::App& app) {
       if (n <= 0) continue;
       std::vector<double> t;
       for (int r = 0; r < a->repeat; ++r) t.push_back(time_prompt(m, n, unsigned(r + 1)));
-      std::printf("%-8s %10.2f\n", fmt::format("pp{}", n).c_str(), double(n) / median(t));
+      std::printf("%-16s %10.2f\n", fmt::format("pp{}", n).c_str(), double(n) / median(t));
     }
     if (a->tokens > 0) {
       SpeculativeStats spec;
@@ -153,16 +212,21 @@ void add_bench(CLI::App& app) {
         State context = m.new_state();
         if (depth > 0) m.forward(random_ids(depth, m.config().vocab, 7).data(), depth, context, {});
         const State::Checkpoint start = context.checkpoint();
-        std::vector<double> t;
-        for (int r = 0; r < a->repeat; ++r) {
-          context.restore(start);
-          t.push_back(time_decode(m, context, a->tokens, unsigned(r + 1), opt.speculative, &spec, &tuner));
+        for (const Workload& w : workloads) {
+          std::vector<double> t;
+          for (int r = 0; r < a->repeat; ++r) {
+            context.restore(start);
+            t.push_back(w.kind == WorkloadKind::Greedy
+                            ? time_decode(m, context, a->tokens, unsigned(r + 1), opt.speculative, &spec, &tuner)
+                            : time_workload(m, context, w, a->tokens, unsigned(r + 1)));
+          }
+          const double tps = double(a->tokens) / median(t);
+          const double gbs = tps * (step_bytes + double(depth) * kv_position) / 1e9;
+          const std::string name = fmt::format("tg{}{}-{}", a->tokens, depth > 0 ? fmt::format("@d{}", depth) : "", w.name());
+          std::printf("%-16s %10.2f %10.2f %8.2f\n", name.c_str(), tps, gbs, gbs / bw.read_gbs);
         }
-        const double tps = double(a->tokens) / median(t);
-        const double gbs = tps * (step_bytes + double(depth) * kv_position) / 1e9;
-        const std::string name = depth > 0 ? fmt::format("tg{}@d{}", a->tokens, depth) : fmt::format("tg{}", a->tokens);
-        std::printf("%-8s %10.2f %10.2f %8.2f\n", name.c_str(), tps, gbs, gbs / bw.read_gbs);
       }
+      for (const Workload& w : workloads) print_routing_curve(m, w, a->tokens);
       print_speculative_stats(opt.speculative, spec, stdout);
     }
     std::fflush(stdout);

@@ -18,8 +18,35 @@ TEST(BenchCommand, TimesPromptsAndDecodeBesideTheMemoryBound) {
   EXPECT_NE(out.find("every routed expert read into its pool at load"), std::string::npos) << out;
   EXPECT_TRUE(std::regex_search(out, std::regex(R"(\npp16 +[0-9.]+\n)"))) << out;
   EXPECT_TRUE(std::regex_search(out, std::regex(R"(\npp32 +[0-9.]+\n)"))) << out;
-  // tok/s, GB/s of weights read, and that against the measured read bandwidth.
-  EXPECT_TRUE(std::regex_search(out, std::regex(R"(\ntg4 +[0-9.]+ +[0-9.]+ +0\.[0-9]+\n)"))) << out;
+  // tok/s, GB/s of weights read, and that against the measured read bandwidth, for each workload.
+  for (const char* w : {"uniform", "text", "greedy"})
+    EXPECT_TRUE(std::regex_search(out, std::regex(std::string(R"(\ntg4-)") + w + R"( +[0-9.]+ +[0-9.]+ +0\.[0-9]+\n)")))
+        << w << "\n" << out;
+}
+
+// Each workload's routing beside real models' curves: on pycoder (a trained model) the text
+// workload reuses experts from token to token; the curve's hit rates rise with the slots.
+TEST(BenchCommand, WorkloadsReportTheirRoutingCurves) {
+  std::string out, err;
+  ASSERT_EQ(test::run_cli("bench --model " MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4 --prompt 0 --tokens 48 --repeat 1 "
+                          "--workload text,uniform",
+                          &out, &err),
+            0)
+      << err;
+  EXPECT_EQ(out.find("tg48-greedy"), std::string::npos) << out;
+  for (const char* w : {"text", "uniform"}) {
+    const std::regex line(std::string("routing of ") + w +
+                          R"( over 48 tokens: LRU hit rate at 1/16, 1/8, 1/4, 1/2 of a layer's experts ([0-9.]+) / ([0-9.]+) / ([0-9.]+) / ([0-9.]+), reused at the next token ([0-9.]+))");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(out, m, line)) << w << "\n" << out;
+    EXPECT_LE(std::stod(m[1]), std::stod(m[2]));
+    EXPECT_LE(std::stod(m[2]), std::stod(m[3]));
+    EXPECT_LE(std::stod(m[3]), std::stod(m[4]));
+    EXPECT_GT(std::stod(m[4]), 0.0);
+    EXPECT_GT(std::stod(m[5]), 0.0);
+  }
+  EXPECT_EQ(test::run_cli("bench --model " MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4 --workload text,zipf", &out, &err), 2);
+  EXPECT_NE(err.find("--workload"), std::string::npos) << err;
 }
 
 TEST(BenchCommand, StreamingPoolsAreSaidToStream) {

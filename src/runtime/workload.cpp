@@ -1,0 +1,81 @@
+#include "runtime/workload.h"
+
+#include <algorithm>
+#include <set>
+
+#include "experts/simulate.h"
+#include "runtime/sampler.h"
+#include "util/error.h"
+
+namespace ms {
+
+const char* Workload::name() const {
+  return kind == WorkloadKind::Uniform ? "uniform" : kind == WorkloadKind::Text ? "text" : "greedy";
+}
+
+std::vector<WorkloadKind> parse_workloads(const std::string& list) {
+  std::vector<WorkloadKind> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string item = list.substr(pos, comma - pos);
+    if (item == "uniform") out.push_back(WorkloadKind::Uniform);
+    else if (item == "text") out.push_back(WorkloadKind::Text);
+    else if (item == "greedy") out.push_back(WorkloadKind::Greedy);
+    else fail("--workload: '{}' is not uniform, text or greedy", item.substr(0, 64));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+void run_workload(const Model& m, State& state, const Workload& w, int n, unsigned seed,
+                  const std::function<void(int)>& on_step, std::vector<std::vector<std::vector<int>>>* routes) {
+  if (w.kind == WorkloadKind::Text && w.text.empty()) fail("the text workload has no tokens");
+  const int vocab = m.config().vocab;
+  SamplingParams p;
+  p.temperature = w.kind == WorkloadKind::Uniform ? 1.f : 0.f;
+  p.seed = seed;
+  Sampler sampler(p);
+  std::vector<int> seen;  // no penalties: the sampler reads none of it
+  const size_t offset = size_t(seed) * 997;  // each repeat a different stretch of the text
+  int token = w.kind == WorkloadKind::Text ? w.text[offset % w.text.size()] % vocab : int(seed % unsigned(vocab));
+  for (int i = 0; i < n; ++i) {
+    ForwardOptions fo;
+    fo.routes = routes != nullptr;
+    fo.pick = [&] { return sampler.next(seen, vocab); };
+    const ForwardResult r = m.forward(&token, 1, state, fo);
+    if (routes) {
+      std::vector<std::vector<int>> step;
+      for (const auto& layer : r.routes)
+        if (!layer.empty()) step.push_back(layer);
+      routes->push_back(std::move(step));
+    }
+    token = w.kind == WorkloadKind::Text ? w.text[(offset + size_t(i) + 1) % w.text.size()] % vocab : r.token;
+    if (on_step) on_step(i);
+  }
+}
+
+RoutingCurve routing_curve(const std::vector<std::vector<std::vector<int>>>& routes, int n_experts, int top_k) {
+  RoutingCurve c;
+  if (routes.empty() || routes[0].empty()) return c;
+  RouteTraces t;
+  t.n_layers = int(routes[0].size());
+  t.top_k = top_k;
+  t.n_experts = n_experts;
+  t.routes.resize(1);
+  t.routes[0].assign(size_t(t.n_layers), {});
+  for (const auto& step : routes)
+    for (size_t l = 0; l < step.size() && l < size_t(t.n_layers); ++l) t.routes[0][l].push_back(step[l]);
+  for (int i = 0; i < 4; ++i)
+    c.hit[i] = simulate_policy(t, std::max(top_k, n_experts / kCurveFractions[i]), PolicyKind::LRU).total_hit_rate();
+  uint64_t reused = 0, routed = 0;
+  for (size_t s = 1; s < routes.size(); ++s)
+    for (size_t l = 0; l < routes[s].size() && l < routes[s - 1].size(); ++l) {
+      const std::set<int> before(routes[s - 1][l].begin(), routes[s - 1][l].end());
+      for (int e : routes[s][l]) reused += before.count(e), ++routed;
+    }
+  c.reuse = routed ? double(reused) / double(routed) : 0.0;
+  return c;
+}
+
+}  // namespace ms

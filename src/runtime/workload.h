@@ -1,0 +1,47 @@
+#pragma once
+// Decode workloads for benchmarks. Which tokens drive the decode steps decides the routing a
+// streamed model's pools see: a random-weight synth routes uniformly when tokens are sampled and
+// repeats one expert set when decoding greedily (a token repeats), so a benchmark names its
+// workload, and reports how its routing compares with that of real models (lru_curve).
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace ms {
+
+enum class WorkloadKind {
+  Uniform,  // tokens sampled at temperature 1 (seeded): routing that changes every token
+  Text,     // the tokens of a text, teacher-forced: routing that follows the text
+  Greedy,   // argmax tokens: on random weights one expert set repeats (an upper bound)
+};
+
+struct Workload {
+  WorkloadKind kind = WorkloadKind::Greedy;
+  std::vector<int> text;  // Text: the ids fed, in order (wrapping around)
+  const char* name() const;  // "uniform", "text", "greedy"
+};
+
+// "uniform", "text" or "greedy", comma-separated; fails naming the item.
+std::vector<WorkloadKind> parse_workloads(const std::string& list);
+
+// n decode steps of w from `state` (after its last token), each a one-token forward whose pick
+// runs as a decode step's does; Text feeds w.text[(offset + i) % size], the others their pick.
+// on_step(i) after step i; routes (where given) gets each step's routed experts [layer][top_k].
+void run_workload(const Model& m, State& state, const Workload& w, int n, unsigned seed,
+                  const std::function<void(int)>& on_step = {},
+                  std::vector<std::vector<std::vector<int>>>* routes = nullptr);
+
+// What a workload's routing shows a per-layer LRU pool (counted as experts/simulate.h counts):
+// the hit rate at 1/16, 1/8, 1/4 and 1/2 of a layer's experts, and the share of a layer's routed
+// experts that the step before routed too. Real 512-expert top-10 models: ~0.67 at 1/8, ~0.81 at
+// 1/4, ~0.45 reused (DESIGN.md).
+struct RoutingCurve {
+  double hit[4] = {};
+  double reuse = 0;
+};
+inline constexpr int kCurveFractions[4] = {16, 8, 4, 2};  // a layer's experts divided by these
+RoutingCurve routing_curve(const std::vector<std::vector<std::vector<int>>>& routes, int n_experts, int top_k);
+
+}  // namespace ms
