@@ -40,8 +40,16 @@ std::unique_ptr<Model> Model::open(const std::string& dir, const ModelOptions& o
   EngineIndex index = read_engine_index(dir, cfg);
   const std::string dense_path = dir + "/" + kEngineDenseFile;
   // The plan first: a budget that cannot hold the model is refused before any weight is read.
+  std::error_code ec;
+  const uintmax_t dense_bytes = std::filesystem::file_size(dense_path, ec);
+  if (ec) fail("{}: the engine directory's dense weights cannot be read: {}", dense_path, ec.message());
   MemoryPlan plan;
-  const StoreOptions store_opt = host_store_options(dir, cfg, index, std::filesystem::file_size(dense_path), opt, plan);
+  const StoreOptions store_opt = host_store_options(dir, cfg, index, dense_bytes, opt, plan);
+  if (plan.context && plan.context < opt.context)
+    fmt::print(stderr,
+               "moestream: note: the memory budget from {} plans KV for {} tokens (not {}) and prompts in chunks of {}: a "
+               "longer sequence may take more than the budget; pass --memory or --context to choose\n",
+               plan.source, plan.context, opt.context, plan.prefill_chunk);
   // On the CPU the dense weights are read into the process's memory: under a memory cap the
   // page cache would evict them and read them again, token after token. (The GPU copies them to
   // VRAM and reads the map once.)

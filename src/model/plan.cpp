@@ -124,10 +124,13 @@ void check_floor(const std::string& dir, const StoreOptions& o, const EngineInde
 // (staging only) where one token's experts in every layer do not. `plan` records the budget.
 uint64_t auto_host_cache(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index, const ModelOptions& opt,
                          MemoryPlan& plan) {
+  // The CUDA runtime's and the libraries' host memory (context, cuBLAS, pinned staging of their
+  // own) is charged to the same limit and is no part of the plan: a reserve for it.
+  constexpr uint64_t kCudaHostReserve = uint64_t(1) << 30;
   const HostBudget limit = opt.host_budget ? *opt.host_budget : default_host_budget();
   plan.budget = limit.bytes;
   plan.source = limit.source;
-  plan.process = process_reserve(dir);
+  plan.process = process_reserve(dir) + kCudaHostReserve;
   const uint64_t row = per_slot_row(index), all = row * uint64_t(cfg.n_experts);
   const uint64_t room = limit.bytes > plan.process ? limit.bytes - plan.process : 0;
   if (room >= all + staging_bytes(opt.experts.prefetch, cfg, index, cfg.n_experts))
@@ -264,10 +267,11 @@ MemoryPlan plan_host_memory(const std::string& dir, const ModelConfig& cfg, cons
   if (unsized.total() <= limit.bytes) return unsized;  // fits: nothing to size
   const bool asked = opt.experts.slots > 0 || !opt.experts.layer_caps.empty();
   if (asked)
-    fail("{}: the expert pools asked for (--expert-slots or a pool profile: {}) and the rest ({}) need {}, more than the {} "
-         "that {} leaves; ask for fewer slots, or for a --memory budget, which sizes them",
-         dir, format_bytes(unsized.pool), format_bytes(unsized.fixed()), format_bytes(unsized.total()),
-         format_bytes(limit.bytes), limit.source);
+    fail("{}: the expert pools asked for ({}: {}) and the rest ({}) need {}, more than the {} that {} leaves; ask for "
+         "fewer slots{}, or for a --memory budget, which sizes them",
+         dir, opt.pool_profile.empty() ? "--expert-slots" : "the pool profile " + opt.pool_profile,
+         format_bytes(unsized.pool), format_bytes(unsized.fixed()), format_bytes(unsized.total()), format_bytes(limit.bytes),
+         limit.source, opt.pool_profile.empty() ? "" : " (--pool-profile none drops the profile)");
   const ModelOptions fitted = fit_to_budget(cfg, index, dense_bytes, limit.bytes, opt, process_reserve(dir));
   MemoryPlan plan;
   try {
