@@ -165,14 +165,13 @@ std::string default_usage_path(const EngineIndex& index) {
   return (fs::path(state_dir()) / hex(usage_fingerprint(index)) / "usage.json").string();
 }
 
-std::string legacy_usage_path(const std::string& dir) { return (fs::path(dir) / "usage.json").string(); }
-
 UsageFiles usage_files(const std::string& dir, const EngineIndex& index, const std::string& usage_flag) {
   if (!usage_flag.empty()) return {usage_flag, usage_flag, ""};
   UsageFiles f;
   f.read = f.write = default_usage_path(index);
   std::error_code ec;
-  if (const std::string legacy = legacy_usage_path(dir); !fs::exists(f.read, ec) && fs::exists(legacy, ec)) {
+  // Where older versions kept the history: usage.json beside the model.
+  if (const std::string legacy = (fs::path(dir) / "usage.json").string(); !fs::exists(f.read, ec) && fs::exists(legacy, ec)) {
     f.read = legacy;
     f.note = fmt::format("usage history read from {} (beside the model, where older versions kept it); new history goes to {}",
                          legacy, f.write);

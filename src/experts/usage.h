@@ -51,9 +51,6 @@ std::string state_dir();
 // model share it and nothing is written beside the model.
 std::string default_usage_path(const EngineIndex& index);
 
-// Where older versions kept the history: usage.json beside the model. Still read (UsageFiles).
-std::string legacy_usage_path(const std::string& dir);
-
 // The files of a run's usage history: it reads `read` and writes `write`; `note` (one line, or
 // empty) says why they differ. With --usage FILE both are FILE; by default both are
 // default_usage_path, except that a usage.json beside the model is read while the state

@@ -133,8 +133,7 @@ uint64_t auto_host_cache(const std::string& dir, const ModelConfig& cfg, const E
   plan.process = process_reserve(dir) + kCudaHostReserve;
   const uint64_t row = per_slot_row(index), all = row * uint64_t(cfg.n_experts);
   const uint64_t room = limit.bytes > plan.process ? limit.bytes - plan.process : 0;
-  if (room >= all + staging_bytes(opt.experts.prefetch, cfg, index, cfg.n_experts))
-    return all + staging_bytes(opt.experts.prefetch, cfg, index, cfg.n_experts);
+  if (const uint64_t whole = all + staging_bytes(opt.experts.prefetch, cfg, index, cfg.n_experts); room >= whole) return whole;
   const uint64_t staging = staging_bytes(opt.experts.prefetch, cfg, index, 0);
   return room >= staging + row * uint64_t(cfg.top_k) ? room : 0;
 }
@@ -249,9 +248,10 @@ ModelOptions fit_to_budget(const ModelConfig& cfg, const EngineIndex& index, uin
 
 MemoryPlan plan_host_memory(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes,
                             const ModelOptions& opt) {
+  const uint64_t process = process_reserve(dir);
   if (opt.memory_budget > 0) {
     check_under_cgroup_limit(opt.memory_budget, "--memory");
-    MemoryPlan plan = plan_memory(cfg, index, dense_bytes, opt.memory_budget, opt, "memory budget", true, process_reserve(dir));
+    MemoryPlan plan = plan_memory(cfg, index, dense_bytes, opt.memory_budget, opt, "memory budget", true, process);
     plan.budget = opt.memory_budget;
     plan.source = "--memory";
     return plan;
@@ -259,7 +259,7 @@ MemoryPlan plan_host_memory(const std::string& dir, const ModelConfig& cfg, cons
   const HostBudget limit = opt.host_budget ? *opt.host_budget : default_host_budget();
   // What the run takes unsized: the plan of a budget that holds every expert, whose pools are
   // then what the slots or caps asked for hold.
-  MemoryPlan unsized = plan_memory(cfg, index, dense_bytes, kNoBudget, opt, "memory", true, process_reserve(dir));
+  MemoryPlan unsized = plan_memory(cfg, index, dense_bytes, kNoBudget, opt, "memory", true, process);
   unsized.pool = unsized_pool_bytes(index, opt.experts);
   unsized.slots = 0;
   unsized.budget = limit.bytes;
@@ -272,10 +272,10 @@ MemoryPlan plan_host_memory(const std::string& dir, const ModelConfig& cfg, cons
          dir, opt.pool_profile.empty() ? "--expert-slots" : "the pool profile " + opt.pool_profile,
          format_bytes(unsized.pool), format_bytes(unsized.fixed()), format_bytes(unsized.total()), format_bytes(limit.bytes),
          limit.source, opt.pool_profile.empty() ? "" : " (--pool-profile none drops the profile)");
-  const ModelOptions fitted = fit_to_budget(cfg, index, dense_bytes, limit.bytes, opt, process_reserve(dir));
+  const ModelOptions fitted = fit_to_budget(cfg, index, dense_bytes, limit.bytes, opt, process);
   MemoryPlan plan;
   try {
-    plan = plan_memory(cfg, index, dense_bytes, limit.bytes, fitted, "memory budget", true, process_reserve(dir));
+    plan = plan_memory(cfg, index, dense_bytes, limit.bytes, fitted, "memory budget", true, process);
   } catch (const Error& e) {
     fail("{}; with no --memory the budget is {}: raise the limit, or run a smaller model", e.what(), limit.source);
   }
