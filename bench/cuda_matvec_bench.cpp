@@ -15,8 +15,9 @@
 // than one another.
 // Then the routed experts of a decode step at Qwen3-Next-80B's shape: cuda::moe_experts against
 // the per-expert launches it replaces, and cuda::route_topk.
-// Prefill (filter "gemm"): the custom kernel against the cuBLAS form of cuda::matmul, and their
-// crossover over T.
+// Prefill (filter "gemm"): the custom kernel against the cuBLAS form of cuda::matmul and the
+// integer GEMM (int_gemm.h), and their crossover over T; (filter "prefill experts") a prompt
+// chunk's routed experts, per-expert launches against cuda::int_experts.
 // Also the Gated DeltaNet rule at Qwen3-Next-80B's shape, recurrent against chunked, over T: where
 // gated_delta_rule switches from one to the other (kDeltaChunkedMinTokens) and what prefill costs.
 #include <cuda_runtime_api.h>
@@ -35,6 +36,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/int_gemm.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/stream.h"
 #include "stream_read.h"
@@ -206,9 +208,86 @@ void run_prefill(const Config& c, int T, const std::string& filter) {
   });
   const double flop = 2.0 * T * double(c.rows) * c.cols;
   std::printf("%-34s %6d x %-6d T=%-4d direct %9.1f us %6.2f TFLOP/s | gemm %9.1f us %6.2f TFLOP/s | gemm 16 MiB %9.1f us"
-              " %6.2f TFLOP/s | %s\n",
+              " %6.2f TFLOP/s",
               what.c_str(), c.rows, c.cols, T, direct, flop / (direct * 1e6), gemm, flop / (gemm * 1e6), gemm16,
-              flop / (gemm16 * 1e6), gemm < direct ? "gemm" : "direct");
+              flop / (gemm16 * 1e6));
+  if (cuda::int_gemm_layout(w.mats[0])) {
+    const double in = time_us([&](int i) { cuda::int_matmul(x.data(), T, w.mats[size_t(i) % copies], y.data()); });
+    std::printf(" | int %9.1f us %6.2f TFLOP/s", in, flop / (in * 1e6));
+  }
+  std::printf("\n");
+}
+
+// A prompt chunk's routed experts at Qwen3-Next-80B's shape (hidden 2048, moe_intermediate 512,
+// 512 experts of `bits`-bit records, top 10), T tokens routed at random: cuda::int_experts (all
+// experts in 3 launches and 2 splits) against what prefill ran before it, each used expert's
+// gather, 3 matmuls (matmul_direct: a few tokens each), silu_mul and scatter; then sum_slots.
+void run_prefill_experts(const std::string& filter, int bits, int group, ScaleType scales, int T) {
+  const std::string name = "prefill experts 80B " + type_name(Config{"", 0, 0, bits, scales}, group);
+  if (name.find(filter) == std::string::npos) return;
+  constexpr int H = 2048, I = 512, E = 512, K = 10;
+  const ExpertLayer layer = plan_expert_layer(
+      "model.layers.0.mlp", "experts/layer_000.bin", E,
+      {ProjSpec{bits, group, I, H, scales}, ProjSpec{bits, group, I, H, scales}, ProjSpec{bits, group, H, I, scales}});
+  cuda::DeviceArray<uint8_t> blob(size_t(E) * layer.stride, kNow);
+  CUDA_CHECK(cudaMemset(blob.data(), 0x3c, blob.bytes()));
+  cuda::DeviceArray<float> x(size_t(T) * H, kNow), partial(size_t(T) * K * H, kNow), out(size_t(T) * H, kNow);
+  CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.bytes()));
+  std::mt19937 rng(7);
+  std::vector<int> all(E);
+  for (int e = 0; e < E; ++e) all[size_t(e)] = e;
+  std::vector<std::vector<int>> users(E);
+  for (int t = 0; t < T; ++t) {
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int k = 0; k < K; ++k) users[size_t(all[size_t(k)])].push_back(t * K + k);
+  }
+  std::vector<int> token_rows, user_ids;
+  std::vector<size_t> begin, end;
+  std::vector<cuda::IntExpertMat> gate, up, down;
+  auto mat = [&](int e, const ProjLayout& p) {
+    const uint8_t* rec = blob.data() + size_t(e) * layer.stride;
+    return Mat{WeightType::Affine, rec + p.q_offset, p.rows, p.cols, p.bits, p.group,
+               reinterpret_cast<const uint16_t*>(rec + p.scales_offset),
+               reinterpret_cast<const uint16_t*>(rec + p.biases_offset), p.scale_type};
+  };
+  auto of = [](const Mat& m) { return cuda::IntExpertMat{static_cast<const uint8_t*>(m.data), m.scales, m.biases}; };
+  std::vector<int> used;
+  for (int e = 0; e < E; ++e) {
+    if (users[size_t(e)].empty()) continue;
+    used.push_back(e);
+    begin.push_back(user_ids.size());
+    for (int u : users[size_t(e)]) token_rows.push_back(u / K), user_ids.push_back(u);
+    end.push_back(user_ids.size());
+    gate.push_back(of(mat(e, layer.proj[0]))), up.push_back(of(mat(e, layer.proj[1]))), down.push_back(of(mat(e, layer.proj[2])));
+  }
+  const auto d_rows = cuda::DeviceArray<int>::from(token_rows, kNow), d_users = cuda::DeviceArray<int>::from(user_ids, kNow);
+  const auto d_w = cuda::DeviceArray<float>::from(std::vector<float>(user_ids.size(), 0.1f), kNow);
+  const cuda::IntExperts ie{.n = int(used.size()), .gate = gate.data(), .up = up.data(), .down = down.data(),
+                            .gate_layout = mat(0, layer.proj[0]), .down_layout = mat(0, layer.proj[2]),
+                            .begin = begin.data(), .end = end.data(), .users_total = int(user_ids.size()),
+                            .token_rows = d_rows.data(), .users = d_users.data(), .weights = d_w.data()};
+  const double together = time_us([&](int) {
+    cuda::int_experts(ie, x.data(), T, partial.data());
+    cuda::sum_slots(partial.data(), T, K, H, out.data());
+  });
+  cuda::DeviceArray<float> xb(size_t(T) * H, kNow), g(size_t(T) * I, kNow), u(size_t(T) * I, kNow), y(size_t(T) * H, kNow);
+  const double apart = time_us([&](int) {
+    for (size_t i = 0; i < used.size(); ++i) {
+      const int e = used[i], n = int(end[i] - begin[i]);
+      cuda::gather_rows(x.data(), d_rows.data() + begin[i], n, H, xb.data());
+      cuda::matmul_direct(xb.data(), n, mat(e, layer.proj[0]), g.data());
+      cuda::matmul_direct(xb.data(), n, mat(e, layer.proj[1]), u.data());
+      cuda::silu_mul(g.data(), u.data(), g.data(), int64_t(n) * I);
+      cuda::matmul_direct(g.data(), n, mat(e, layer.proj[2]), y.data());
+      cuda::scatter_scaled(y.data(), d_users.data() + begin[i], d_w.data() + begin[i], n, H, partial.data());
+    }
+    cuda::sum_slots(partial.data(), T, K, H, out.data());
+  });
+  const double flop = 2.0 * 3 * double(T) * K * H * I;
+  std::printf("%-40s T=%-5d %zu experts: per-expert launches %9.1f us (%.1f TFLOP/s) | int_experts %9.1f us (%.1f TFLOP/s) "
+              "| %.2fx\n",
+              name.c_str(), T, used.size(), apart, flop / (apart * 1e6), together, flop / (together * 1e6),
+              apart / together);
 }
 
 // One decode step's routed experts at Qwen3-Next-80B's shape (hidden 2048, moe_intermediate 512,
@@ -403,6 +482,10 @@ int main(int argc, char** argv) {
         c.bits = bits;
         run_prefill(c, T, filter);
       }
+  std::printf("prefill: a chunk's routed experts, per-expert launches against the integer GEMM:\n");
+  for (int T : {128, 512, 2048}) run_prefill_experts(filter, 4, 64, ScaleType::BF16, T);
+  run_prefill_experts(filter, 4, 32, ScaleType::F16, 512);  // Q4_0 experts
+  run_prefill_experts(filter, 8, 32, ScaleType::F16, 512);  // Q8_0 experts
   for (int bits : {8, 4, 3, 2}) run_moe(hbm, filter, bits);
   run_moe(hbm, filter, 4, 32, ScaleType::BF16);
   run_moe(hbm, filter, 4, 32, ScaleType::F16);  // Q4_0 experts

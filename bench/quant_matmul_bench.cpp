@@ -13,6 +13,7 @@
 
 #include "bench/cpu_memory.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/int_matmul.h"
 #include "kernels/cpu/quant_matmul.h"
 #include "util/half.h"
 #include "quant/affine.h"
@@ -111,7 +112,9 @@ void bench_bf16(int rows, int cols, const char* what, const std::vector<float>& 
 // Prefill: T tokens at once (an expert's few tokens, a dense chunk), in GFLOP/s (2 per weight
 // and token) against the cores' FMA peak measured beside it.
 void bench_prefill() {
-  std::printf("\nprefill (T tokens at once)\n%-16s %-11s %4s %5s %9s\n", "matrix", "rows x cols", "bits", "T", "GFLOP/s");
+  std::printf("\nprefill (T tokens at once): matmul_quant (float) and int_matmul (kernels/int_dot.h, %s)\n"
+              "%-16s %-11s %4s %5s %9s %9s\n",
+              ms::cpu::int_matmul_target(), "matrix", "rows x cols", "bits", "T", "GFLOP/s", "int");
   std::mt19937 rng(2);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   struct Case {
@@ -121,7 +124,7 @@ void bench_prefill() {
   const Case cases[] = {{512, 2048, 4, 1, "expert gate/up"}, {512, 2048, 4, 2, "expert gate/up"},
                         {512, 2048, 4, 3, "expert gate/up"}, {512, 2048, 4, 4, "expert gate/up"},
                         {512, 2048, 4, 8, "expert gate/up"}, {8192, 2048, 8, 16, "dense"},
-                        {8192, 2048, 8, 128, "dense"}};
+                        {8192, 2048, 8, 128, "dense"}, {8192, 2048, 4, 128, "dense"}};
   for (const Case& c : cases) {
     std::vector<float> w(size_t(c.rows) * c.cols), x(size_t(c.T) * c.cols), y(size_t(c.T) * c.rows);
     for (auto& v : w) v = normal(rng);
@@ -132,10 +135,13 @@ void bench_prefill() {
     const double s = median_seconds([&] {
       for (int r = 0; r < reps; ++r) ms::cpu::matmul_quant(x.data(), c.T, m, y.data());
     });
+    const double si = median_seconds([&] {
+      for (int r = 0; r < reps; ++r) ms::cpu::int_matmul(x.data(), c.T, m, y.data());
+    });
     char dims[32];
     std::snprintf(dims, sizeof dims, "%dx%d", c.rows, c.cols);
-    std::printf("%-16s %-11s %4d %5d %9.1f\n", c.what, dims, c.bits, c.T,
-                2.0 * double(c.rows) * c.cols * c.T * reps / s / 1e9);
+    const double flop = 2.0 * double(c.rows) * c.cols * c.T * reps;
+    std::printf("%-16s %-11s %4d %5d %9.1f %9.1f\n", c.what, dims, c.bits, c.T, flop / s / 1e9, flop / si / 1e9);
   }
 }
 

@@ -76,6 +76,24 @@ void run_mlps(const B& be, const std::vector<MlpCall>& calls) {
   }
 }
 
+// A routed expert for a backend that runs several from x together (TogetherExperts).
+struct ExpertCall {
+  int expert;
+  MlpWeights w;
+};
+
+// Whether B runs some experts of a T-token forward together, each over its users straight from x
+// into `partial` (the CUDA backend's integer GEMM): it says which (runs_together), and runs a
+// batch of them where routed_experts would flush.
+template <class B>
+concept TogetherExperts =
+    GroupedMoe<B> && requires(const B& be, const MlpWeights& w, const float* x, float* y,
+                              const std::vector<ExpertCall>& calls, const std::vector<std::vector<int>>& users,
+                              const std::vector<float>& weights) {
+      { be.runs_together(w, 0) } -> std::convertible_to<bool>;
+      be.run_together(be.expert_groups(users, weights, 0), calls, x, 0, y);
+    };
+
 // Forwards of at most this many (token, slot) pairs run the experts that are ready together;
 // longer ones (prompt chunks) give each expert enough rows to amortise its own barriers.
 constexpr int kBatchedExpertRows = 64;
@@ -105,12 +123,17 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
   typename B::Buf partial = be.alloc(size_t(T) * size_t(K) * size_t(H));
   typename B::Buf xb = be.alloc(rows), yb = be.alloc(rows);
   std::vector<MlpCall> calls;
-  std::vector<int> experts;  // calls[i] runs experts[i] (-1: `first`)
-  size_t at = 0;             // rows of xb in use by the calls
+  std::vector<int> experts;        // calls[i] runs experts[i] (-1: `first`)
+  std::vector<ExpertCall> together;  // TogetherExperts: run from x into partial at the flush
+  size_t at = 0;                   // rows of xb in use by the calls
   auto flush = [&] {
     run_mlps(be, calls);
     for (size_t i = 0; i < calls.size(); ++i)
       if (experts[i] >= 0) be.scatter_users(groups, experts[i], calls[i].y, H, partial.data());
+    if constexpr (TogetherExperts<B>) {
+      if (!together.empty()) be.run_together(groups, together, x, T, partial.data());
+      together.clear();
+    }
     calls.clear(), experts.clear(), at = 0;
   };
   auto add_first = [&] {
@@ -119,6 +142,9 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
     if (!batched) flush();  // alone: a prompt chunk's activations are planned one MLP at a time
   };
   auto add = [&](int e, const MlpWeights& mlp) {
+    if constexpr (TogetherExperts<B>) {
+      if (be.runs_together(mlp, T)) return together.push_back({e, mlp});
+    }
     const int n = int(users[size_t(e)].size());
     be.gather_users(groups, e, x, H, xb.data() + at);
     calls.push_back({mlp, xb.data() + at, n, yb.data() + at});

@@ -130,4 +130,39 @@ CudaBackend::ExpertGroups CudaBackend::expert_groups(const std::vector<std::vect
           std::move(first)};
 }
 
+namespace {
+
+bool same_layout(const Mat& a, const Mat& b) {
+  return a.bits == b.bits && a.group == b.group && a.scale_type == b.scale_type && a.rows == b.rows && a.cols == b.cols;
+}
+
+}  // namespace
+
+void CudaBackend::run_together(const ExpertGroups& g, const std::vector<ExpertCall>& calls, const float* x, int T,
+                               float* partial) const {
+  const size_t total = g.first.back();
+  auto of = [](const Mat& m) { return cuda::IntExpertMat{static_cast<const uint8_t*>(m.data), m.scales, m.biases}; };
+  // One launch set for each layout among the calls (a layer's experts normally share one).
+  std::vector<bool> done(calls.size(), false);
+  for (size_t first = 0; first < calls.size(); ++first) {
+    if (done[first]) continue;
+    const MlpWeights& lead = calls[first].w;
+    std::vector<cuda::IntExpertMat> gate, up, down;
+    std::vector<size_t> begin, end;
+    for (size_t i = first; i < calls.size(); ++i) {
+      const MlpWeights& w = calls[i].w;
+      if (done[i] || !same_layout(w.gate, lead.gate) || !same_layout(w.up, lead.up) || !same_layout(w.down, lead.down))
+        continue;
+      done[i] = true;
+      gate.push_back(of(w.gate)), up.push_back(of(w.up)), down.push_back(of(w.down));
+      begin.push_back(g.first[size_t(calls[i].expert)]), end.push_back(g.first[size_t(calls[i].expert) + 1]);
+    }
+    cuda::int_experts({.n = int(gate.size()), .gate = gate.data(), .up = up.data(), .down = down.data(),
+                       .gate_layout = lead.gate, .down_layout = lead.down, .begin = begin.data(), .end = end.data(),
+                       .users_total = int(total), .token_rows = g.rows.data(), .users = g.rows.data() + total,
+                       .weights = g.weights.data()},
+                      x, T, partial);
+  }
+}
+
 }  // namespace ms

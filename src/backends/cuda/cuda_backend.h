@@ -12,8 +12,10 @@
 #include "backends/cuda/device_store.h"
 #include "backends/cuda/device_weights.h"
 #include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/int_gemm.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/sampling.h"
+#include "model/moe.h"
 #include "model/weights.h"
 
 namespace ms {
@@ -159,6 +161,13 @@ struct CudaBackend {
                          users_of(g, e), H, partial);
   }
   void sum_slots(const float* partial, int T, int K, int H, float* out) const { cuda::sum_slots(partial, T, K, H, out); }
+  // model/moe.h's TogetherExperts: a prompt chunk's experts of the integer GEMM's layouts run
+  // together (cuda::int_experts), each over its users straight from x.
+  bool runs_together(const MlpWeights& w, int T) const {
+    return T >= cuda::kIntGemmMinTokens && cuda::int_experts_layout(w.gate, w.up, w.down);
+  }
+  void run_together(const ExpertGroups& g, const std::vector<ExpertCall>& calls, const float* x, int T,
+                    float* partial) const;
 
  private:
   static int users_of(const ExpertGroups& g, int e) { return int(g.first[size_t(e) + 1] - g.first[size_t(e)]); }

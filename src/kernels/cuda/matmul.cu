@@ -16,6 +16,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/int_gemm.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/mma_dot.cuh"
 #include "kernels/cuda/weight_dot.cuh"
@@ -323,6 +324,7 @@ void matmul_direct(const float* x, int T, const Mat& W, float* y) {
 }
 
 void matmul(const float* x, int T, const Mat& W, float* y) {
+  if (T >= kIntGemmMinTokens && int_gemm_layout(W)) return int_matmul(x, T, W, y);
   if (T >= gemm_min_tokens(W)) return matmul_gemm(x, T, W, y);
   matmul_direct(x, T, W, y);
 }

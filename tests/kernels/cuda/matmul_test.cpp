@@ -476,7 +476,8 @@ TEST(CudaMatmul, FormsAgreeAroundThreshold) {
   Rng rng(5);
   std::vector<uint16_t> w;
   QuantBuffer qb;
-  const TestWeights cases[] = {bf16_weights(rng, 1000, 4096, w), affine_weights(rng, 1000, 4096, 4, 64, qb)};
+  // 3-bit affine: the integer GEMM (int_gemm.h) takes 4 and 8 bits before this threshold.
+  const TestWeights cases[] = {bf16_weights(rng, 1000, 4096, w), affine_weights(rng, 1000, 4096, 3, 64, qb)};
   for (const TestWeights& tw : cases)
     for (int T : {gemm_min_tokens(tw.host) - 1, gemm_min_tokens(tw.host), gemm_min_tokens(tw.host) + 1}) {
       const int rows = tw.host.rows, cols = tw.host.cols;
@@ -487,7 +488,7 @@ TEST(CudaMatmul, FormsAgreeAroundThreshold) {
       matmul_gemm(dx.data(), T, tw.device, d_gemm.data());
       matmul(dx.data(), T, tw.device, d_matmul.data());
       const Vec y_direct = host(d_direct), y_gemm = host(d_gemm), y = host(d_matmul);
-      const std::string name = std::string(tw.host.type == WeightType::BF16 ? "bf16" : "q4 g64") + " 1000x4096 T=" +
+      const std::string name = std::string(tw.host.type == WeightType::BF16 ? "bf16" : "q3 g64") + " 1000x4096 T=" +
                                std::to_string(T);
       const double err = rel_error(y_gemm, y_direct, magnitudes(x, T, tw.a, rows, cols));
       record("matmul gemm-direct", name, err, kTol);

@@ -1,0 +1,188 @@
+// cpu::int_matmul: kernels/int_dot.h's product. x is split once a call (a token's units: X, 2^e,
+// Σx, scalar as the definition reads), and X cut into two int16 halves, X = 32768·hi + lo with lo
+// in [0, 32768) (|X| < 2^30: hi fits too). A row's unit of codes is widened to int16 once for all
+// tokens; each token's D is then two sums of int16 products in int32 lanes (vpmaddwd on x86: a
+// product < 2^23, a unit's sum < 2^30, exact) that meet in int64, and the float steps follow in
+// the definition's order. 4-bit codes are taken a vector of bytes at a time, low nibbles then high
+// ones, and x's halves are stored in that order (a block of 2N codes: the even ones, then the odd).
+#include "kernels/cpu/int_matmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "kernels/int_dot.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/int_matmul.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#ifndef MS_INT_MATMUL_ONCE
+#define MS_INT_MATMUL_ONCE
+namespace ms::cpu {
+namespace {
+
+// One unit of n values of x: its X, 2^e and Σx.
+void split_unit(const float* x, int n, int32_t* X, float* pow2, float* xsum) {
+  float mx = 0.f, sum = 0.f;
+  for (int i = 0; i < n; ++i) {
+    mx = std::fmax(mx, std::fabs(x[i]));  // fmax drops NaNs: they show in the sum
+    sum += x[i];
+  }
+  const bool finite = std::isfinite(mx) && std::isfinite(sum);
+  const int e = finite ? int_dot::unit_exponent(mx) : 0;
+  *pow2 = finite ? int_dot::pow2(e) : std::numeric_limits<float>::quiet_NaN();
+  *xsum = sum;
+  const float h1 = int_dot::half_scale1(e), h2 = int_dot::half_scale2(e);
+  for (int i = 0; i < n; ++i) X[i] = finite ? int32_t(std::nearbyint(x[i] * h1 * h2)) : 0;
+}
+
+}  // namespace
+
+IntSplit int_split(const float* x, int n, int cols, int unit) {
+  IntSplit s;
+  s.rows = n, s.cols = cols, s.unit = unit;
+  const int units = cols / unit;
+  s.X.resize(size_t(n) * size_t(cols));
+  s.pow2.resize(size_t(n) * size_t(units));
+  s.xsum.resize(s.pow2.size());
+  for (int t = 0; t < n; ++t)
+    for (int u = 0; u < units; ++u) {
+      const size_t at = size_t(t) * size_t(cols) + size_t(u) * size_t(unit), k = size_t(t) * size_t(units) + size_t(u);
+      split_unit(x + at, unit, s.X.data() + at, &s.pow2[k], &s.xsum[k]);
+    }
+  return s;
+}
+
+bool int_matmul_supported(const QuantMat& W) {
+  return int_dot::layout_supported(W.bits, W.group, W.scale_type) && W.cols % W.group == 0;
+}
+
+}  // namespace ms::cpu
+#endif  // MS_INT_MATMUL_ONCE
+
+HWY_BEFORE_NAMESPACE();
+namespace ms::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// int16 vectors of at most 16 lanes: a block of 4-bit codes (2N) then stays within a group of 32.
+using D16 = hn::CappedTag<int16_t, 16>;
+
+// x split, and X's halves in the order a row's codes are widened.
+struct IntInput {
+  IntSplit split;
+  std::vector<int16_t> lo, hi;  // [T][cols]
+};
+
+void PrepareInput(const float* x, int T, const QuantMat& W, IntInput& in) {
+  in.split = int_split(x, T, W.cols, W.group);
+  const size_t n = size_t(T) * size_t(W.cols), N = hn::Lanes(D16());
+  in.lo.resize(n), in.hi.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    // Position of value i among the widened codes: within each block of 2N codes of a 4-bit row,
+    // the even codes first.
+    size_t at = i;
+    if (W.bits == 4) {
+      const size_t j = i % (2 * N);
+      at = i - j + (j % 2) * N + j / 2;
+    }
+    const int32_t X = in.split.X[i];
+    in.lo[at] = int16_t(X & 0x7fff), in.hi[at] = int16_t(X >> 15);
+  }
+}
+
+// The unit of codes at `codes` (group of them) widened to int16 into q, in the input's order.
+template <int kBits>
+HWY_INLINE void WidenUnit(const uint8_t* codes, int group, int16_t* HWY_RESTRICT q) {
+  const D16 d16;
+  const hn::Rebind<uint8_t, D16> d8;
+  const size_t N = hn::Lanes(d16);
+  if constexpr (kBits == 8) {
+    for (size_t i = 0; i < size_t(group); i += N) hn::Store(hn::BitCast(d16, hn::PromoteTo(hn::Rebind<uint16_t, D16>(), hn::LoadU(d8, codes + i))), d16, q + i);
+  } else {
+    const auto mask = hn::Set(d8, uint8_t(15));
+    for (size_t i = 0; i < size_t(group); i += 2 * N) {
+      const auto bytes = hn::LoadU(d8, codes + i / 2);
+      const hn::Rebind<uint16_t, D16> du16;
+      hn::Store(hn::BitCast(d16, hn::PromoteTo(du16, hn::And(bytes, mask))), d16, q + i);
+      hn::Store(hn::BitCast(d16, hn::PromoteTo(du16, hn::ShiftRight<4>(bytes))), d16, q + i + N);
+    }
+  }
+}
+
+// Σ q·v over n int16 values (a unit): exact in int32 (int_matmul.cpp's bounds).
+HWY_INLINE int32_t DotUnit(const int16_t* HWY_RESTRICT q, const int16_t* HWY_RESTRICT v, int n) {
+  const D16 d16;
+  const hn::Repartition<int32_t, D16> d32;
+  auto s0 = hn::Zero(d32), s1 = hn::Zero(d32);
+  for (size_t i = 0; i < size_t(n); i += hn::Lanes(d16))
+    s0 = hn::ReorderWidenMulAccumulate(d32, hn::Load(d16, q + i), hn::LoadU(d16, v + i), s0, s1);
+  return hn::GetLane(hn::SumOfLanes(d32, hn::Add(s0, s1)));
+}
+
+template <int kBits>
+void IntRows(const IntInput& in, int T, const QuantMat& W, float* y, size_t r0, size_t r1) {
+  const int units = W.cols / W.group, G = W.group;
+  HWY_ALIGN int16_t q[128];
+  const size_t row_bytes = W.row_bytes();
+  for (size_t r = r0; r < r1; ++r) {
+    const uint8_t* row = W.q + r * row_bytes;
+    for (int t = 0; t < T; ++t) y[size_t(t) * size_t(W.rows) + r] = 0.f;
+    for (int u = 0; u < units; ++u) {
+      WidenUnit<kBits>(row + size_t(u) * size_t(G) * kBits / 8, G, q);
+      const size_t g = r * size_t(units) + size_t(u);
+      const float s = W.scale(g), b = W.bias(g);
+      for (int t = 0; t < T; ++t) {
+        const size_t at = size_t(t) * size_t(W.cols) + size_t(u) * size_t(G), k = size_t(t) * size_t(units) + size_t(u);
+        const int64_t D = int64_t(DotUnit(q, in.lo.data() + at, G)) + 32768 * int64_t(DotUnit(q, in.hi.data() + at, G));
+        float& acc = y[size_t(t) * size_t(W.rows) + r];
+        acc = std::fma(float(D), s * in.split.pow2[k], acc);
+        acc = std::fma(b, in.split.xsum[k], acc);
+      }
+    }
+  }
+}
+
+void IntMatmulImpl(const float* x, int T, const QuantMat& W, float* y) {
+  thread_local IntInput in;
+  PrepareInput(x, T, W, in);
+  const IntInput* input = &in;  // the caller's: inside the lambda `in` is the worker's own
+  auto rows = W.bits == 8 ? &IntRows<8> : &IntRows<4>;
+  const size_t grain = std::max<size_t>(1, size_t(1 << 15) / size_t(W.cols));
+  ThreadPool::global().parallel_for(
+      size_t(W.rows), [&](size_t r0, size_t r1) { rows(*input, T, W, y, r0, r1); }, grain);
+}
+
+const char* IntMatmulTarget() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace ms::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace ms::cpu {
+
+HWY_EXPORT(IntMatmulImpl);
+HWY_EXPORT(IntMatmulTarget);
+
+void int_matmul(const float* x, int T, const QuantMat& W, float* y) {
+  if (!int_matmul_supported(W))
+    fail("cpu::int_matmul: {}-bit group {} {} weights have no integer kernel (4 or 8 bits, groups of 32 to 128, "
+         "bf16 or f16 scales)",
+         W.bits, W.group, scale_type_name(W.scale_type));
+  if (T <= 0 || W.rows <= 0) return;
+  HWY_DYNAMIC_DISPATCH(IntMatmulImpl)(x, T, W, y);
+}
+
+const char* int_matmul_target() { return HWY_DYNAMIC_DISPATCH(IntMatmulTarget)(); }
+
+}  // namespace ms::cpu
+#endif  // HWY_ONCE

@@ -1,0 +1,30 @@
+#pragma once
+// The integer dot product of kernels/int_dot.h on the CPU: the reference cuda::int_gemm is tested
+// against bit for bit, and the CPU's own prefill form of the layouts it takes.
+#include <cstdint>
+#include <vector>
+
+#include "quant/affine.h"
+
+namespace ms::cpu {
+
+// x [n, cols] split into units of `unit` values as int_dot.h defines: X [n, cols] in column order,
+// 2^e and Σx [n, cols / unit].
+struct IntSplit {
+  std::vector<int32_t> X;
+  std::vector<float> pow2, xsum;
+  int rows = 0, cols = 0, unit = 0;
+};
+IntSplit int_split(const float* x, int n, int cols, int unit);
+
+// Whether W's layout runs on int_matmul (int_dot::layout_supported).
+bool int_matmul_supported(const QuantMat& W);
+
+// y [T, W.rows] = x [T, W.cols] · Wᵀ as int_dot.h defines it; runtime-dispatched SIMD (AVX-512,
+// AVX2, portable), threaded over rows. Throws naming the layout where int_matmul_supported is false.
+void int_matmul(const float* x, int T, const QuantMat& W, float* y);
+
+// The SIMD target int_matmul dispatches to on this CPU ("AVX3", "AVX2", "SCALAR" or "EMU128").
+const char* int_matmul_target();
+
+}  // namespace ms::cpu

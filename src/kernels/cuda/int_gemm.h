@@ -1,0 +1,54 @@
+#pragma once
+// Prefill products on the integer tensor cores, as kernels/int_dot.h defines them: the same bits
+// as cpu::int_matmul, on every device. x is split once into the four signed bytes of its 30-bit
+// integers; a warp then multiplies a tile of rows by a tile of tokens (mma.m16n8k32, codes ×
+// bytes, int32), each weight read once per tile of tokens, and every output is summed unit by
+// unit in one lane, in the order int_dot.h gives. Dense matrices take int_matmul; a MoE layer's
+// routed experts take int_experts, every expert over its own tokens in one launch for gate and
+// up and one for down. Plain C++: no CUDA headers needed to include this.
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/weights.h"
+
+namespace ms::cuda {
+
+// cuda::matmul and a MoE layer's experts take the integer GEMM from this many tokens on, where
+// the layout allows; fewer (a decode step, an MTP verify) keep the decode kernels.
+inline constexpr int kIntGemmMinTokens = 16;
+
+// Whether int_matmul takes W: affine 4 or 8 bits, groups of 32 to 128, bf16 or f16 scales.
+bool int_gemm_layout(const Mat& W);
+
+// y [T, W.rows] = x [T, W.cols] · Wᵀ (device pointers, 16-byte aligned), int_dot.h's bits.
+void int_matmul(const float* x, int T, const Mat& W, float* y);
+
+// One matrix of one expert in VRAM (int_gemm_layout's layouts; the shape and layout in the
+// IntExperts).
+struct IntExpertMat {
+  const uint8_t* q;
+  const uint16_t* scales;
+  const uint16_t* biases;
+};
+
+// Some of a MoE layer's routed experts over their users (token·K + slot pairs): expert i's users
+// are entries [begin[i], end[i]) of the layer's arrays of users_total.
+struct IntExperts {
+  int n = 0;                             // experts
+  const IntExpertMat *gate, *up, *down;  // host arrays [n], device pointers in them
+  Mat gate_layout, down_layout;          // shapes and layouts (data unused): gate = up [I, H], down [H, I]
+  const size_t *begin, *end;             // host [n]
+  int users_total = 0;
+  const int* token_rows;  // device [users_total]: the row of x of each user
+  const int* users;       // device [users_total]: token·K + slot, the row of `partial` it writes
+  const float* weights;   // device [users_total]: the routing weight of each user
+};
+
+// Whether int_experts takes experts of these layouts (gate and up alike, every one int_gemm_layout).
+bool int_experts_layout(const Mat& gate, const Mat& up, const Mat& down);
+
+// partial[users[j]] = weights[j] · down(silu(gate·x) · (up·x)) for each user j of each expert, x
+// [T, H] the token rows; the rows of `partial` ([T·K, H]) no user names are left as they are.
+void int_experts(const IntExperts& e, const float* x, int T, float* partial);
+
+}  // namespace ms::cuda

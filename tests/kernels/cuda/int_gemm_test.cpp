@@ -1,0 +1,235 @@
+// cuda::int_matmul against cpu::int_matmul bit for bit (kernels/int_dot.h: the same bits on both
+// devices), over the layouts it takes, partial row and token tiles, small values beside large
+// ones, NaN and infinity; cuda::int_experts against its parts (int_matmul, silu_mul) run one
+// expert at a time, bit for bit; and matmul's choice of it from kIntGemmMinTokens tokens.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "kernels/cpu/int_matmul.h"
+#include "kernels/cuda/int_gemm.h"
+#include "kernels/cuda/ops.h"
+#include "quant/affine.h"
+#include "quant_support.h"
+#include "util/error.h"
+
+namespace ms::cuda::test {
+namespace {
+
+// A quantized matrix on the host and its copy on the device.
+struct DeviceQuant {
+  QuantBuffer qb;
+  ::ms::test::TypedScales typed;
+  QuantMat host;
+  DeviceArray<uint8_t> q;
+  DeviceArray<uint16_t> scales, biases;
+  Mat device;
+};
+
+DeviceQuant device_quant(Rng& rng, int rows, int cols, int bits, int group, ScaleType st) {
+  DeviceQuant d;
+  Vec wf = rng.normals(size_t(rows) * cols, 0.05f);
+  for (auto& v : wf) v += 0.01f;
+  d.qb = quantize(wf.data(), rows, cols, bits, group);
+  d.typed = ::ms::test::with_scale_type(d.qb, st, rng.gen);
+  d.host = st == ScaleType::BF16 ? d.qb.view() : d.typed.view;
+  const size_t words = size_t(rows) * d.host.groups_per_row();
+  d.q = DeviceArray<uint8_t>::from(d.qb.q, DeviceAlloc::Now);
+  d.scales = DeviceArray<uint16_t>::from(std::vector<uint16_t>(d.host.scales, d.host.scales + words), DeviceAlloc::Now);
+  d.biases = DeviceArray<uint16_t>::from(std::vector<uint16_t>(d.host.biases, d.host.biases + words), DeviceAlloc::Now);
+  QuantMat qm = d.host;
+  qm.q = d.q.data(), qm.scales = d.scales.data(), qm.biases = d.biases.data();
+  d.device = Mat::affine(qm);
+  return d;
+}
+
+std::vector<uint32_t> float_bits(const Vec& v) {
+  std::vector<uint32_t> u(v.size());
+  if (!v.empty()) std::memcpy(u.data(), v.data(), v.size() * sizeof(float));
+  return u;
+}
+
+// x of normal values, every eighth scaled by 2^-24 (small values beside large ones in a unit).
+Vec inputs(Rng& rng, size_t n) {
+  Vec x = rng.normals(n);
+  for (size_t i = 3; i < n; i += 8) x[i] = std::ldexp(x[i], -24);
+  return x;
+}
+
+size_t first_mismatch(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return i;
+  return a.size();
+}
+
+TEST(CudaIntGemm, MatchesCpuBitForBit) {
+  MS_REQUIRE_CUDA();
+  struct Shape {
+    int rows, cols, T;
+  };
+  // Partial row tiles (rows not a multiple of 64), partial token tiles (T not a multiple of 32),
+  // one token, a prompt chunk, wide rows.
+  const Shape shapes[] = {{5, 128, 1}, {70, 256, 17}, {129, 1024, 33}, {512, 2048, 100}, {64, 4096, 7}, {300, 512, 512}};
+  Rng rng(11);
+  int checked = 0;
+  for (int nbits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (ScaleType st : {ScaleType::BF16, ScaleType::F16})
+        for (const Shape& s : shapes) {
+          const DeviceQuant w = device_quant(rng, s.rows, s.cols, nbits, group, st);
+          const Vec x = inputs(rng, size_t(s.T) * s.cols);
+          Vec want(size_t(s.T) * s.rows);
+          cpu::int_matmul(x.data(), s.T, w.host, want.data());
+          DeviceArray<float> dx = dev(x), dy(want.size(), DeviceAlloc::Now);
+          int_matmul(dx.data(), s.T, w.device, dy.data());
+          const std::vector<uint32_t> got = bits(dy), ref = float_bits(want);
+          const size_t i = first_mismatch(got, ref);
+          const std::string what = "q" + std::to_string(nbits) + " g" + std::to_string(group) + " " +
+                                   scale_type_name(st) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                                   " T=" + std::to_string(s.T);
+          EXPECT_EQ(i, got.size()) << what << ": output " << i << " differs";
+          ++checked;
+        }
+  std::printf("[cuda-err] int_matmul %d layouts x shapes bit for bit against cpu::int_matmul\n", checked);
+}
+
+TEST(CudaIntGemm, CarriesNaNAndInfinityAsTheCpu) {
+  MS_REQUIRE_CUDA();
+  Rng rng(12);
+  const int rows = 40, cols = 256, T = 20;
+  const DeviceQuant w = device_quant(rng, rows, cols, 4, 64, ScaleType::BF16);
+  Vec x = rng.normals(size_t(T) * cols);
+  x[7] = std::numeric_limits<float>::quiet_NaN();
+  x[size_t(3) * cols + 130] = std::numeric_limits<float>::infinity();
+  x[size_t(5) * cols + 200] = -std::numeric_limits<float>::infinity();
+  x[size_t(9) * cols + 1] = std::ldexp(1.f, -140);  // a subnormal unit maximum beside zeros
+  for (int c = 0; c < 64; ++c)
+    if (c != 1) x[size_t(9) * cols + c] = 0.f;
+  Vec want(size_t(T) * rows);
+  cpu::int_matmul(x.data(), T, w.host, want.data());
+  DeviceArray<float> dx = dev(x), dy(want.size(), DeviceAlloc::Now);
+  int_matmul(dx.data(), T, w.device, dy.data());
+  const std::vector<uint32_t> got = bits(dy), ref = float_bits(want);
+  EXPECT_EQ(first_mismatch(got, ref), got.size());
+  EXPECT_TRUE(std::isnan(want[0]));
+  EXPECT_TRUE(std::isfinite(want[size_t(9) * rows]));
+}
+
+// int_experts over random routes (some experts unused, one with more users than a token tile)
+// against each expert run alone through int_matmul and silu_mul on its gathered rows, bit for bit;
+// rows of `partial` no user names keep their values.
+TEST(CudaIntGemm, ExpertsMatchTheirPartsBitForBit) {
+  MS_REQUIRE_CUDA();
+  struct Case {
+    int bits_gate_up, bits_down, group, H, I, E, K, T;
+    ScaleType st;
+  };
+  const Case cases[] = {{4, 4, 64, 256, 128, 8, 2, 40, ScaleType::BF16},
+                        {8, 4, 32, 128, 96, 6, 3, 33, ScaleType::F16},
+                        {4, 8, 128, 512, 256, 5, 2, 17, ScaleType::BF16}};
+  Rng rng(13);
+  for (const Case& c : cases) {
+    std::vector<DeviceQuant> gate, up, down;
+    for (int e = 0; e < c.E; ++e) {
+      gate.push_back(device_quant(rng, c.I, c.H, c.bits_gate_up, c.group, c.st));
+      up.push_back(device_quant(rng, c.I, c.H, c.bits_gate_up, c.group, c.st));
+      down.push_back(device_quant(rng, c.H, c.I, c.bits_down, c.group, c.st));
+    }
+    // Routes: token t's slot k picks expert (t·7 + k·3) % (E − 1), so the last expert has no user
+    // and expert 0 more than 16.
+    std::vector<std::vector<int>> users(size_t(c.E));
+    for (int t = 0; t < c.T; ++t)
+      for (int k = 0; k < c.K; ++k) users[size_t((t * 7 + k * 3) % (c.E - 1))].push_back(t * c.K + k);
+    std::vector<int> token_rows, user_ids;
+    std::vector<float> weights;
+    std::vector<size_t> begin, end;
+    for (int e = 0; e < c.E; ++e) {
+      begin.push_back(user_ids.size());
+      for (int u : users[size_t(e)]) token_rows.push_back(u / c.K), user_ids.push_back(u), weights.push_back(rng.uniform(0.1f, 1.f));
+      end.push_back(user_ids.size());
+    }
+    const Vec x = inputs(rng, size_t(c.T) * c.H);
+    DeviceArray<float> dx = dev(x);
+    const Vec sentinel(size_t(c.T) * c.K * c.H, 12345.f);
+    DeviceArray<float> got = dev(sentinel), want = dev(sentinel);
+    DeviceArray<int> d_rows = DeviceArray<int>::from(token_rows, DeviceAlloc::Now),
+                     d_users = DeviceArray<int>::from(user_ids, DeviceAlloc::Now);
+    DeviceArray<float> d_weights = DeviceArray<float>::from(weights, DeviceAlloc::Now);
+    std::vector<IntExpertMat> g, u, d;
+    for (int e = 0; e < c.E; ++e) {
+      auto of = [](const DeviceQuant& m) {
+        return IntExpertMat{static_cast<const uint8_t*>(m.device.data), m.device.scales, m.device.biases};
+      };
+      g.push_back(of(gate[size_t(e)])), u.push_back(of(up[size_t(e)])), d.push_back(of(down[size_t(e)]));
+    }
+    int_experts({.n = c.E, .gate = g.data(), .up = u.data(), .down = d.data(), .gate_layout = gate[0].device,
+                 .down_layout = down[0].device, .begin = begin.data(), .end = end.data(),
+                 .users_total = int(user_ids.size()), .token_rows = d_rows.data(), .users = d_users.data(),
+                 .weights = d_weights.data()},
+                dx.data(), c.T, got.data());
+    // The reference: each expert alone on its gathered rows.
+    Vec partial = sentinel;
+    for (int e = 0; e < c.E; ++e) {
+      const int n = int(users[size_t(e)].size());
+      if (n == 0) continue;
+      Vec xe(size_t(n) * c.H);
+      for (int i = 0; i < n; ++i)
+        std::copy_n(x.data() + size_t(token_rows[begin[size_t(e)] + size_t(i)]) * c.H, c.H, xe.data() + size_t(i) * c.H);
+      DeviceArray<float> dxe = dev(xe), dg(size_t(n) * c.I, DeviceAlloc::Now), du(size_t(n) * c.I, DeviceAlloc::Now),
+                         dy(size_t(n) * c.H, DeviceAlloc::Now);
+      int_matmul(dxe.data(), n, gate[size_t(e)].device, dg.data());
+      int_matmul(dxe.data(), n, up[size_t(e)].device, du.data());
+      silu_mul(dg.data(), du.data(), dg.data(), int64_t(n) * c.I);
+      int_matmul(dg.data(), n, down[size_t(e)].device, dy.data());
+      const Vec y = host(dy);
+      for (int i = 0; i < n; ++i) {
+        const size_t j = begin[size_t(e)] + size_t(i);
+        for (int h = 0; h < c.H; ++h)
+          partial[size_t(user_ids[j]) * c.H + h] = weights[j] * y[size_t(i) * c.H + h];
+      }
+    }
+    const std::vector<uint32_t> gb = bits(got), wb = float_bits(partial);
+    const std::string what = "gate/up q" + std::to_string(c.bits_gate_up) + " down q" + std::to_string(c.bits_down) +
+                             " g" + std::to_string(c.group) + " E" + std::to_string(c.E) + " T" + std::to_string(c.T);
+    EXPECT_EQ(first_mismatch(gb, wb), gb.size()) << what;
+  }
+}
+
+// matmul takes int_matmul from kIntGemmMinTokens tokens on where the layout allows, bit for bit.
+TEST(CudaIntGemm, MatmulPicksItFromItsThreshold) {
+  MS_REQUIRE_CUDA();
+  Rng rng(14);
+  const DeviceQuant w = device_quant(rng, 200, 1024, 4, 64, ScaleType::BF16);
+  for (int T : {kIntGemmMinTokens - 1, kIntGemmMinTokens, 130}) {
+    const Vec x = rng.normals(size_t(T) * 1024);
+    DeviceArray<float> dx = dev(x), a(size_t(T) * 200, DeviceAlloc::Now), b(size_t(T) * 200, DeviceAlloc::Now);
+    matmul(dx.data(), T, w.device, a.data());
+    int_matmul(dx.data(), T, w.device, b.data());
+    if (T >= kIntGemmMinTokens)
+      EXPECT_EQ(bits(a), bits(b)) << "T " << T;
+    else
+      EXPECT_NE(bits(a), bits(b)) << "T " << T << ": the decode kernel's sums are in another order";
+  }
+}
+
+TEST(CudaIntGemm, RefusesOtherLayouts) {
+  MS_REQUIRE_CUDA();
+  Rng rng(15);
+  const DeviceQuant w3 = device_quant(rng, 16, 128, 3, 64, ScaleType::BF16);
+  EXPECT_FALSE(int_gemm_layout(w3.device));
+  DeviceArray<float> x(size_t(16) * 128, DeviceAlloc::Now), y(size_t(16) * 16, DeviceAlloc::Now);
+  try {
+    int_matmul(x.data(), 16, w3.device, y.data());
+    ADD_FAILURE() << "3-bit weights ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3-bit group 64"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ms::cuda::test
