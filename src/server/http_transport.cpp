@@ -335,7 +335,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // The head goes out with the stream's first bytes (or its first heartbeat): a stream that ends
-  // before then, failed, is answered with the status it reports instead of 200.
+  // before then, failed, is answered with the status it reports instead of 200. A whole answer
+  // (no heartbeat) thus gets the status of how it ended.
   void begin_stream(HttpResponse r, bool keep) {
     body_stream_ = r.stream;
     chunked_ = version_ >= 11;
@@ -380,13 +381,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::string data = body_stream_->pull(done);
     if (data.empty() && !done) {
       const auto quiet = Clock::now() - last_write_;
-      if (quiet < kHeartbeat) {
+      if (quiet >= kHeartbeat) data = body_stream_->heartbeat();
+      if (data.empty()) {  // not quiet for long enough, or a body with no heartbeat
         stream_.expires_never();
-        wake_.expires_after(kHeartbeat - quiet);
+        wake_.expires_after(quiet < kHeartbeat ? kHeartbeat - quiet : kHeartbeat);
         wake_.async_wait([self = shared_from_this()](beast::error_code) { self->pump(); });
         return;
       }
-      data = body_stream_->heartbeat();
     }
     std::string out = chunked_ && !data.empty() ? chunk_frame(data) : data;
     if (done && chunked_) out += "0\r\n\r\n";

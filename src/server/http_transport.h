@@ -45,8 +45,9 @@ struct HttpRequest {
 };
 
 // A response body that grows while it is written (chunked transfer): the transport pulls what
-// is ready whenever the producer wakes it, and writes a heartbeat when nothing came for a while,
-// so that a client that left is noticed by the failed write.
+// is ready whenever the producer wakes it, and writes a heartbeat when nothing came for a while
+// (none where the heartbeat is empty: the head then waits for the first bytes of the body). A
+// client that leaves is noticed by its socket turning readable at EOF, written to or not.
 class HttpStream {
  public:
   virtual ~HttpStream() = default;

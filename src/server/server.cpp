@@ -149,8 +149,10 @@ class HttpServer::Formatter {
     return stream_ ? sse(e.to_json()) + "data: [DONE]\n\n" : e.to_json().dump();
   }
 
-  // SSE comments are ignored by clients; JSON allows leading whitespace.
-  std::string heartbeat() const { return stream_ ? ": keep-alive\n\n" : " "; }
+  // SSE comments are ignored by clients. A whole answer has none: its head goes out with it, so
+  // that a client's own timeout and abort work as its documentation says (the transport notices
+  // a client that leaves without writing to it).
+  std::string heartbeat() const { return stream_ ? ": keep-alive\n\n" : ""; }
 
  private:
   ojson envelope() const {

@@ -3,6 +3,7 @@
 // the queue limit, deadlines, API keys and SIGTERM.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -459,6 +460,25 @@ TEST_F(LimitsTest, FullQueueAnswers429) {
   ta.join();
   tb.join();
   EXPECT_EQ(json::parse(server_->client().Get("/api/stats")->body)["requests"]["rejected"], 1);
+}
+
+// A whole answer's status and headers go out with it, not before: nothing arrives while it is
+// made (a client's own timeout then works), then the whole response at the 2 s deadline.
+TEST_F(LimitsTest, AWholeAnswersHeadWaitsForTheAnswer) {
+  const std::string body = std::string(kEndless) + "}";
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  int fd = connect_loopback(server_->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
+  pollfd p{fd, POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 1500), 0) << "bytes arrived before the answer was made";  // the deadline is 2 s
+  std::string response;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) response.append(buf, size_t(n));
+  close(fd);
+  EXPECT_EQ(response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << response.substr(0, 200);
+  EXPECT_NE(response.find("\"finish_reason\":\"timeout\""), std::string::npos) << response.substr(0, 400);
 }
 
 TEST_F(LimitsTest, DeadlineCutsTheAnswerOffWithFinishReasonTimeout) {

@@ -1,6 +1,6 @@
 // The official `openai` npm client against `moestream serve` (pycoder-moe): a chat, a streamed
 // chat, a conversation with tools holding an assistant tool call and the tool's result, a text
-// completion, errors, chunked and gzip bodies through Node's fetch, then SIGTERM and exit status 0.
+// completion, the client's timeout and abort, errors, chunked and gzip bodies through Node's fetch, then SIGTERM and exit status 0.
 //   node openai_client.mjs MOESTREAM_BINARY MODEL_DIR
 // Exits 77 (ctest: skipped) when the model or the installed client is missing.
 import { spawn } from 'node:child_process';
@@ -125,6 +125,20 @@ async function main() {
     const completion = await client.completions.create({ model, prompt: 'def add(a, b):', max_tokens: 4 });
     assert.equal(completion.object, 'text_completion');
     assert.equal(typeof completion.choices[0].text, 'string');
+
+    // A whole answer's head waits for the answer, so the client's own timeout and abort fire as
+    // documented (a space sent at once would have stopped its timer), and the server goes on.
+    // Both fire after 1.5 s, past the 1 s at which a heartbeat would have sent the head.
+    const endless = { model, prompt: 'def fib(n):', max_tokens: 100000, ignore_eos: true };
+    const within = (p, ms) => Promise.race([p, new Promise((_, reject) => setTimeout(
+      () => reject(new Error(`neither an answer nor an error within ${ms} ms`)), ms))]);
+    await assert.rejects(within(client.completions.create(endless, { timeout: 1500 }), 8000),
+      OpenAI.APIConnectionTimeoutError);
+    const abort = new AbortController();
+    setTimeout(() => abort.abort(), 1500);
+    await assert.rejects(within(client.completions.create(endless, { signal: abort.signal }), 8000),
+      OpenAI.APIUserAbortError);
+    console.log('timeout and abort: ok');
 
     // Errors arrive as the client's typed errors.
     await assert.rejects(client.chat.completions.create({ model, messages: [] }), (e) => {
