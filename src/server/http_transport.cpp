@@ -58,6 +58,13 @@ std::string trimmed(std::string_view s) {
   return std::string(s);
 }
 
+// A route's path is matched exactly, or where it ends in "/*" as a prefix with something after it.
+bool route_matches(const std::string& route, const std::string& path) {
+  if (route.size() < 2 || route.compare(route.size() - 2, 2, "/*") != 0) return route == path;
+  const size_t n = route.size() - 1;  // the prefix, with its slash
+  return path.size() > n && path.compare(0, n, route, 0, n) == 0;
+}
+
 std::string chunk_frame(const std::string& data) { return fmt::format("{:x}\r\n", data.size()) + data + "\r\n"; }
 
 HttpResponse plain_error(int status, const std::string& message, const std::string&) {
@@ -96,7 +103,7 @@ class HttpTransport::Impl {
   const Route* find(const std::string& method, const std::string& path, bool* path_known) const {
     *path_known = false;
     for (auto& r : routes_) {
-      if (r.path != path) continue;
+      if (!route_matches(r.path, path)) continue;
       *path_known = true;
       if (r.method == method) return &r;
     }

@@ -83,6 +83,8 @@ class HttpTransport {
   HttpTransport(HttpLimits limits, size_t workers);
   ~HttpTransport();
 
+  // `path` is matched exactly, or where it ends in "/*" (e.g. "/v1/models/*") as a prefix
+  // followed by at least one more character.
   void route(std::string method, std::string path, Handler h, Runs where);
   void set_admission(Admission a);
   void set_error_body(ErrorBody e);

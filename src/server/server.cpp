@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <random>
@@ -43,6 +45,21 @@ HttpResponse json_response(int status, const ojson& body) {
 }
 
 HttpResponse error_response(const ApiError& e) { return json_response(e.status, e.to_json()); }
+
+// A path segment with its %XX escapes decoded (a client escapes a model id such as "a/b"); a
+// malformed escape stays as it is.
+std::string percent_decoded(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(uint8_t(s[i + 1])) && std::isxdigit(uint8_t(s[i + 2]))) {
+      out += char(std::stoi(s.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
 
 HttpResponse text_response(std::string body, const char* content_type) {
   HttpResponse r;
@@ -229,6 +246,11 @@ void HttpServer::shutdown() {
   http_->stop();
 }
 
+ojson HttpServer::model_object() const {
+  return {{"id", opts_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "moestream"},
+          {"max_model_len", engine_.model().config().max_positions}};
+}
+
 std::string HttpServer::stats_json() const {
   ojson j = {{"model", opts_.model_name}};
   ojson s = to_json(stats_.snapshot());
@@ -271,9 +293,15 @@ void HttpServer::add_routes() {
   h.route("POST", "/v1/chat/completions", guarded(&HttpServer::chat_completions), Runs::OnWorker);
   h.route("POST", "/v1/completions", guarded(&HttpServer::completions), Runs::OnWorker);
   h.route("GET", "/v1/models", [this](const HttpRequest&) {
-    ojson model = {{"id", opts_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "moestream"},
-                   {"max_model_len", engine_.model().config().max_positions}};
-    return json_response(200, {{"object", "list"}, {"data", ojson::array({model})}});
+    return json_response(200, {{"object", "list"}, {"data", ojson::array({model_object()})}});
+  }, Runs::OnIoThread);
+  h.route("GET", "/v1/models/*", [this](const HttpRequest& r) {
+    const std::string id = percent_decoded(r.path.substr(std::strlen("/v1/models/")));
+    if (id != opts_.model_name)
+      return error_response(ApiError(404, fmt::format("The model '{}' does not exist; this server serves '{}'",
+                                                      id.substr(0, 256), opts_.model_name),
+                                     "invalid_request_error", "model", "model_not_found"));
+    return json_response(200, model_object());
   }, Runs::OnIoThread);
   h.route("GET", "/health", [this](const HttpRequest&) {
     return draining_ ? json_response(503, {{"status", "stopping"}}) : json_response(200, {{"status", "ok"}});

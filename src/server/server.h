@@ -46,6 +46,7 @@ class HttpServer {
   GenerationRequest generation_request(std::vector<int> prompt, const CompletionOptions& o, const char* prompt_param) const;
   HttpResponse start_job(GenerationRequest g, std::shared_ptr<Formatter> f);
   std::string stats_json() const;
+  nlohmann::ordered_json model_object() const;  // the served model as /v1/models lists it
 
   const Engine& engine_;
   ServerOptions opts_;

@@ -101,6 +101,21 @@ TEST_F(ServerTest, HealthModelsStatsMetrics) {
   json models = json::parse(c.Get("/v1/models")->body);
   EXPECT_EQ(models["object"], "list");
   EXPECT_EQ(models["data"][0]["id"], "pycoder-moe");
+  // One model by id (escaped or not), as the list has it; another id is 404 model_not_found, and
+  // "/v1/models/" alone names no model.
+  for (const char* path : {"/v1/models/pycoder-moe", "/v1/models/pycoder%2Dmoe"}) {
+    auto m = c.Get(path);
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->status, 200) << path;
+    EXPECT_EQ(json::parse(m->body), models["data"][0]) << path;
+  }
+  auto other = c.Get("/v1/models/gpt-4o");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 404);
+  EXPECT_EQ(json::parse(other->body)["error"]["code"], "model_not_found");
+  EXPECT_EQ(json::parse(other->body)["error"]["param"], "model");
+  EXPECT_EQ(c.Get("/v1/models/")->status, 404);
+  EXPECT_EQ(json::parse(c.Get("/v1/models/")->body)["error"]["code"], "not_found");
 
   ASSERT_EQ(post("/v1/completions", R"({"prompt": "def add(a, b):", "max_tokens": 3})")->status, 200);
   json s = stats();

@@ -62,6 +62,8 @@ async function main() {
     const models = await client.models.list();
     const model = models.data[0].id;
     assert.equal(model, 'pycoder-moe');
+    assert.deepEqual(await client.models.retrieve(model), models.data[0]);
+    await assert.rejects(client.models.retrieve('gpt-4o'), OpenAI.NotFoundError);
 
     // A chat.
     const chat = await client.chat.completions.create({
