@@ -155,7 +155,8 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
     }
     pending += decoder.push(next);
     size_t hit = std::string::npos;
-    for (const auto& s : req.stop) hit = std::min(hit, pending.find(s));
+    for (const auto& s : req.stop)
+      if (const size_t at = pending.find(s); at < hit) hit = at, res.stop_string = s;
     if (hit != std::string::npos) {
       pending.resize(hit);
       emit(pending.size());

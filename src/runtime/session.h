@@ -34,6 +34,7 @@ struct GenerationResult {
   std::string text;
   std::vector<int> tokens;
   std::string finish_reason;  // "stop" (eos or stop string), "length", "cancelled" or "timeout"
+  std::string stop_string;    // the stop string that ended the text, if one did
   int prompt_tokens = 0;
   int reused_tokens = 0;  // prompt tokens whose cache was reused, not recomputed
   double time_to_first_token_s = 0, prefill_tok_s = 0, decode_tok_s = 0;

@@ -257,6 +257,117 @@ ojson template_kwargs(const ojson& v) {
   return v;
 }
 
+// --- The Anthropic Messages API (POST /v1/messages), read into the chat request above.
+
+// A text block's text ({"type": "text", "text", "cache_control"?}); `what` names the others.
+std::string text_block(const ojson& b, const std::string& p) {
+  reject_unknown(b, p, {"type", "text", "cache_control", "citations"});
+  const ojson* t = member(b, "text");
+  if (!t) invalid_param(p + ".text", p + ".text is required", "missing_required_parameter");
+  return string(*t, p + ".text");
+}
+
+std::string block_type(const ojson& b, const std::string& p) {
+  const ojson* type = member(object(b, p), "type");
+  if (!type) invalid_param(p + ".type", p + ".type is required", "missing_required_parameter");
+  return string(*type, p + ".type");
+}
+
+[[noreturn]] void unsupported_block(const std::string& p, const std::string& type) {
+  invalid_param(p + ".type", fmt::format("content block type '{}' is not supported here", type), "unsupported_value");
+}
+
+// Text as a string or an array of text blocks (system prompts, tool results).
+std::string text_of(const ojson& v, const std::string& p) {
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_array()) wrong_type(p, "a string or an array of text blocks", v);
+  std::string text;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string bp = fmt::format("{}[{}]", p, i);
+    const std::string type = block_type(v[i], bp);
+    if (type != "text") unsupported_block(bp, type);
+    if (!text.empty()) text += "\n";
+    text += text_block(v[i], bp);
+  }
+  return text;
+}
+
+// One Messages API message as chat messages: a user turn's tool_result blocks become tool messages
+// (before its text), an assistant turn's tool_use blocks its tool_calls.
+void append_anthropic_message(const ojson& v, size_t index, ojson& out) {
+  const std::string p = fmt::format("messages[{}]", index);
+  reject_unknown(object(v, p), p, {"role", "content"});
+  const ojson* role_v = member(v, "role");
+  if (!role_v) invalid_param(p + ".role", p + ".role is required", "missing_required_parameter");
+  const std::string role = string(*role_v, p + ".role");
+  if (role != "user" && role != "assistant")
+    invalid_param(p + ".role", fmt::format("{}.role must be user or assistant, is '{}'", p, role));
+  const ojson* content = member(v, "content");
+  if (!content) invalid_param(p + ".content", p + ".content is required", "missing_required_parameter");
+  if (content->is_string()) {
+    out.push_back({{"role", role}, {"content", content->get<std::string>()}});
+    return;
+  }
+  const std::string cp = p + ".content";
+  std::string text, reasoning;
+  ojson calls = ojson::array();
+  for (size_t i = 0; i < array(*content, cp).size(); ++i) {
+    const ojson& b = (*content)[i];
+    const std::string bp = fmt::format("{}[{}]", cp, i);
+    const std::string type = block_type(b, bp);
+    if (type == "text") {
+      if (!text.empty()) text += "\n";
+      text += text_block(b, bp);
+    } else if (type == "tool_result" && role == "user") {
+      reject_unknown(b, bp, {"type", "tool_use_id", "content", "is_error", "cache_control"});
+      const ojson* id = member(b, "tool_use_id");
+      if (!id) invalid_param(bp + ".tool_use_id", bp + ".tool_use_id is required", "missing_required_parameter");
+      if (const ojson* e = member(b, "is_error")) boolean(*e, bp + ".is_error");
+      const ojson* c = member(b, "content");
+      out.push_back({{"role", "tool"}, {"tool_call_id", string(*id, bp + ".tool_use_id")},
+                     {"content", c ? text_of(*c, bp + ".content") : ""}});
+    } else if (type == "tool_use" && role == "assistant") {
+      reject_unknown(b, bp, {"type", "id", "name", "input", "cache_control"});
+      const ojson* id = member(b, "id");
+      const ojson* name = member(b, "name");
+      if (!id) invalid_param(bp + ".id", bp + ".id is required", "missing_required_parameter");
+      if (!name) invalid_param(bp + ".name", bp + ".name is required", "missing_required_parameter");
+      const ojson* input = member(b, "input");
+      calls.push_back({{"id", string(*id, bp + ".id")},
+                       {"type", "function"},
+                       {"function", {{"name", string(*name, bp + ".name")},
+                                     {"arguments", input ? object(*input, bp + ".input") : ojson::object()}}}});
+    } else if (type == "thinking" && role == "assistant") {
+      reject_unknown(b, bp, {"type", "thinking", "signature"});
+      const ojson* t = member(b, "thinking");
+      if (t) reasoning += string(*t, bp + ".thinking");
+    } else {
+      unsupported_block(bp, type);
+    }
+  }
+  if (role == "user" && text.empty() && calls.empty()) return;  // tool results alone
+  ojson m = {{"role", role}, {"content", text}};
+  if (!reasoning.empty()) m["reasoning_content"] = reasoning;
+  if (!calls.empty()) m["tool_calls"] = std::move(calls);
+  out.push_back(std::move(m));
+}
+
+// A Messages API tool ({"name", "description"?, "input_schema"}) as a chat tool.
+ojson anthropic_tool(const ojson& v, size_t index) {
+  const std::string p = fmt::format("tools[{}]", index);
+  reject_unknown(object(v, p), p, {"type", "name", "description", "input_schema", "cache_control"});
+  if (const ojson* t = member(v, "type"); t && string(*t, p + ".type") != "custom")
+    invalid_param(p + ".type", fmt::format("{}.type '{}' is a server tool, not supported here", p, t->get<std::string>()),
+                  "unsupported_value");
+  const ojson* name = member(v, "name");
+  if (!name || string(*name, p + ".name").empty()) invalid_param(p + ".name", p + ".name is required", "missing_required_parameter");
+  const ojson* schema = member(v, "input_schema");
+  if (!schema) invalid_param(p + ".input_schema", p + ".input_schema is required", "missing_required_parameter");
+  ojson fn = {{"name", name->get<std::string>()}, {"parameters", object(*schema, p + ".input_schema")}};
+  if (const ojson* d = member(v, "description")) fn["description"] = string(*d, p + ".description");
+  return {{"type", "function"}, {"function", std::move(fn)}};
+}
+
 }  // namespace
 
 ojson parse_body(const std::string& body, int max_depth) {
@@ -348,6 +459,72 @@ TextCompletionRequest parse_completion_request(const ojson& body, int vocab) {
   if (const ojson* v = member(body, "best_of"); v && integer(*v, "best_of", 1, 1 << 30) != 1)
     invalid_param("best_of", "best_of must be 1", "unsupported_value");
   if (member(body, "logprobs")) invalid_param("logprobs", "logprobs are not supported", "unsupported_value");
+  return r;
+}
+
+ChatRequest parse_messages_request(const ojson& body) {
+  reject_unknown(body, "",
+                 {"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p", "top_k",
+                  "stream", "tools", "tool_choice", "metadata", "thinking", "service_tier", "ignore_eos", "speculative"});
+  ChatRequest r;
+  CompletionOptions& o = r.options;
+  const ojson* model = member(body, "model");
+  if (!model) invalid_param("model", "model is required", "missing_required_parameter");
+  string(*model, "model");  // one model is served: any name selects it
+  const ojson* max_tokens = member(body, "max_tokens");
+  if (!max_tokens) invalid_param("max_tokens", "max_tokens is required", "missing_required_parameter");
+  o.max_tokens = int(integer(*max_tokens, "max_tokens", 1, 1 << 30));
+  if (const ojson* v = member(body, "temperature")) o.sampling.temperature = float(number(*v, "temperature", 0, 1));
+  if (const ojson* v = member(body, "top_p")) {
+    o.sampling.top_p = float(number(*v, "top_p", 0, 1));
+    if (o.sampling.top_p == 0.f) invalid_param("top_p", "top_p must be in (0, 1], is 0");
+  }
+  if (const ojson* v = member(body, "top_k")) o.sampling.top_k = int(integer(*v, "top_k", 0, 1 << 30));
+  if (const ojson* v = member(body, "stop_sequences")) {
+    if (array(*v, "stop_sequences").size() > 16) invalid_param("stop_sequences", "stop_sequences holds at most 16 strings");
+    for (size_t i = 0; i < v->size(); ++i) {
+      o.stop.push_back(string((*v)[i], fmt::format("stop_sequences[{}]", i)));
+      if (o.stop.back().empty()) invalid_param("stop_sequences", "stop sequences must not be empty");
+    }
+  }
+  if (const ojson* v = member(body, "stream")) o.stream = boolean(*v, "stream");
+  if (const ojson* v = member(body, "ignore_eos")) o.ignore_eos = boolean(*v, "ignore_eos");
+  if (const ojson* v = member(body, "speculative")) o.speculative = speculative(*v);
+  if (const ojson* v = member(body, "metadata")) object(*v, "metadata");
+  if (const ojson* v = member(body, "service_tier")) string(*v, "service_tier");
+  if (const ojson* v = member(body, "thinking")) {
+    reject_unknown(object(*v, "thinking"), "thinking", {"type", "budget_tokens"});
+    if (const ojson* type = member(*v, "type"); !type || string(*type, "thinking.type") != "disabled")
+      invalid_param("thinking", "extended thinking is not supported: only {\"type\": \"disabled\"}", "unsupported_value");
+  }
+  r.messages = ojson::array();
+  if (const ojson* sys = member(body, "system")) {
+    const std::string text = text_of(*sys, "system");
+    if (!text.empty()) r.messages.push_back({{"role", "system"}, {"content", text}});
+  }
+  const ojson* msgs = member(body, "messages");
+  if (!msgs) invalid_param("messages", "messages is required", "missing_required_parameter");
+  if (array(*msgs, "messages").empty()) invalid_param("messages", "messages must not be empty");
+  for (size_t i = 0; i < msgs->size(); ++i) append_anthropic_message((*msgs)[i], i, r.messages);
+  if (const ojson* t = member(body, "tools")) {
+    ojson tools = ojson::array();
+    for (size_t i = 0; i < array(*t, "tools").size(); ++i) tools.push_back(anthropic_tool((*t)[i], i));
+    if (!tools.empty()) r.tools = std::move(tools);
+  }
+  if (const ojson* c = member(body, "tool_choice")) {
+    reject_unknown(object(*c, "tool_choice"), "tool_choice", {"type", "name", "disable_parallel_tool_use"});
+    const ojson* type = member(*c, "type");
+    if (!type) invalid_param("tool_choice.type", "tool_choice.type is required", "missing_required_parameter");
+    const std::string choice = string(*type, "tool_choice.type");
+    if (choice == "none") r.tools = nullptr;
+    else if (choice != "auto")
+      invalid_param("tool_choice.type",
+                    fmt::format("tool_choice.type '{}' is not supported: forcing a tool needs constrained decoding; "
+                                "\"auto\" and \"none\" are",
+                                choice),
+                    "unsupported_value");
+    if (const ojson* d = member(*c, "disable_parallel_tool_use")) boolean(*d, "tool_choice.disable_parallel_tool_use");
+  }
   return r;
 }
 

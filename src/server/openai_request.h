@@ -45,6 +45,10 @@ struct TextCompletionRequest {
 
 // Both throw ApiError (400) naming the member at fault. `vocab` bounds token ids in prompts.
 ChatRequest parse_chat_request(const nlohmann::ordered_json& body);
+// An Anthropic Messages API request (POST /v1/messages) as the chat request it asks for: the
+// system prompt first, tool_result blocks as tool messages, tool_use blocks as tool calls, tools'
+// input_schema as their parameters. Throws ApiError (400) naming the member at fault.
+ChatRequest parse_messages_request(const nlohmann::ordered_json& body);
 TextCompletionRequest parse_completion_request(const nlohmann::ordered_json& body, int vocab);
 
 // Parses a request body: invalid UTF-8, malformed JSON, a non-object or nesting deeper than

@@ -46,6 +46,24 @@ HttpResponse json_response(int status, const ojson& body) {
 
 HttpResponse error_response(const ApiError& e) { return json_response(e.status, e.to_json()); }
 
+// An OpenAI error body ({"error": {"message", "type", "param", "code"}}) as Anthropic's, whose
+// error types go by status; the member at fault stays in the message.
+std::string anthropic_error(int status, const std::string& openai_body) {
+  const ojson j = ojson::parse(openai_body, nullptr, false);
+  std::string message = j.is_object() && j.contains("error") && j["error"].is_object() && j["error"]["message"].is_string()
+                            ? j["error"]["message"].get<std::string>()
+                            : openai_body;
+  const char* type = status == 401   ? "authentication_error"
+                     : status == 403 ? "permission_error"
+                     : status == 404 ? "not_found_error"
+                     : status == 413 ? "request_too_large"
+                     : status == 429 ? "rate_limit_error"
+                     : status == 503 ? "overloaded_error"
+                     : status >= 500 ? "api_error"
+                                     : "invalid_request_error";
+  return ojson{{"type", "error"}, {"error", {{"type", type}, {"message", message}}}}.dump();
+}
+
 // A path segment with its %XX escapes decoded (a client escapes a model id such as "a/b"); a
 // malformed escape stays as it is.
 std::string percent_decoded(const std::string& s) {
@@ -86,13 +104,18 @@ std::string basename_of(const std::string& dir) {
   return p.filename().string();
 }
 
-bool authorized(const HttpRequest& req, const std::string& key) {
-  const std::string got = req.header("Authorization");
-  const std::string want = "Bearer " + key;
-  // Constant time in the key's length: no early exit on the first differing byte.
+// Constant time in the length of `want`: no early exit on the first differing byte.
+bool same_secret(const std::string& got, const std::string& want) {
   unsigned diff = got.size() != want.size();
   for (size_t i = 0; i < want.size(); ++i) diff |= unsigned(uint8_t(want[i]) ^ uint8_t(i < got.size() ? got[i] : 0));
   return diff == 0;
+}
+
+// The key as OpenAI clients send it (Authorization: Bearer) or Anthropic's (x-api-key).
+bool authorized(const HttpRequest& req, const std::string& key) {
+  const bool bearer = same_secret(req.header("Authorization"), "Bearer " + key);
+  const bool x_api_key = same_secret(req.header("x-api-key"), key);
+  return bearer || x_api_key;
 }
 
 // A chat request's prompt: rendered by the model's template, and tokenized with the request's
@@ -113,22 +136,39 @@ std::vector<int> chat_prompt_ids(const Engine& engine, const ChatRequest& cr) {
 
 }  // namespace
 
-// What a response body is made of, as generation goes: OpenAI chat or text completion,
-// streamed (SSE) or whole (one JSON object at the end).
+// What a response body is made of, as generation goes: streamed (SSE) or whole (one JSON object
+// at the end), in one API's shapes.
 class HttpServer::Formatter {
  public:
-  Formatter(std::string model, bool chat, bool stream, bool include_usage, bool parse_tools)
+  virtual ~Formatter() = default;
+  virtual const char* content_type() const = 0;
+  virtual std::string begin() = 0;
+  virtual std::string text(const std::string& piece) = 0;
+  virtual std::string end(const GenerationResult& r) = 0;
+  // A failure: the whole answer where it comes before the headers went out (the transport then
+  // sends 500), else reported in the body after a 200.
+  virtual std::string error(const std::string& message) = 0;
+  // What a quiet stream sends (SSE comments or pings). A whole answer has none: its head goes out
+  // with it, so that a client's own timeout and abort work as its documentation says (the
+  // transport notices a client that leaves without writing to it).
+  virtual std::string heartbeat() const = 0;
+};
+
+// OpenAI chat or text completion.
+class HttpServer::OpenAIFormat final : public HttpServer::Formatter {
+ public:
+  OpenAIFormat(std::string model, bool chat, bool stream, bool include_usage, bool parse_tools)
       : model_(std::move(model)), chat_(chat), stream_(stream), include_usage_(include_usage), parse_tools_(parse_tools),
         deltas_(parse_tools), id_(random_id(chat ? "chatcmpl-" : "cmpl-")), created_(std::time(nullptr)) {}
 
-  const char* content_type() const { return stream_ ? "text/event-stream" : "application/json"; }
+  const char* content_type() const override { return stream_ ? "text/event-stream" : "application/json"; }
 
-  std::string begin() {
+  std::string begin() override {
     if (!stream_ || !chat_) return "";
     return sse(chunk({{"role", "assistant"}, {"content", ""}}, nullptr));
   }
 
-  std::string text(const std::string& piece) {
+  std::string text(const std::string& piece) override {
     if (!stream_) {
       text_ += piece;
       return "";
@@ -139,7 +179,7 @@ class HttpServer::Formatter {
     return out;
   }
 
-  std::string end(const GenerationResult& r) {
+  std::string end(const GenerationResult& r) override {
     std::string finish = r.finish_reason;
     if (!stream_) return whole(r, finish);
     std::string out;
@@ -159,17 +199,12 @@ class HttpServer::Formatter {
     return out + "data: [DONE]\n\n";
   }
 
-  // A failure: the whole answer where it comes before the headers went out (the transport then
-  // sends 500), else reported in the body after a 200.
-  std::string error(const std::string& message) {
+  std::string error(const std::string& message) override {
     ApiError e(500, "generation failed: " + message, "server_error");
     return stream_ ? sse(e.to_json()) + "data: [DONE]\n\n" : e.to_json().dump();
   }
 
-  // SSE comments are ignored by clients. A whole answer has none: its head goes out with it, so
-  // that a client's own timeout and abort work as its documentation says (the transport notices
-  // a client that leaves without writing to it).
-  std::string heartbeat() const { return stream_ ? ": keep-alive\n\n" : ""; }
+  std::string heartbeat() const override { return stream_ ? ": keep-alive\n\n" : ""; }
 
  private:
   ojson envelope() const {
@@ -212,6 +247,151 @@ class HttpServer::Formatter {
   std::string id_;
   std::time_t created_;
   std::string text_;  // whole responses: everything so far
+};
+
+// The Anthropic Messages API: a message of content blocks (text, tool_use), whole or as its SSE
+// events (message_start, content_block_start/delta/stop, message_delta, message_stop; ping
+// while quiet).
+class HttpServer::MessagesFormat final : public HttpServer::Formatter {
+ public:
+  MessagesFormat(std::string model, bool stream, bool parse_tools, int prompt_tokens)
+      : model_(std::move(model)), stream_(stream), parse_tools_(parse_tools), prompt_tokens_(prompt_tokens),
+        deltas_(parse_tools, [] { return random_id("toolu_"); }), id_(random_id("msg_")) {}
+
+  const char* content_type() const override { return stream_ ? "text/event-stream" : "application/json"; }
+
+  std::string begin() override {
+    if (!stream_) return "";
+    ojson m = message(ojson::array());
+    m["usage"] = {{"input_tokens", prompt_tokens_}, {"output_tokens", 0}};
+    return event("message_start", {{"type", "message_start"}, {"message", m}});
+  }
+
+  std::string text(const std::string& piece) override {
+    if (!stream_) {
+      text_ += piece;
+      return "";
+    }
+    return blocks(deltas_.feed(piece));
+  }
+
+  std::string end(const GenerationResult& r) override {
+    if (!stream_) return whole(r);
+    std::string out = blocks(deltas_.finish()) + close_text();
+    out += event("message_delta", {{"type", "message_delta"},
+                                   {"delta", {{"stop_reason", stop_reason(r, deltas_.made_tool_calls())},
+                                              {"stop_sequence", stop_sequence(r)}}},
+                                   {"usage", usage_of(r)}});
+    return out + event("message_stop", {{"type", "message_stop"}});
+  }
+
+  std::string error(const std::string& message) override {
+    const ojson e = {{"type", "error"}, {"error", {{"type", "api_error"}, {"message", "generation failed: " + message}}}};
+    return stream_ ? event("error", e) : e.dump();
+  }
+
+  std::string heartbeat() const override { return stream_ ? event("ping", {{"type", "ping"}}) : ""; }
+
+ private:
+  static std::string event(const char* name, const ojson& data) {
+    return fmt::format("event: {}\ndata: {}\n\n", name, data.dump(-1, ' ', false, ojson::error_handler_t::replace));
+  }
+
+  ojson message(ojson content) const {
+    return {{"id", id_},       {"type", "message"},      {"role", "assistant"},    {"model", model_},
+            {"content", std::move(content)}, {"stop_reason", nullptr}, {"stop_sequence", nullptr}};
+  }
+
+  ojson usage_of(const GenerationResult& r) const {
+    return {{"input_tokens", r.prompt_tokens}, {"output_tokens", int(r.tokens.size())},
+            {"cache_read_input_tokens", r.reused_tokens}};
+  }
+
+  static std::string stop_reason(const GenerationResult& r, bool tool_calls) {
+    if (r.finish_reason == "length") return "max_tokens";
+    if (r.finish_reason != "stop") return r.finish_reason;  // timeout, cancelled: as the OpenAI API says them
+    if (!r.stop_string.empty()) return "stop_sequence";
+    return tool_calls ? "tool_use" : "end_turn";
+  }
+
+  static ojson stop_sequence(const GenerationResult& r) {
+    return r.stop_string.empty() ? ojson(nullptr) : ojson(r.stop_string);
+  }
+
+  // A tool call's arguments as the tool_use block's input (an object; text the model wrote that
+  // is no JSON object stays readable under "arguments").
+  static ojson input_of(const std::string& arguments) {
+    ojson j = ojson::parse(arguments, nullptr, false);
+    return j.is_object() ? j : ojson{{"arguments", arguments}};
+  }
+
+  std::string whole(const GenerationResult& r) const {
+    std::string finish = r.finish_reason;
+    const ojson msg = chat_message(text_, parse_tools_, &finish, [] { return random_id("toolu_"); });
+    ojson content = ojson::array();
+    if (const std::string t = msg["content"].is_string() ? msg["content"].get<std::string>() : ""; !t.empty())
+      content.push_back({{"type", "text"}, {"text", t}});
+    bool calls = false;
+    if (msg.contains("tool_calls"))
+      for (const ojson& c : msg["tool_calls"]) {
+        content.push_back({{"type", "tool_use"}, {"id", c["id"]},
+                           {"name", c["function"]["name"]}, {"input", input_of(c["function"]["arguments"])}});
+        calls = true;
+      }
+    ojson m = message(std::move(content));
+    m["stop_reason"] = stop_reason(r, calls);
+    m["stop_sequence"] = stop_sequence(r);
+    m["usage"] = usage_of(r);
+    return m.dump(-1, ' ', false, ojson::error_handler_t::replace);
+  }
+
+  // The events of chat deltas: text goes into an open text block; each completed tool call is a
+  // tool_use block of its own (start, its whole input as one input_json_delta, stop).
+  std::string blocks(const std::vector<ojson>& deltas) {
+    std::string out;
+    for (const ojson& d : deltas) {
+      if (d.contains("content")) {
+        const std::string t = d["content"].get<std::string>();
+        if (t.empty()) continue;
+        if (!text_open_)
+          out += event("content_block_start", {{"type", "content_block_start"}, {"index", index_},
+                                               {"content_block", {{"type", "text"}, {"text", ""}}}}),
+              text_open_ = true;
+        out += event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_},
+                                             {"delta", {{"type", "text_delta"}, {"text", t}}}});
+      }
+      if (d.contains("tool_calls"))
+        for (const ojson& c : d["tool_calls"]) {
+          out += close_text();
+          out += event("content_block_start",
+                       {{"type", "content_block_start"}, {"index", index_},
+                        {"content_block", {{"type", "tool_use"}, {"id", c["id"]}, {"name", c["function"]["name"]},
+                                           {"input", ojson::object()}}}});
+          out += event("content_block_delta",
+                       {{"type", "content_block_delta"}, {"index", index_},
+                        {"delta", {{"type", "input_json_delta"},
+                                   {"partial_json", input_of(c["function"]["arguments"]).dump()}}}});
+          out += event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
+          ++index_;
+        }
+    }
+    return out;
+  }
+
+  std::string close_text() {
+    if (!text_open_) return "";
+    text_open_ = false;
+    return event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_++}});
+  }
+
+  std::string model_;
+  bool stream_, parse_tools_;
+  int prompt_tokens_;
+  ChatDeltaStream deltas_;
+  std::string id_;
+  std::string text_;  // whole responses: everything so far
+  int index_ = 0;     // the content block being written
+  bool text_open_ = false;
 };
 
 HttpServer::HttpServer(const Engine& engine, ServerOptions opts)
@@ -267,7 +447,7 @@ void HttpServer::add_routes() {
   h.set_admission([this](const HttpRequest& req) -> std::optional<HttpResponse> {
     if (req.path == "/health") return std::nullopt;
     if (!opts_.api_key.empty() && !authorized(req, opts_.api_key))
-      return error_response(ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+      return error_response(ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
                                      "invalid_request_error", "", "invalid_api_key"));
     if (draining_ && req.method == "POST")
       return error_response(ApiError(503, "the server is shutting down", "server_error", "", "shutting_down"));
@@ -292,6 +472,12 @@ void HttpServer::add_routes() {
   using Runs = HttpTransport::Runs;
   h.route("POST", "/v1/chat/completions", guarded(&HttpServer::chat_completions), Runs::OnWorker);
   h.route("POST", "/v1/completions", guarded(&HttpServer::completions), Runs::OnWorker);
+  // Anthropic's errors have their own shape: {"type": "error", "error": {"type", "message"}}.
+  h.route("POST", "/v1/messages", [this, guarded](const HttpRequest& r) {
+    HttpResponse res = guarded(&HttpServer::messages)(r);
+    if (res.status >= 400 && !res.stream) res.body = anthropic_error(res.status, res.body);
+    return res;
+  }, Runs::OnWorker);
   h.route("GET", "/v1/models", [this](const HttpRequest&) {
     return json_response(200, {{"object", "list"}, {"data", ojson::array({model_object()})}});
   }, Runs::OnIoThread);
@@ -357,14 +543,22 @@ HttpResponse HttpServer::chat_completions(const HttpRequest& req) {
   GenerationRequest g = generation_request(chat_prompt_ids(engine_, cr), cr.options, "messages");
   const bool tools = !cr.tools.is_null();
   return start_job(std::move(g),
-                   std::make_shared<Formatter>(opts_.model_name, true, cr.options.stream, cr.options.include_usage, tools));
+                   std::make_shared<OpenAIFormat>(opts_.model_name, true, cr.options.stream, cr.options.include_usage, tools));
+}
+
+HttpResponse HttpServer::messages(const HttpRequest& req) {
+  ChatRequest cr = parse_messages_request(parse_body(req.body));
+  GenerationRequest g = generation_request(chat_prompt_ids(engine_, cr), cr.options, "messages");
+  const int prompt_tokens = int(g.prompt.size());
+  return start_job(std::move(g), std::make_shared<MessagesFormat>(opts_.model_name, cr.options.stream,
+                                                                  !cr.tools.is_null(), prompt_tokens));
 }
 
 HttpResponse HttpServer::completions(const HttpRequest& req) {
   TextCompletionRequest tr = parse_completion_request(parse_body(req.body), engine_.model().config().vocab);
   std::vector<int> ids = tr.prompt_ids.empty() ? engine_.tokenizer().encode(tr.prompt) : tr.prompt_ids;
   GenerationRequest g = generation_request(std::move(ids), tr.options, "prompt");
-  return start_job(std::move(g), std::make_shared<Formatter>(opts_.model_name, false, tr.options.stream, tr.options.include_usage, false));
+  return start_job(std::move(g), std::make_shared<OpenAIFormat>(opts_.model_name, false, tr.options.stream, tr.options.include_usage, false));
 }
 
 // A generation's response body as the transport pulls it: the formatter's framing around the

@@ -39,10 +39,13 @@ class HttpServer {
 
  private:
   class Formatter;
+  class OpenAIFormat;
+  class MessagesFormat;
   class JobStream;
   void add_routes();
   HttpResponse chat_completions(const HttpRequest& req);
   HttpResponse completions(const HttpRequest& req);
+  HttpResponse messages(const HttpRequest& req);  // Anthropic's Messages API
   GenerationRequest generation_request(std::vector<int> prompt, const CompletionOptions& o, const char* prompt_param) const;
   HttpResponse start_job(GenerationRequest g, std::shared_ptr<Formatter> f);
   std::string stats_json() const;

@@ -117,6 +117,70 @@ TEST(OpenAIRequest, ChatErrorsNameTheMember) {
   }
 }
 
+// The Messages API read as the chat it asks for: the system prompt first, a user turn's
+// tool_result blocks as tool messages before its text, an assistant turn's tool_use blocks as
+// tool calls, tools' input_schema as parameters.
+TEST(MessagesRequest, ReadsAConversationWithTools) {
+  const ChatRequest r = parse_messages_request(parse_body(R"({
+    "model": "m", "max_tokens": 7, "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+    "stop_sequences": ["END"], "temperature": 0.5,
+    "tools": [{"name": "read", "description": "Read a file", "input_schema": {"type": "object"}}],
+    "messages": [
+      {"role": "user", "content": "What is in a.txt?"},
+      {"role": "assistant", "content": [{"type": "text", "text": "Reading."},
+                                        {"type": "tool_use", "id": "toolu_1", "name": "read", "input": {"path": "a.txt"}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "42"}]},
+                                   {"type": "text", "text": "And?"}]}]})"));
+  EXPECT_EQ(r.options.max_tokens, 7);
+  EXPECT_EQ(r.options.stop, std::vector<std::string>{"END"});
+  EXPECT_FLOAT_EQ(r.options.sampling.temperature, 0.5f);
+  const json want = json::parse(R"([
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is in a.txt?"},
+    {"role": "assistant", "content": "Reading.", "tool_calls": [{"id": "toolu_1", "type": "function",
+      "function": {"name": "read", "arguments": {"path": "a.txt"}}}]},
+    {"role": "tool", "tool_call_id": "toolu_1", "content": "42"},
+    {"role": "user", "content": "And?"}])");
+  EXPECT_EQ(r.messages, want);
+  EXPECT_EQ(r.tools, json::parse(R"([{"type": "function", "function": {"name": "read", "parameters": {"type": "object"},
+                                     "description": "Read a file"}}])"));
+}
+
+TEST(MessagesRequest, ErrorsNameTheMember) {
+  const std::string m = R"("model": "m", "messages": [{"role": "user", "content": "hi"}])";
+  const std::vector<Case> cases = {
+      {"{" + m + "}", "max_tokens", "missing_required_parameter"},
+      {R"({"max_tokens": 5, "messages": []})", "model", "missing_required_parameter"},
+      {"{" + m + R"(, "max_tokens": 5, "temperature": 1.5})", "temperature", "invalid_value"},
+      {R"({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})", "messages[0].role",
+       "invalid_value"},
+      {R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})",
+       "messages[0].content[0].type", "unsupported_value"},
+      {R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a",
+          "name": "f", "input": {}}]}]})",
+       "messages[0].content[0].type", "unsupported_value"},
+      {"{" + m + R"(, "max_tokens": 5, "tool_choice": {"type": "tool", "name": "f"}})", "tool_choice.type",
+       "unsupported_value"},
+      {"{" + m + R"(, "max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": 1024}})", "thinking",
+       "unsupported_value"},
+      {"{" + m + R"(, "max_tokens": 5, "tools": [{"type": "web_search_20250305", "name": "web_search"}]})", "tools[0].type",
+       "unsupported_value"},
+      {"{" + m + R"(, "max_tokens": 5, "tools": [{"name": "f"}]})", "tools[0].input_schema", "missing_required_parameter"},
+      {"{" + m + R"(, "max_tokens": 5, "top_logprobs": 2})", "top_logprobs", "unknown_parameter"},
+  };
+  for (const Case& c : cases) {
+    ApiError e(0, "", "");
+    try {
+      parse_messages_request(parse_body(c.body));
+    } catch (const ApiError& err) {
+      e = err;
+    }
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.what();
+    EXPECT_EQ(e.code, c.code) << c.body << ": " << e.what();
+  }
+}
+
 // chat_template_kwargs adds template variables; it may not replace one the server sets.
 TEST(OpenAIRequest, TemplateKwargsCannotReplaceWhatTheServerSets) {
   const std::string h = std::string("{") + kHello;
