@@ -368,6 +368,91 @@ ojson anthropic_tool(const ojson& v, size_t index) {
   return {{"type", "function"}, {"function", std::move(fn)}};
 }
 
+// --- OpenAI's Responses API (POST /v1/responses), read into the chat request above.
+
+// An input item's content: a string, or input_text / output_text parts.
+std::string response_content(const ojson& v, const std::string& p) {
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_array()) wrong_type(p, "a string or an array of content parts", v);
+  std::string text;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string bp = fmt::format("{}[{}]", p, i);
+    const std::string type = block_type(v[i], bp);
+    if (type != "input_text" && type != "output_text")
+      invalid_param(bp + ".type", fmt::format("content part type '{}' is not supported (input_text, output_text)", type),
+                    "unsupported_value");
+    reject_unknown(v[i], bp, {"type", "text", "annotations", "logprobs"});
+    const ojson* t = member(v[i], "text");
+    if (!t) invalid_param(bp + ".text", bp + ".text is required", "missing_required_parameter");
+    if (!text.empty()) text += "\n";
+    text += string(*t, bp + ".text");
+  }
+  return text;
+}
+
+// One input item as chat messages: a message, a function_call (joined to the assistant turn
+// before it), or a function_call_output (a tool message).
+void append_response_item(const ojson& v, size_t index, ojson& out) {
+  const std::string p = fmt::format("input[{}]", index);
+  object(v, p);
+  const ojson* type_v = member(v, "type");
+  const std::string type = type_v ? string(*type_v, p + ".type") : "message";
+  if (type == "message") {
+    reject_unknown(v, p, {"type", "role", "content", "id", "status"});
+    const ojson* role_v = member(v, "role");
+    if (!role_v) invalid_param(p + ".role", p + ".role is required", "missing_required_parameter");
+    std::string role = string(*role_v, p + ".role");
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant")
+      invalid_param(p + ".role", fmt::format("{}.role must be system, developer, user or assistant, is '{}'", p, role));
+    const ojson* content = member(v, "content");
+    if (!content) invalid_param(p + ".content", p + ".content is required", "missing_required_parameter");
+    out.push_back({{"role", role}, {"content", response_content(*content, p + ".content")}});
+  } else if (type == "function_call") {
+    reject_unknown(v, p, {"type", "call_id", "name", "arguments", "id", "status"});
+    const ojson* id = member(v, "call_id");
+    const ojson* name = member(v, "name");
+    const ojson* args = member(v, "arguments");
+    if (!id) invalid_param(p + ".call_id", p + ".call_id is required", "missing_required_parameter");
+    if (!name) invalid_param(p + ".name", p + ".name is required", "missing_required_parameter");
+    const ojson call = {{"id", string(*id, p + ".call_id")},
+                        {"type", "function"},
+                        {"function", {{"name", string(*name, p + ".name")},
+                                      {"arguments", args ? string(*args, p + ".arguments") : "{}"}}}};
+    if (out.empty() || out.back()["role"] != "assistant") out.push_back({{"role", "assistant"}, {"content", ""}});
+    out.back()["tool_calls"].push_back(call);
+  } else if (type == "function_call_output") {
+    reject_unknown(v, p, {"type", "call_id", "output", "id", "status"});
+    const ojson* id = member(v, "call_id");
+    const ojson* output = member(v, "output");
+    if (!id) invalid_param(p + ".call_id", p + ".call_id is required", "missing_required_parameter");
+    if (!output) invalid_param(p + ".output", p + ".output is required", "missing_required_parameter");
+    out.push_back({{"role", "tool"}, {"tool_call_id", string(*id, p + ".call_id")},
+                   {"content", response_content(*output, p + ".output")}});
+  } else {
+    invalid_param(p + ".type", fmt::format("input item type '{}' is not supported", type), "unsupported_value");
+  }
+}
+
+// A Responses API function tool ({"type": "function", "name", "description"?, "parameters"?,
+// "strict"?}) as a chat tool.
+ojson response_tool(const ojson& v, size_t index) {
+  const std::string p = fmt::format("tools[{}]", index);
+  reject_unknown(object(v, p), p, {"type", "name", "description", "parameters", "strict"});
+  const ojson* type = member(v, "type");
+  if (!type) invalid_param(p + ".type", p + ".type is required", "missing_required_parameter");
+  if (string(*type, p + ".type") != "function")
+    invalid_param(p + ".type", fmt::format("{}.type '{}' is a built-in tool, not supported here", p, type->get<std::string>()),
+                  "unsupported_value");
+  const ojson* name = member(v, "name");
+  if (!name || string(*name, p + ".name").empty()) invalid_param(p + ".name", p + ".name is required", "missing_required_parameter");
+  ojson fn = {{"name", name->get<std::string>()}};
+  if (const ojson* d = member(v, "description")) fn["description"] = string(*d, p + ".description");
+  fn["parameters"] = member(v, "parameters") ? object(*member(v, "parameters"), p + ".parameters") : ojson::object();
+  if (const ojson* s = member(v, "strict")) boolean(*s, p + ".strict");
+  return {{"type", "function"}, {"function", std::move(fn)}};
+}
+
 }  // namespace
 
 ojson parse_body(const std::string& body, int max_depth) {
@@ -524,6 +609,75 @@ ChatRequest parse_messages_request(const ojson& body) {
                                 choice),
                     "unsupported_value");
     if (const ojson* d = member(*c, "disable_parallel_tool_use")) boolean(*d, "tool_choice.disable_parallel_tool_use");
+  }
+  return r;
+}
+
+ChatRequest parse_responses_request(const ojson& body) {
+  reject_unknown(body, "",
+                 {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools",
+                  "tool_choice", "parallel_tool_calls", "text", "store", "metadata", "user", "previous_response_id",
+                  "reasoning", "truncation", "include", "service_tier", "top_k", "ignore_eos", "speculative"});
+  ChatRequest r;
+  CompletionOptions& o = r.options;
+  if (const ojson* v = member(body, "model")) string(*v, "model");
+  if (const ojson* v = member(body, "max_output_tokens")) o.max_tokens = int(integer(*v, "max_output_tokens", 1, 1 << 30));
+  if (const ojson* v = member(body, "temperature")) o.sampling.temperature = float(number(*v, "temperature", 0, 2));
+  if (const ojson* v = member(body, "top_p")) {
+    o.sampling.top_p = float(number(*v, "top_p", 0, 1));
+    if (o.sampling.top_p == 0.f) invalid_param("top_p", "top_p must be in (0, 1], is 0");
+  }
+  if (const ojson* v = member(body, "top_k")) o.sampling.top_k = int(integer(*v, "top_k", 0, 1 << 30));
+  if (const ojson* v = member(body, "stream")) o.stream = boolean(*v, "stream");
+  if (const ojson* v = member(body, "ignore_eos")) o.ignore_eos = boolean(*v, "ignore_eos");
+  if (const ojson* v = member(body, "speculative")) o.speculative = speculative(*v);
+  if (const ojson* v = member(body, "parallel_tool_calls")) boolean(*v, "parallel_tool_calls");
+  if (const ojson* v = member(body, "metadata")) object(*v, "metadata");
+  if (const ojson* v = member(body, "user")) string(*v, "user");
+  if (const ojson* v = member(body, "service_tier")) string(*v, "service_tier");
+  if (const ojson* v = member(body, "truncation"); v && string(*v, "truncation") != "disabled")
+    invalid_param("truncation", "only truncation \"disabled\" is supported", "unsupported_value");
+  if (const ojson* v = member(body, "store"); v && boolean(*v, "store"))
+    invalid_param("store", "responses are not stored here: send store false and the whole conversation as input",
+                  "unsupported_value");
+  if (member(body, "previous_response_id"))
+    invalid_param("previous_response_id", "responses are not stored here: send the whole conversation as input",
+                  "unsupported_value");
+  if (const ojson* v = member(body, "include"); v && !array(*v, "include").empty())
+    invalid_param("include", "include is not supported", "unsupported_value");
+  if (const ojson* v = member(body, "reasoning")) {
+    reject_unknown(object(*v, "reasoning"), "reasoning", {"effort", "summary"});
+    if (const ojson* e = member(*v, "effort")) string(*e, "reasoning.effort");  // the template decides
+    if (const ojson* e = member(*v, "summary")) string(*e, "reasoning.summary");
+  }
+  if (const ojson* v = member(body, "text")) {
+    reject_unknown(object(*v, "text"), "text", {"format", "verbosity"});
+    if (const ojson* f = member(*v, "format")) {
+      const ojson* type = member(object(*f, "text.format"), "type");
+      if (!type || string(*type, "text.format.type") != "text")
+        invalid_param("text.format", "only text.format {\"type\": \"text\"} is supported", "unsupported_value");
+    }
+  }
+  r.messages = ojson::array();
+  if (const ojson* v = member(body, "instructions")) r.messages.push_back({{"role", "system"}, {"content", string(*v, "instructions")}});
+  const ojson* input = member(body, "input");
+  if (!input) invalid_param("input", "input is required", "missing_required_parameter");
+  if (input->is_string()) {
+    r.messages.push_back({{"role", "user"}, {"content", input->get<std::string>()}});
+  } else {
+    if (array(*input, "input").empty()) invalid_param("input", "input must not be empty");
+    for (size_t i = 0; i < input->size(); ++i) append_response_item((*input)[i], i, r.messages);
+  }
+  if (const ojson* t = member(body, "tools")) {
+    ojson tools = ojson::array();
+    for (size_t i = 0; i < array(*t, "tools").size(); ++i) tools.push_back(response_tool((*t)[i], i));
+    if (!tools.empty()) r.tools = std::move(tools);
+  }
+  if (const ojson* c = member(body, "tool_choice")) {
+    if (!c->is_string() || (c->get<std::string>() != "auto" && c->get<std::string>() != "none"))
+      invalid_param("tool_choice", "tool_choice must be \"auto\" or \"none\": forcing a tool needs constrained decoding",
+                    "unsupported_value");
+    if (c->get<std::string>() == "none") r.tools = nullptr;
   }
   return r;
 }

@@ -49,6 +49,10 @@ ChatRequest parse_chat_request(const nlohmann::ordered_json& body);
 // system prompt first, tool_result blocks as tool messages, tool_use blocks as tool calls, tools'
 // input_schema as their parameters. Throws ApiError (400) naming the member at fault.
 ChatRequest parse_messages_request(const nlohmann::ordered_json& body);
+// An OpenAI Responses API request (POST /v1/responses) as the chat request it asks for:
+// instructions as the system prompt, input items as messages (function_call items as the
+// assistant's tool calls, function_call_output items as tool messages). Nothing is stored.
+ChatRequest parse_responses_request(const nlohmann::ordered_json& body);
 TextCompletionRequest parse_completion_request(const nlohmann::ordered_json& body, int vocab);
 
 // Parses a request body: invalid UTF-8, malformed JSON, a non-object or nesting deeper than

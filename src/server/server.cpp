@@ -7,6 +7,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -394,6 +395,172 @@ class HttpServer::MessagesFormat final : public HttpServer::Formatter {
   bool text_open_ = false;
 };
 
+// OpenAI's Responses API: a response whose output holds a message (output_text) and
+// function_call items, whole or as its SSE events (response.created, output_item.added,
+// content_part.added, output_text.delta ... done, function_call_arguments.delta / done,
+// output_item.done, response.completed or response.incomplete), each with a sequence_number.
+class HttpServer::ResponsesFormat final : public HttpServer::Formatter {
+ public:
+  ResponsesFormat(std::string model, bool stream, bool parse_tools, std::optional<int> max_output_tokens)
+      : model_(std::move(model)), stream_(stream), parse_tools_(parse_tools), max_output_tokens_(max_output_tokens),
+        deltas_(parse_tools, [] { return random_id("call_"); }), id_(random_id("resp_")),
+        created_(std::time(nullptr)) {}
+
+  const char* content_type() const override { return stream_ ? "text/event-stream" : "application/json"; }
+
+  std::string begin() override {
+    if (!stream_) return "";
+    const ojson r = response("in_progress", nullptr, nullptr);
+    return event({{"type", "response.created"}, {"response", r}}) + event({{"type", "response.in_progress"}, {"response", r}});
+  }
+
+  std::string text(const std::string& piece) override {
+    if (!stream_) {
+      text_ += piece;
+      return "";
+    }
+    return items(deltas_.feed(piece));
+  }
+
+  std::string end(const GenerationResult& r) override {
+    if (!stream_) {
+      std::string finish = r.finish_reason;
+      const ojson msg = chat_message(text_, parse_tools_, &finish, [] { return random_id("call_"); });
+      if (const std::string t = msg["content"].is_string() ? msg["content"].get<std::string>() : ""; !t.empty())
+        output_.push_back(message_item(t, "completed"));
+      if (msg.contains("tool_calls"))
+        for (const ojson& c : msg["tool_calls"]) output_.push_back(call_item(c, "completed"));
+      return final_response(r).dump(-1, ' ', false, ojson::error_handler_t::replace);
+    }
+    std::string out = items(deltas_.finish()) + close_text();
+    const ojson f = final_response(r);
+    return out + event({{"type", f["status"] == "completed" ? "response.completed" : "response.incomplete"}, {"response", f}});
+  }
+
+  std::string error(const std::string& message) override {
+    const ojson e = {{"type", "server_error"}, {"code", "server_error"}, {"message", "generation failed: " + message}};
+    if (!stream_) return ojson{{"error", e}}.dump();
+    return event({{"type", "error"}, {"code", "server_error"}, {"message", e["message"]}, {"param", nullptr}});
+  }
+
+  std::string heartbeat() const override { return stream_ ? ": keep-alive\n\n" : ""; }
+
+ private:
+  std::string event(ojson data) {
+    data["sequence_number"] = seq_++;
+    return fmt::format("event: {}\ndata: {}\n\n", data["type"].get<std::string>(),
+                       data.dump(-1, ' ', false, ojson::error_handler_t::replace));
+  }
+
+  ojson response(const char* status, ojson incomplete, ojson usage) const {
+    return {{"id", id_},
+            {"object", "response"},
+            {"created_at", created_},
+            {"status", status},
+            {"error", nullptr},
+            {"incomplete_details", std::move(incomplete)},
+            {"instructions", nullptr},
+            {"max_output_tokens", max_output_tokens_ ? ojson(*max_output_tokens_) : ojson(nullptr)},
+            {"model", model_},
+            {"output", output_},
+            {"parallel_tool_calls", true},
+            {"previous_response_id", nullptr},
+            {"tool_choice", "auto"},
+            {"tools", ojson::array()},
+            {"store", false},
+            {"usage", std::move(usage)}};
+  }
+
+  ojson final_response(const GenerationResult& r) const {
+    const int out_tokens = int(r.tokens.size());
+    const ojson usage = {{"input_tokens", r.prompt_tokens},
+                         {"input_tokens_details", {{"cached_tokens", r.reused_tokens}}},
+                         {"output_tokens", out_tokens},
+                         {"output_tokens_details", {{"reasoning_tokens", 0}}},
+                         {"total_tokens", r.prompt_tokens + out_tokens}};
+    if (r.finish_reason == "length") return response("incomplete", {{"reason", "max_output_tokens"}}, usage);
+    if (r.finish_reason == "timeout" || r.finish_reason == "cancelled")
+      return response("incomplete", {{"reason", r.finish_reason}}, usage);
+    return response("completed", nullptr, usage);
+  }
+
+  ojson message_item(const std::string& text, const char* status) const {
+    return {{"type", "message"}, {"id", text_id_}, {"status", status}, {"role", "assistant"},
+            {"content", ojson::array({{{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}}})}};
+  }
+
+  static ojson call_item(const ojson& c, const char* status) {
+    return {{"type", "function_call"}, {"id", "fc_" + c["id"].get<std::string>().substr(5)}, {"call_id", c["id"]},
+            {"name", c["function"]["name"]}, {"arguments", c["function"]["arguments"]}, {"status", status}};
+  }
+
+  // The events of chat deltas: text goes into an open message item; each completed tool call is
+  // a function_call item of its own (added, its arguments as one delta, done).
+  std::string items(const std::vector<ojson>& deltas) {
+    std::string out;
+    for (const ojson& d : deltas) {
+      if (d.contains("content") && !d["content"].get<std::string>().empty()) {
+        const std::string t = d["content"].get<std::string>();
+        const int index = int(output_.size());
+        if (!text_open_) {
+          text_open_ = true;
+          ojson item = message_item("", "in_progress");
+          item["content"] = ojson::array();
+          out += event({{"type", "response.output_item.added"}, {"output_index", index}, {"item", item}});
+          out += event({{"type", "response.content_part.added"}, {"item_id", text_id_}, {"output_index", index},
+                        {"content_index", 0}, {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", ojson::array()}}}});
+        }
+        streamed_text_ += t;
+        out += event({{"type", "response.output_text.delta"}, {"item_id", text_id_}, {"output_index", index},
+                      {"content_index", 0}, {"delta", t}});
+      }
+      if (d.contains("tool_calls"))
+        for (const ojson& c : d["tool_calls"]) {
+          out += close_text();
+          const ojson item = call_item(c, "completed");
+          ojson added = item;
+          added["arguments"] = "", added["status"] = "in_progress";
+          const int index = int(output_.size());
+          out += event({{"type", "response.output_item.added"}, {"output_index", index}, {"item", added}});
+          out += event({{"type", "response.function_call_arguments.delta"}, {"item_id", item["id"]},
+                        {"output_index", index}, {"delta", item["arguments"]}});
+          out += event({{"type", "response.function_call_arguments.done"}, {"item_id", item["id"]},
+                        {"output_index", index}, {"arguments", item["arguments"]}});
+          out += event({{"type", "response.output_item.done"}, {"output_index", index}, {"item", item}});
+          output_.push_back(item);
+        }
+    }
+    return out;
+  }
+
+  std::string close_text() {
+    if (!text_open_) return "";
+    text_open_ = false;
+    const int index = int(output_.size());
+    const ojson item = message_item(streamed_text_, "completed");
+    std::string out = event({{"type", "response.output_text.done"}, {"item_id", text_id_}, {"output_index", index},
+                             {"content_index", 0}, {"text", streamed_text_}});
+    out += event({{"type", "response.content_part.done"}, {"item_id", text_id_}, {"output_index", index},
+                  {"content_index", 0}, {"part", item["content"][0]}});
+    out += event({{"type", "response.output_item.done"}, {"output_index", index}, {"item", item}});
+    output_.push_back(item);
+    streamed_text_.clear();
+    text_id_ = random_id("msg_");
+    return out;
+  }
+
+  std::string model_;
+  bool stream_, parse_tools_;
+  std::optional<int> max_output_tokens_;
+  ChatDeltaStream deltas_;
+  std::string id_, text_id_ = random_id("msg_");
+  std::time_t created_;
+  std::string text_, streamed_text_;
+  ojson output_ = ojson::array();  // the items done so far
+  bool text_open_ = false;
+  int seq_ = 0;
+};
+
 HttpServer::HttpServer(const Engine& engine, ServerOptions opts)
     : engine_(engine),
       opts_(std::move(opts)),
@@ -478,6 +645,7 @@ void HttpServer::add_routes() {
     if (res.status >= 400 && !res.stream) res.body = anthropic_error(res.status, res.body);
     return res;
   }, Runs::OnWorker);
+  h.route("POST", "/v1/responses", guarded(&HttpServer::responses), Runs::OnWorker);
   h.route("GET", "/v1/models", [this](const HttpRequest&) {
     return json_response(200, {{"object", "list"}, {"data", ojson::array({model_object()})}});
   }, Runs::OnIoThread);
@@ -552,6 +720,13 @@ HttpResponse HttpServer::messages(const HttpRequest& req) {
   const int prompt_tokens = int(g.prompt.size());
   return start_job(std::move(g), std::make_shared<MessagesFormat>(opts_.model_name, cr.options.stream,
                                                                   !cr.tools.is_null(), prompt_tokens));
+}
+
+HttpResponse HttpServer::responses(const HttpRequest& req) {
+  ChatRequest cr = parse_responses_request(parse_body(req.body));
+  GenerationRequest g = generation_request(chat_prompt_ids(engine_, cr), cr.options, "input");
+  return start_job(std::move(g), std::make_shared<ResponsesFormat>(opts_.model_name, cr.options.stream,
+                                                                   !cr.tools.is_null(), cr.options.max_tokens));
 }
 
 HttpResponse HttpServer::completions(const HttpRequest& req) {

@@ -41,11 +41,13 @@ class HttpServer {
   class Formatter;
   class OpenAIFormat;
   class MessagesFormat;
+  class ResponsesFormat;
   class JobStream;
   void add_routes();
   HttpResponse chat_completions(const HttpRequest& req);
   HttpResponse completions(const HttpRequest& req);
-  HttpResponse messages(const HttpRequest& req);  // Anthropic's Messages API
+  HttpResponse messages(const HttpRequest& req);   // Anthropic's Messages API
+  HttpResponse responses(const HttpRequest& req);  // OpenAI's Responses API
   GenerationRequest generation_request(std::vector<int> prompt, const CompletionOptions& o, const char* prompt_param) const;
   HttpResponse start_job(GenerationRequest g, std::shared_ptr<Formatter> f);
   std::string stats_json() const;

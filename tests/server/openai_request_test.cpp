@@ -181,6 +181,54 @@ TEST(MessagesRequest, ErrorsNameTheMember) {
   }
 }
 
+// The Responses API read as the chat it asks for: instructions first, function_call items joined
+// to the assistant turn before them, function_call_output items as tool messages.
+TEST(ResponsesRequest, ReadsInputItems) {
+  const ChatRequest r = parse_responses_request(parse_body(R"({
+    "model": "m", "instructions": "Be brief.", "max_output_tokens": 9, "store": false,
+    "tools": [{"type": "function", "name": "read", "parameters": {"type": "object"}}],
+    "input": [{"role": "user", "content": [{"type": "input_text", "text": "a.txt?"}]},
+              {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Reading."}]},
+              {"type": "function_call", "call_id": "call_1", "name": "read", "arguments": "{\"path\": \"a.txt\"}"},
+              {"type": "function_call_output", "call_id": "call_1", "output": "42"}]})"));
+  EXPECT_EQ(r.options.max_tokens, 9);
+  const json want = json::parse(R"([
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "a.txt?"},
+    {"role": "assistant", "content": "Reading.", "tool_calls": [{"id": "call_1", "type": "function",
+      "function": {"name": "read", "arguments": "{\"path\": \"a.txt\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "42"}])");
+  EXPECT_EQ(r.messages, want);
+  EXPECT_EQ(r.tools[0]["function"]["name"], "read");
+}
+
+TEST(ResponsesRequest, ErrorsNameTheMember) {
+  const std::vector<Case> cases = {
+      {R"({"model": "m"})", "input", "missing_required_parameter"},
+      {R"({"input": []})", "input", "invalid_value"},
+      {R"({"input": "x", "previous_response_id": "resp_1"})", "previous_response_id", "unsupported_value"},
+      {R"({"input": "x", "store": true})", "store", "unsupported_value"},
+      {R"({"input": "x", "tools": [{"type": "web_search"}]})", "tools[0].type", "unsupported_value"},
+      {R"({"input": "x", "tool_choice": "required"})", "tool_choice", "unsupported_value"},
+      {R"({"input": "x", "text": {"format": {"type": "json_object"}}})", "text.format", "unsupported_value"},
+      {R"({"input": [{"type": "input_image"}]})", "input[0].type", "unsupported_value"},
+      {R"({"input": [{"role": "user", "content": [{"type": "input_file"}]}]})", "input[0].content[0].type",
+       "unsupported_value"},
+      {R"({"input": "x", "max_output_tokens": 0})", "max_output_tokens", "invalid_value"},
+  };
+  for (const Case& c : cases) {
+    ApiError e(0, "", "");
+    try {
+      parse_responses_request(parse_body(c.body));
+    } catch (const ApiError& err) {
+      e = err;
+    }
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.what();
+    EXPECT_EQ(e.code, c.code) << c.body << ": " << e.what();
+  }
+}
+
 // chat_template_kwargs adds template variables; it may not replace one the server sets.
 TEST(OpenAIRequest, TemplateKwargsCannotReplaceWhatTheServerSets) {
   const std::string h = std::string("{") + kHello;

@@ -1,6 +1,6 @@
 // The official `openai` npm client against `moestream serve` (pycoder-moe): a chat, a streamed
 // chat, a conversation with tools holding an assistant tool call and the tool's result, a text
-// completion, the client's timeout and abort, errors, chunked and gzip bodies through Node's fetch, then SIGTERM and exit status 0.
+// completion, the Responses API, the client's timeout and abort, errors, chunked and gzip bodies through Node's fetch, then SIGTERM and exit status 0.
 //   node openai_client.mjs MOESTREAM_BINARY MODEL_DIR
 // Exits 77 (ctest: skipped) when the model or the installed client is missing.
 import { spawn } from 'node:child_process';
@@ -99,6 +99,43 @@ async function main() {
     assert.equal(finish, 'length');
     assert.equal(usage.completion_tokens, 8);
     console.log(`streamed chat: ${chunks} chunks`);
+
+    // The Responses API: the same prompt as instructions and input, the same greedy text; streamed
+    // (its events, the SDK's assembled response); a conversation holding a function call and its
+    // output.
+    const respRequest = { model, instructions: 'You write Python.', input: 'Add two numbers.', max_output_tokens: 8 };
+    const resp = await client.responses.create(respRequest);
+    assert.equal(resp.object, 'response');
+    assert.equal(resp.status, 'incomplete');
+    assert.equal(resp.incomplete_details.reason, 'max_output_tokens');
+    assert.equal(resp.output_text, chat.choices[0].message.content);
+    assert.equal(resp.usage.output_tokens, 8);
+    const respStream = client.responses.stream(respRequest);
+    const types = [];
+    let streamedText = '';
+    for await (const e of respStream) {
+      types.push(e.type);
+      if (e.type === 'response.output_text.delta') streamedText += e.delta;
+    }
+    assert.equal(streamedText, resp.output_text);
+    assert.equal(types[0], 'response.created');
+    assert.equal(types.at(-1), 'response.incomplete');
+    assert.ok(types.indexOf('response.output_item.added') < types.indexOf('response.output_text.delta'));
+    assert.ok(types.includes('response.output_text.done') && types.includes('response.output_item.done'));
+    const respTools = await client.responses.create({
+      model,
+      max_output_tokens: 8,
+      tools: [{ type: 'function', ...tools[0].function }],
+      input: [
+        { role: 'user', content: 'What does data.txt hold?' },
+        { type: 'function_call', call_id: 'call_1', name: 'read_file', arguments: '{"path": "data.txt"}' },
+        { type: 'function_call_output', call_id: 'call_1', output: '3\n1\n2' },
+      ],
+    });
+    assert.ok(respTools.usage.input_tokens > 60, 'the tool schema is in the prompt');
+    for (const item of respTools.output) if (item.type === 'function_call') JSON.parse(item.arguments);
+    await assert.rejects(client.responses.create({ ...respRequest, previous_response_id: 'resp_1' }), OpenAI.BadRequestError);
+    console.log(`responses: ${types.length} events`);
 
     // Tools, and a conversation already holding an assistant tool call and the tool's result.
     const messages = [
