@@ -117,6 +117,16 @@ SpeculativeOptions speculative(const ojson& v) {
   return o;
 }
 
+// temperature (0 to temperature_max), top_p and top_k, as the chat-like APIs spell them.
+void read_sampling(const ojson& body, double temperature_max, SamplingParams& s) {
+  if (const ojson* v = member(body, "temperature")) s.temperature = float(number(*v, "temperature", 0, temperature_max));
+  if (const ojson* v = member(body, "top_p")) {
+    s.top_p = float(number(*v, "top_p", 0, 1));
+    if (s.top_p == 0.f) invalid_param("top_p", "top_p must be in (0, 1], is 0");
+  }
+  if (const ojson* v = member(body, "top_k")) s.top_k = int(integer(*v, "top_k", 0, 1 << 30));
+}
+
 // The members chat and text completions share; `max_tokens_default` applies when absent.
 CompletionOptions read_options(const ojson& body) {
   CompletionOptions o;
@@ -124,12 +134,7 @@ CompletionOptions read_options(const ojson& body) {
   for (const char* name : {"max_tokens", "max_completion_tokens"})
     if (const ojson* v = member(body, name)) o.max_tokens = int(integer(*v, name, 1, 1 << 30));
   SamplingParams& s = o.sampling;
-  if (const ojson* v = member(body, "temperature")) s.temperature = float(number(*v, "temperature", 0, 2));
-  if (const ojson* v = member(body, "top_p")) {
-    s.top_p = float(number(*v, "top_p", 0, 1));
-    if (s.top_p == 0.f) invalid_param("top_p", "top_p must be in (0, 1], is 0");
-  }
-  if (const ojson* v = member(body, "top_k")) s.top_k = int(integer(*v, "top_k", 0, 1 << 30));
+  read_sampling(body, 2, s);
   if (const ojson* v = member(body, "min_p")) s.min_p = float(number(*v, "min_p", 0, 1));
   if (const ojson* v = member(body, "repetition_penalty")) {
     s.repetition_penalty = float(number(*v, "repetition_penalty", 0, 100));
@@ -255,6 +260,15 @@ ojson template_kwargs(const ojson& v) {
                     fmt::format("chat_template_kwargs.{} is set by the server and cannot be replaced", key),
                     "reserved_parameter");
   return v;
+}
+
+// The request's `tools`, each read by `one` (null when there are none).
+ojson read_tools(const ojson& body, ojson (*one)(const ojson&, size_t)) {
+  const ojson* t = member(body, "tools");
+  if (!t) return nullptr;
+  ojson tools = ojson::array();
+  for (size_t i = 0; i < array(*t, "tools").size(); ++i) tools.push_back(one((*t)[i], i));
+  return tools.empty() ? ojson(nullptr) : tools;
 }
 
 // --- The Anthropic Messages API (POST /v1/messages), read into the chat request above.
@@ -488,11 +502,7 @@ ChatRequest parse_chat_request(const ojson& body) {
   r.messages = ojson::array();
   for (size_t i = 0; i < msgs->size(); ++i) r.messages.push_back(message((*msgs)[i], i));
 
-  if (const ojson* t = member(body, "tools")) {
-    ojson tools = ojson::array();
-    for (size_t i = 0; i < array(*t, "tools").size(); ++i) tools.push_back(tool_schema((*t)[i], i));
-    if (!tools.empty()) r.tools = std::move(tools);
-  }
+  r.tools = read_tools(body, tool_schema);
   if (const ojson* c = member(body, "tool_choice")) {
     if (!c->is_string()) invalid_param("tool_choice", "tool_choice must be \"auto\" or \"none\" (forcing a tool is not supported)",
                                        "unsupported_value");
@@ -559,12 +569,7 @@ ChatRequest parse_messages_request(const ojson& body) {
   const ojson* max_tokens = member(body, "max_tokens");
   if (!max_tokens) invalid_param("max_tokens", "max_tokens is required", "missing_required_parameter");
   o.max_tokens = int(integer(*max_tokens, "max_tokens", 1, 1 << 30));
-  if (const ojson* v = member(body, "temperature")) o.sampling.temperature = float(number(*v, "temperature", 0, 1));
-  if (const ojson* v = member(body, "top_p")) {
-    o.sampling.top_p = float(number(*v, "top_p", 0, 1));
-    if (o.sampling.top_p == 0.f) invalid_param("top_p", "top_p must be in (0, 1], is 0");
-  }
-  if (const ojson* v = member(body, "top_k")) o.sampling.top_k = int(integer(*v, "top_k", 0, 1 << 30));
+  read_sampling(body, 1, o.sampling);  // Anthropic's temperature goes to 1
   if (const ojson* v = member(body, "stop_sequences")) {
     if (array(*v, "stop_sequences").size() > 16) invalid_param("stop_sequences", "stop_sequences holds at most 16 strings");
     for (size_t i = 0; i < v->size(); ++i) {
@@ -591,11 +596,7 @@ ChatRequest parse_messages_request(const ojson& body) {
   if (!msgs) invalid_param("messages", "messages is required", "missing_required_parameter");
   if (array(*msgs, "messages").empty()) invalid_param("messages", "messages must not be empty");
   for (size_t i = 0; i < msgs->size(); ++i) append_anthropic_message((*msgs)[i], i, r.messages);
-  if (const ojson* t = member(body, "tools")) {
-    ojson tools = ojson::array();
-    for (size_t i = 0; i < array(*t, "tools").size(); ++i) tools.push_back(anthropic_tool((*t)[i], i));
-    if (!tools.empty()) r.tools = std::move(tools);
-  }
+  r.tools = read_tools(body, anthropic_tool);
   if (const ojson* c = member(body, "tool_choice")) {
     reject_unknown(object(*c, "tool_choice"), "tool_choice", {"type", "name", "disable_parallel_tool_use"});
     const ojson* type = member(*c, "type");
@@ -622,12 +623,7 @@ ChatRequest parse_responses_request(const ojson& body) {
   CompletionOptions& o = r.options;
   if (const ojson* v = member(body, "model")) string(*v, "model");
   if (const ojson* v = member(body, "max_output_tokens")) o.max_tokens = int(integer(*v, "max_output_tokens", 1, 1 << 30));
-  if (const ojson* v = member(body, "temperature")) o.sampling.temperature = float(number(*v, "temperature", 0, 2));
-  if (const ojson* v = member(body, "top_p")) {
-    o.sampling.top_p = float(number(*v, "top_p", 0, 1));
-    if (o.sampling.top_p == 0.f) invalid_param("top_p", "top_p must be in (0, 1], is 0");
-  }
-  if (const ojson* v = member(body, "top_k")) o.sampling.top_k = int(integer(*v, "top_k", 0, 1 << 30));
+  read_sampling(body, 2, o.sampling);
   if (const ojson* v = member(body, "stream")) o.stream = boolean(*v, "stream");
   if (const ojson* v = member(body, "ignore_eos")) o.ignore_eos = boolean(*v, "ignore_eos");
   if (const ojson* v = member(body, "speculative")) o.speculative = speculative(*v);
@@ -668,11 +664,7 @@ ChatRequest parse_responses_request(const ojson& body) {
     if (array(*input, "input").empty()) invalid_param("input", "input must not be empty");
     for (size_t i = 0; i < input->size(); ++i) append_response_item((*input)[i], i, r.messages);
   }
-  if (const ojson* t = member(body, "tools")) {
-    ojson tools = ojson::array();
-    for (size_t i = 0; i < array(*t, "tools").size(); ++i) tools.push_back(response_tool((*t)[i], i));
-    if (!tools.empty()) r.tools = std::move(tools);
-  }
+  r.tools = read_tools(body, response_tool);
   if (const ojson* c = member(body, "tool_choice")) {
     if (!c->is_string() || (c->get<std::string>() != "auto" && c->get<std::string>() != "none"))
       invalid_param("tool_choice", "tool_choice must be \"auto\" or \"none\": forcing a tool needs constrained decoding",

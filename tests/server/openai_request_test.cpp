@@ -68,6 +68,22 @@ struct Case {
   std::string body, param, code;
 };
 
+// Each case's body, read by `parse`, is a 400 naming its member and code.
+template <class Parse>
+void expect_errors(const std::vector<Case>& cases, Parse parse) {
+  for (const Case& c : cases) {
+    ApiError e(0, "", "");
+    try {
+      parse(parse_body(c.body));
+    } catch (const ApiError& err) {
+      e = err;
+    }
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.what();
+    EXPECT_EQ(e.code, c.code) << c.body << ": " << e.what();
+  }
+}
+
 TEST(OpenAIRequest, ChatErrorsNameTheMember) {
   const std::string h = std::string("{") + kHello;
   const std::vector<Case> cases = {
@@ -168,17 +184,7 @@ TEST(MessagesRequest, ErrorsNameTheMember) {
       {"{" + m + R"(, "max_tokens": 5, "tools": [{"name": "f"}]})", "tools[0].input_schema", "missing_required_parameter"},
       {"{" + m + R"(, "max_tokens": 5, "top_logprobs": 2})", "top_logprobs", "unknown_parameter"},
   };
-  for (const Case& c : cases) {
-    ApiError e(0, "", "");
-    try {
-      parse_messages_request(parse_body(c.body));
-    } catch (const ApiError& err) {
-      e = err;
-    }
-    EXPECT_EQ(e.status, 400) << c.body;
-    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.what();
-    EXPECT_EQ(e.code, c.code) << c.body << ": " << e.what();
-  }
+  expect_errors(cases, parse_messages_request);
 }
 
 // The Responses API read as the chat it asks for: instructions first, function_call items joined
@@ -216,17 +222,7 @@ TEST(ResponsesRequest, ErrorsNameTheMember) {
        "unsupported_value"},
       {R"({"input": "x", "max_output_tokens": 0})", "max_output_tokens", "invalid_value"},
   };
-  for (const Case& c : cases) {
-    ApiError e(0, "", "");
-    try {
-      parse_responses_request(parse_body(c.body));
-    } catch (const ApiError& err) {
-      e = err;
-    }
-    EXPECT_EQ(e.status, 400) << c.body;
-    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.what();
-    EXPECT_EQ(e.code, c.code) << c.body << ": " << e.what();
-  }
+  expect_errors(cases, parse_responses_request);
 }
 
 // chat_template_kwargs adds template variables; it may not replace one the server sets.

@@ -4,45 +4,11 @@
 // sequence, the key in x-api-key, and errors as the SDK's typed errors.
 //   node anthropic_client.mjs MOESTREAM_BINARY MODEL_DIR
 // Exits 77 (ctest: skipped) when the model or the installed client is missing.
-import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
 import { strict as assert } from 'node:assert';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { startServer, testSetup } from './serve.mjs';
 
-const SKIP = 77;
-const [binary, modelArg] = process.argv.slice(2);
-const here = dirname(fileURLToPath(import.meta.url));
-const modelDir = process.env.MOESTREAM_SHARED ? join(process.env.MOESTREAM_SHARED, 'models/pycoder-moe') : modelArg;
-
-if (!existsSync(modelDir)) {
-  console.log(`SKIP: ${modelDir} not found (set MOESTREAM_SHARED to the shared/ folder)`);
-  process.exit(SKIP);
-}
-if (!existsSync(join(here, 'node_modules/@anthropic-ai/sdk'))) {
-  console.log(`SKIP: the Anthropic client is not installed: run scripts/setup.sh (npm ci in ${here})`);
-  process.exit(SKIP);
-}
+const { binary, modelDir } = testSetup('@anthropic-ai/sdk');
 const { default: Anthropic } = await import('@anthropic-ai/sdk');
-
-function startServer(apiKey) {
-  const child = spawn(binary, ['serve', '--model', modelDir, '--port', '0', '--api-key', apiKey], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  return new Promise((resolve, reject) => {
-    let out = '';
-    const timer = setTimeout(() => reject(new Error('the server did not start within 60 s')), 60000);
-    child.stdout.on('data', (d) => {
-      out += d;
-      const m = out.match(/serving .* on http:\/\/[^:]+:(\d+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ child, port: Number(m[1]) });
-      }
-    });
-    child.on('exit', (code) => reject(new Error(`the server exited with ${code} before serving`)));
-  });
-}
 
 const tools = [{
   name: 'read_file',
@@ -51,8 +17,7 @@ const tools = [{
 }];
 
 async function main() {
-  const { child, port } = await startServer('node-test-key');
-  const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
+  const { child, port, exited } = await startServer(binary, modelDir, 'node-test-key');
   try {
     // The SDK sends the key as x-api-key.
     const client = new Anthropic({ baseURL: `http://127.0.0.1:${port}`, apiKey: 'node-test-key', maxRetries: 0 });

@@ -1,48 +1,14 @@
 // The official `openai` npm client against `moestream serve` (pycoder-moe): a chat, a streamed
-// chat, a conversation with tools holding an assistant tool call and the tool's result, a text
-// completion, the Responses API, the client's timeout and abort, errors, chunked and gzip bodies through Node's fetch, then SIGTERM and exit status 0.
+// chat, the Responses API, a conversation with tools holding an assistant tool call and the
+// tool's result, a text completion, the client's timeout and abort, errors, chunked and gzip
+// bodies through Node's fetch, then SIGTERM and exit status 0.
 //   node openai_client.mjs MOESTREAM_BINARY MODEL_DIR
 // Exits 77 (ctest: skipped) when the model or the installed client is missing.
-import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
 import { strict as assert } from 'node:assert';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { startServer, testSetup } from './serve.mjs';
 
-const SKIP = 77;
-const [binary, modelArg] = process.argv.slice(2);
-const here = dirname(fileURLToPath(import.meta.url));
-const modelDir = process.env.MOESTREAM_SHARED ? join(process.env.MOESTREAM_SHARED, 'models/pycoder-moe') : modelArg;
-
-if (!existsSync(modelDir)) {
-  console.log(`SKIP: ${modelDir} not found (set MOESTREAM_SHARED to the shared/ folder)`);
-  process.exit(SKIP);
-}
-if (!existsSync(join(here, 'node_modules/openai'))) {
-  console.log(`SKIP: the openai client is not installed: run scripts/setup.sh (npm ci in ${here})`);
-  process.exit(SKIP);
-}
+const { binary, modelDir } = testSetup('openai');
 const { default: OpenAI } = await import('openai');
-
-// Starts the server on a free port; resolves with the process and its port.
-function startServer(apiKey) {
-  const child = spawn(binary, ['serve', '--model', modelDir, '--port', '0', '--api-key', apiKey], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  return new Promise((resolve, reject) => {
-    let out = '';
-    const timer = setTimeout(() => reject(new Error('the server did not start within 60 s')), 60000);
-    child.stdout.on('data', (d) => {
-      out += d;
-      const m = out.match(/serving .* on http:\/\/[^:]+:(\d+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ child, port: Number(m[1]) });
-      }
-    });
-    child.on('exit', (code) => reject(new Error(`the server exited with ${code} before serving`)));
-  });
-}
 
 const tools = [{
   type: 'function',
@@ -54,8 +20,7 @@ const tools = [{
 }];
 
 async function main() {
-  const { child, port } = await startServer('node-test-key');
-  const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
+  const { child, port, exited } = await startServer(binary, modelDir, 'node-test-key');
   try {
     const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'node-test-key', maxRetries: 0 });
 
