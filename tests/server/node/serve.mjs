@@ -1,6 +1,7 @@
 // What the client tests share: their arguments, the checks that skip them (exit 77) and
 // `moestream serve` started on a free port.
 import { spawn } from 'node:child_process';
+import { strict as assert } from 'node:assert';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -43,4 +44,24 @@ export function startServer(binary, modelDir, apiKey) {
     });
     child.on('exit', (code) => reject(new Error(`the server exited with ${code} before serving`)));
   });
+}
+
+// Runs test(port) against a server started with `apiKey`, then stops it with SIGTERM, which it
+// must survive to exit 0; prints PASS, or FAIL and exits 1.
+export async function withServer(binary, modelDir, apiKey, test) {
+  try {
+    const { child, port, exited } = await startServer(binary, modelDir, apiKey);
+    try {
+      await test(port);
+    } finally {
+      child.kill('SIGTERM');
+    }
+    const { code, signal } = await exited;
+    assert.equal(signal, null, `the server died of ${signal}`);
+    assert.equal(code, 0, 'the server exits 0 on SIGTERM');
+    console.log('PASS');
+  } catch (e) {
+    console.error('FAIL:', e);
+    process.exit(1);
+  }
 }
