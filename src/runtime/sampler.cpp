@@ -55,6 +55,7 @@ PickInputs Sampler::next(const std::vector<int>& seen, int vocab) {
   PickInputs in = inputs(seen, vocab);
   // The one draw a pick takes, as uniform_real_distribution(0, total) would (cpu::sample scales it).
   if (p_.temperature > 0.f) in.r = uniform();
+  if (constraint_) in.allowed = constraint_();
   return in;
 }
 

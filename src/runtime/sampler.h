@@ -2,6 +2,7 @@
 // Turning logits into the next token: penalties, temperature, top-k, top-p, min-p, a seeded RNG.
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -36,8 +37,12 @@ class Sampler {
   double uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
   // next() picked from host logits by cpu::sample.
   int sample(const float* logits, int vocab, const std::vector<int>& seen);
-  // Whether every pick is the first maximum of the logits (temperature 0, no penalties).
-  bool greedy() const { return p_.temperature == 0.f && !penalizes(); }
+  // Whether every pick is the first maximum of the logits (temperature 0, no penalties, no
+  // constraint).
+  bool greedy() const { return p_.temperature == 0.f && !penalizes() && !constraint_; }
+  // Constrained decoding: each pick asks `allowed` for its mask (PickInputs::allowed) when it is
+  // made, after the tokens before it were taken.
+  void constrain(std::function<const uint8_t*()> allowed) { constraint_ = std::move(allowed); }
 
  private:
   bool penalizes() const;
@@ -45,6 +50,7 @@ class Sampler {
   SamplingParams p_;
   SampleArgs args_;
   std::mt19937_64 rng_;
+  std::function<const uint8_t*()> constraint_;
   cpu::SampleScratch scratch_;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "chat/json_constraint.h"
 #include "runtime/decoder.h"
 #include "util/error.h"
 
@@ -105,10 +106,15 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   for (const auto& s : req.stop)
     if (s.empty()) fail("a stop string is empty");
   Sampler sampler(req.sampling);
+  std::optional<JsonConstraint> json;
+  if (req.json_object) {
+    json.emplace(engine_.tokenizer(), engine_.eos_ids());
+    sampler.constrain([&json] { return json->allowed().data(); });
+  }
   const SpeculativeOptions spec_opt =
       resolve_speculative(engine_.model(), req.speculative.value_or(engine_.speculative()), engine_.dir());
   std::optional<Speculator> spec;
-  if (spec_opt.mtp) spec.emplace(engine_.model(), spec_opt, &tuner_);
+  if (spec_opt.mtp && !json) spec.emplace(engine_.model(), spec_opt, &tuner_);
 
   GenerationResult res;
   res.prompt_tokens = int(req.prompt.size());
@@ -149,6 +155,7 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   auto accept = [&](int next) {
     res.tokens.push_back(next);
     seen.push_back(next);
+    if (json) json->accept(next);
     if (!req.ignore_eos && engine_.is_eos(next)) {
       res.finish_reason = "stop";
       return false;

@@ -28,6 +28,9 @@ struct GenerationRequest {
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   // MTP speculation for this request (checked by Session::generate); unset: the engine's default.
   std::optional<SpeculativeOptions> speculative;
+  // Constrained decoding to one JSON object (chat/json_constraint.h): every pick keeps the text a
+  // prefix of one, and the answer ends when it is complete. No speculation then.
+  bool json_object = false;
 };
 
 struct GenerationResult {

@@ -517,8 +517,13 @@ ChatRequest parse_chat_request(const ojson& body) {
   if (member(body, "top_logprobs")) invalid_param("top_logprobs", "top_logprobs is not supported", "unsupported_value");
   if (const ojson* v = member(body, "response_format")) {
     const ojson* type = member(object(*v, "response_format"), "type");
-    if (!type || string(*type, "response_format.type") != "text")
-      invalid_param("response_format", "only response_format {\"type\": \"text\"} is supported", "unsupported_value");
+    const std::string t = type ? string(*type, "response_format.type") : "";
+    if (t == "json_object") r.options.json_object = true;
+    else if (t != "text")
+      invalid_param("response_format",
+                    "response_format must be {\"type\": \"text\"} or {\"type\": \"json_object\"} (json_schema is not "
+                    "supported yet)",
+                    "unsupported_value");
   }
   if (const ojson* v = member(body, "metadata")) object(*v, "metadata");
   if (const ojson* v = member(body, "store")) boolean(*v, "store");
@@ -650,8 +655,13 @@ ChatRequest parse_responses_request(const ojson& body) {
     reject_unknown(object(*v, "text"), "text", {"format", "verbosity"});
     if (const ojson* f = member(*v, "format")) {
       const ojson* type = member(object(*f, "text.format"), "type");
-      if (!type || string(*type, "text.format.type") != "text")
-        invalid_param("text.format", "only text.format {\"type\": \"text\"} is supported", "unsupported_value");
+      const std::string t = type ? string(*type, "text.format.type") : "";
+      if (t == "json_object") o.json_object = true;
+      else if (t != "text")
+        invalid_param("text.format",
+                      "text.format must be {\"type\": \"text\"} or {\"type\": \"json_object\"} (json_schema is not "
+                      "supported yet)",
+                      "unsupported_value");
     }
   }
   r.messages = ojson::array();

@@ -9,6 +9,9 @@
 #include <random>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "chat/json_constraint.h"
 #include "test_support.h"
 
 namespace ms {
@@ -33,6 +36,28 @@ class SessionTest : public ::testing::Test {
   static Engine* engine_;
 };
 Engine* SessionTest::engine_ = nullptr;
+
+// Constrained to a JSON object: every token keeps the text a prefix of one, and it ends, complete,
+// at end-of-sequence, greedy and sampled alike.
+TEST_F(SessionTest, JsonObjectAnswersAreJsonObjects) {
+  for (float temperature : {0.f, 1.f}) {
+    Session s(*engine_);
+    GenerationRequest req = greedy("def describe_point():\n    return ", 96);
+    req.json_object = true;
+    req.sampling.temperature = temperature;
+    req.sampling.seed = 7;
+    const GenerationResult r = s.generate(req);
+    JsonAcceptor a;
+    EXPECT_TRUE(a.feed(r.text)) << r.text;
+    if (r.finish_reason == "stop") {
+      EXPECT_TRUE(a.complete()) << r.text;
+      EXPECT_TRUE(nlohmann::json::parse(r.text).is_object()) << r.text;
+    } else {
+      EXPECT_EQ(r.finish_reason, "length");
+    }
+    std::printf("json_object at temperature %.0f: %s %s\n", temperature, r.finish_reason.c_str(), r.text.c_str());
+  }
+}
 
 TEST_F(SessionTest, EosIdsComeFromTheModelFiles) {
   // config.json, generation_config.json and tokenizer_config.json all name <|endoftext|> (0).

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/sample.h"
 #include "kernels/cuda/stream.h"
 #include "model/moe.h"
 #include "util/error.h"
@@ -39,6 +40,12 @@ void CudaBackend::moe(const ModelConfig& cfg, const FfnWeights& w, const float* 
 }
 
 int CudaBackend::pick(const float* logits, int vocab, const PickInputs& in) const {
+  if (in.allowed) {  // constrained decoding: the CPU sampler's pick (the same semantics) over a copy
+    thread_local cpu::SampleScratch scratch;
+    std::vector<float> copy(static_cast<size_t>(vocab));
+    cuda::copy_to_host(copy.data(), logits, size_t(vocab) * sizeof(float));
+    return cpu::sample(copy.data(), vocab, in, scratch);
+  }
   return cuda::pick(logits, vocab, in, state.sampler);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace ms::cpu {
@@ -61,6 +62,9 @@ size_t candidates(int vocab, const PickInputs& in, SampleScratch& s) {
 int penalised(const float* logits, int vocab, const PickInputs& in, SampleScratch& s) {
   s.work.assign(logits, logits + vocab);
   penalize(s.work, in);
+  if (in.allowed)
+    for (int i = 0; i < vocab; ++i)
+      if (!in.allowed[i]) s.work[size_t(i)] = -std::numeric_limits<float>::infinity();
   if (in.args.temperature == 0.f) return int(std::max_element(s.work.begin(), s.work.end()) - s.work.begin());
   return -1;
 }

@@ -1,5 +1,5 @@
 // The official `openai` npm client against `moestream serve` (pycoder-moe): a chat, a streamed
-// chat, the Responses API, a conversation with tools holding an assistant tool call and the
+// chat, JSON mode, the Responses API, a conversation with tools holding an assistant tool call and the
 // tool's result, a text completion, the client's timeout and abort, errors, chunked and gzip
 // bodies through Node's fetch, then SIGTERM and exit status 0.
 //   node openai_client.mjs MOESTREAM_BINARY MODEL_DIR
@@ -62,6 +62,23 @@ await withServer(binary, modelDir, 'node-test-key', async (port) => {
   assert.equal(finish, 'length');
   assert.equal(usage.completion_tokens, 8);
   console.log(`streamed chat: ${chunks} chunks`);
+
+  // JSON mode: the answer is one JSON object (decoding constrained to one), whole and streamed.
+  const jsonRequest = {
+    model, max_tokens: 96, response_format: { type: 'json_object' },
+    messages: [{ role: 'user', content: 'Give me a JSON object describing a point.' }],
+  };
+  const jsonChat = await client.chat.completions.create(jsonRequest);
+  assert.equal(jsonChat.choices[0].finish_reason, 'stop');
+  assert.equal(typeof JSON.parse(jsonChat.choices[0].message.content), 'object');
+  let jsonText = '';
+  for await (const chunk of await client.chat.completions.create({ ...jsonRequest, stream: true }))
+    jsonText += chunk.choices[0]?.delta.content ?? '';
+  assert.equal(jsonText, jsonChat.choices[0].message.content);
+  await assert.rejects(client.chat.completions.create({
+    ...jsonRequest, response_format: { type: 'json_schema', json_schema: { name: 'p', schema: {} } },
+  }), OpenAI.BadRequestError);
+  console.log('json mode:', JSON.stringify(jsonChat.choices[0].message.content));
 
   // The Responses API: the same prompt as instructions and input, the same greedy text; streamed
   // (its events, the SDK's assembled response); a conversation holding a function call and its

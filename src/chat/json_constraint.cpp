@@ -1,0 +1,213 @@
+#include "chat/json_constraint.h"
+
+#include <algorithm>
+
+#include "tokenizer/tokenizer.h"
+
+namespace ms {
+
+bool JsonAcceptor::after_value() {
+  if (stack_.empty()) {
+    state_ = State::Done;
+  } else {
+    state_ = State::CommaOrEnd;
+  }
+  return true;
+}
+
+bool JsonAcceptor::begin_value(char c) {
+  switch (c) {
+    case '{':
+    case '[':
+      if (int(stack_.size()) >= kMaxDepth) return false;
+      stack_ += c;
+      state_ = c == '{' ? State::KeyOrEnd : State::ValueOrEnd;
+      return true;
+    case '"': state_ = State::String, key_ = false; return true;
+    case '-': state_ = State::Minus; return true;
+    case '0': state_ = State::Zero; return true;
+    case 't': state_ = State::Literal, literal_ = "rue"; return true;
+    case 'f': state_ = State::Literal, literal_ = "alse"; return true;
+    case 'n': state_ = State::Literal, literal_ = "ull"; return true;
+    default:
+      if (c >= '1' && c <= '9') {
+        state_ = State::Int;
+        return true;
+      }
+      return false;
+  }
+}
+
+// A number ends at the first byte that cannot continue it: that byte then goes on as it would
+// after any value (inside a container: the top level is an object).
+bool JsonAcceptor::end_number(char c) {
+  const State saved = state_;
+  after_value();
+  if (step(c)) return true;
+  state_ = saved;
+  return false;
+}
+
+bool JsonAcceptor::feed(char c) {
+  const bool in_string = state_ == State::String || state_ == State::Escape || state_ == State::Unicode;
+  const bool structural_space = space(c) && !in_string;
+  if (structural_space && space_run_ >= kMaxSpaceRun) return false;
+  if (!step(c)) return false;
+  space_run_ = structural_space ? space_run_ + 1 : 0;
+  return true;
+}
+
+bool JsonAcceptor::step(char c) {
+  const auto digit = [c] { return c >= '0' && c <= '9'; };
+  switch (state_) {
+    case State::Start:  // the answer starts with its '{'
+      if (c != '{') return false;
+      stack_ = "{";
+      state_ = State::KeyOrEnd;
+      return true;
+    case State::KeyOrEnd:
+    case State::Key:
+      if (space(c)) return true;
+      if (c == '"') {
+        state_ = State::String, key_ = true;
+        return true;
+      }
+      if (c == '}' && state_ == State::KeyOrEnd) {
+        stack_.pop_back();
+        return after_value();
+      }
+      return false;
+    case State::Colon:
+      if (space(c)) return true;
+      if (c != ':') return false;
+      state_ = State::Value;
+      return true;
+    case State::Value:
+      if (space(c)) return true;
+      return begin_value(c);
+    case State::ValueOrEnd:
+      if (space(c)) return true;
+      if (c == ']') {
+        stack_.pop_back();
+        return after_value();
+      }
+      return begin_value(c);
+    case State::CommaOrEnd:
+      if (space(c)) return true;
+      if (c == ',') {
+        state_ = stack_.back() == '{' ? State::Key : State::Value;
+        return true;
+      }
+      if (c == (stack_.back() == '{' ? '}' : ']')) {
+        stack_.pop_back();
+        return after_value();
+      }
+      return false;
+    case State::String:
+      if (c == '"') {
+        if (key_) {
+          state_ = State::Colon;
+          return true;
+        }
+        return after_value();
+      }
+      if (c == '\\') {
+        state_ = State::Escape;
+        return true;
+      }
+      return uint8_t(c) >= 0x20;  // control characters must be escaped
+    case State::Escape:
+      if (c == 'u') {
+        state_ = State::Unicode, hex_ = 4;
+        return true;
+      }
+      if (std::string_view("\"\\/bfnrt").find(c) == std::string_view::npos) return false;
+      state_ = State::String;
+      return true;
+    case State::Unicode:
+      if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))) return false;
+      if (--hex_ == 0) state_ = State::String;
+      return true;
+    case State::Minus:
+      if (c == '0') state_ = State::Zero;
+      else if (c >= '1' && c <= '9') state_ = State::Int;
+      else return false;
+      return true;
+    case State::Zero:
+    case State::Int:
+      if (digit() && state_ == State::Int) return true;
+      if (c == '.') {
+        state_ = State::Dot;
+        return true;
+      }
+      if (c == 'e' || c == 'E') {
+        state_ = State::Exp;
+        return true;
+      }
+      return end_number(c);
+    case State::Dot:
+      if (!digit()) return false;
+      state_ = State::Frac;
+      return true;
+    case State::Frac:
+      if (digit()) return true;
+      if (c == 'e' || c == 'E') {
+        state_ = State::Exp;
+        return true;
+      }
+      return end_number(c);
+    case State::Exp:
+      if (c == '+' || c == '-') {
+        state_ = State::ExpSign;
+        return true;
+      }
+      [[fallthrough]];
+    case State::ExpSign:
+      if (!digit()) return false;
+      state_ = State::ExpDigits;
+      return true;
+    case State::ExpDigits:
+      if (digit()) return true;
+      return end_number(c);
+    case State::Literal:
+      if (c != literal_.front()) return false;
+      literal_.remove_prefix(1);
+      if (literal_.empty()) return after_value();
+      return true;
+    case State::Done:
+      return space(c);
+  }
+  return false;
+}
+
+bool JsonAcceptor::feed(std::string_view s) {
+  for (char c : s)
+    if (!feed(c)) return false;
+  return true;
+}
+
+JsonConstraint::JsonConstraint(const Tokenizer& tok, std::vector<int> eos_ids)
+    : tok_(tok), eos_(std::move(eos_ids)), mask_(size_t(tok.vocab_size()), 0) {}
+
+const std::vector<uint8_t>& JsonConstraint::allowed() {
+  const bool done = acceptor_.complete();
+  const int vocab = int(mask_.size());
+  for (int id = 0; id < vocab; ++id) {
+    mask_[size_t(id)] = 0;
+    if (done || tok_.is_special(id)) continue;
+    const std::string& bytes = tok_.token_text(id);
+    if (bytes.empty()) continue;
+    JsonAcceptor a = acceptor_;
+    mask_[size_t(id)] = a.feed(bytes) ? 1 : 0;
+  }
+  for (int id : eos_)
+    if (id >= 0 && id < vocab) mask_[size_t(id)] = done ? 1 : 0;
+  return mask_;
+}
+
+void JsonConstraint::accept(int id) {
+  if (std::find(eos_.begin(), eos_.end(), id) != eos_.end()) return;
+  acceptor_.feed(tok_.token_text(id));
+}
+
+}  // namespace ms

@@ -1,0 +1,99 @@
+// The JSON-object acceptor against JSON text, valid and broken byte by byte, and the token mask
+// it makes over a real tokenizer (pycoder-moe's).
+#include "chat/json_constraint.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "test_support.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ms {
+namespace {
+
+// The length of the longest prefix of `text` the acceptor takes (text.size() when all of it).
+size_t taken(const std::string& text) {
+  JsonAcceptor a;
+  for (size_t i = 0; i < text.size(); ++i)
+    if (!a.feed(text[i])) return i;
+  return text.size();
+}
+
+bool complete(const std::string& text) {
+  JsonAcceptor a;
+  return a.feed(text) && a.complete();
+}
+
+TEST(JsonAcceptor, TakesJsonObjects) {
+  for (const char* text : {"{}", "{\"a\": 1}", "{\"a\":[1,-2.5e+3,0,0.1E-2,true,false,null,\"x\\u00e9\\n\"],\"b\":{}}",
+                           "{\"\":[[],{}, [ {\"k\" : \"v\"} ] ]}", "{\"naïve\": \"κόσμε\"}\n"}) {
+    EXPECT_TRUE(complete(text)) << text;
+    EXPECT_TRUE(nlohmann::json::parse(text).is_object()) << text;  // the reference agrees
+  }
+}
+
+TEST(JsonAcceptor, StopsAtTheFirstByteNoJsonObjectHas) {
+  struct Case {
+    std::string text;
+    size_t at;  // the byte refused
+  };
+  const Case cases[] = {
+      {"[1]", 0},             // the top level is an object
+      {" {}", 0},             // and starts the answer
+      {"{'a': 1}", 1},        // keys are double-quoted
+      {"{\"a\" 1}", 5},       // a colon after a key
+      {"{\"a\": 01}", 7},     // no leading zeros
+      {"{\"a\": 1.}", 8},     // a digit after the dot
+      {"{\"a\": -}", 7},      // a digit after the minus
+      {"{\"a\": tru}", 9},    // literals are whole
+      {"{\"a\": 1,}", 8},     // no trailing comma
+      {"{\"a\": [1 2]}", 9},  // commas between values
+      {"{\"a\": \"\\x\"}", 8},  // known escapes only
+      {"{\"a\": \"\n\"}", 7},   // control characters escaped
+      {"{} {}", 3},           // one object
+      {"{\"a\": 1]", 7},      // brackets match
+  };
+  for (const Case& c : cases) EXPECT_EQ(taken(c.text), c.at) << c.text;
+  EXPECT_FALSE(complete("{\"a\": [1, 2]"));
+}
+
+TEST(JsonAcceptor, BoundsNestingAndWhitespace) {
+  std::string deep = "{\"a\":";
+  for (int i = 1; i < JsonAcceptor::kMaxDepth; ++i) deep += "[";
+  EXPECT_EQ(taken(deep + "["), deep.size());
+  const std::string spaces(JsonAcceptor::kMaxSpaceRun, ' ');
+  EXPECT_EQ(taken("{" + spaces + " }"), 1 + spaces.size());
+  EXPECT_TRUE(complete("{\"" + spaces + spaces + "\": 1}"));  // inside a string it is text
+}
+
+TEST(JsonConstraint, MasksTheTokensThatBreakTheObject) {
+  MS_REQUIRE_SHARED("models/pycoder-moe", dir);
+  const Tokenizer tok = Tokenizer::load(dir + "/tokenizer.json");
+  const int eos = 0;  // <|endoftext|>
+  JsonConstraint c(tok, {eos});
+  auto check = [&](const std::string& context) {
+    const std::vector<uint8_t>& allowed = c.allowed();
+    int n = 0;
+    for (int id = 0; id < tok.vocab_size(); ++id) {
+      JsonAcceptor a;
+      const bool want = !tok.is_special(id) && !tok.token_text(id).empty() && a.feed(context) && a.feed(tok.token_text(id));
+      if (id != eos) EXPECT_EQ(allowed[size_t(id)], want ? 1 : 0) << context << " + '" << tok.token_text(id) << "'";
+      n += allowed[size_t(id)];
+    }
+    return n;
+  };
+  EXPECT_GT(check(""), 0);
+  EXPECT_EQ(c.allowed()[eos], 0) << "end of sequence before the object is complete";
+  for (int id : tok.encode("{\"x\": [1, 2"))
+    c.accept(id);
+  EXPECT_GT(check("{\"x\": [1, 2"), 0);
+  for (int id : tok.encode("]}")) c.accept(id);
+  ASSERT_TRUE(c.complete());
+  const std::vector<uint8_t>& done = c.allowed();
+  for (int id = 0; id < tok.vocab_size(); ++id) EXPECT_EQ(done[size_t(id)], id == eos ? 1 : 0) << id;
+}
+
+}  // namespace
+}  // namespace ms
