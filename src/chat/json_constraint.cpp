@@ -186,10 +186,52 @@ bool JsonAcceptor::feed(std::string_view s) {
   return true;
 }
 
-JsonConstraint::JsonConstraint(const Tokenizer& tok, std::vector<int> eos_ids)
-    : tok_(tok), eos_(std::move(eos_ids)), mask_(size_t(tok.vocab_size()), 0) {}
+ToolCallAcceptor::ToolCallAcceptor(std::vector<std::string> names) {
+  auto prefixes = std::make_shared<std::vector<std::string>>();
+  for (const std::string& n : names) prefixes->push_back("<tool_call>\n{\"name\": \"" + n + "\", \"arguments\": ");
+  prefixes_ = std::move(prefixes);
+}
 
-const std::vector<uint8_t>& JsonConstraint::allowed() {
+bool ToolCallAcceptor::feed(char c) {
+  static constexpr std::string_view kSuffix = "}\n</tool_call>";
+  switch (phase_) {
+    case Phase::Prefix: {
+      const std::string next = text_ + c;
+      bool any = false, whole = false;
+      for (const std::string& p : *prefixes_)
+        if (p.compare(0, next.size(), next) == 0) any = true, whole |= p.size() == next.size();
+      if (!any) return false;
+      text_ = next;
+      if (whole) phase_ = Phase::Arguments, text_.clear();
+      return true;
+    }
+    case Phase::Arguments:
+      if (!arguments_.feed(c)) return false;
+      if (arguments_.complete()) phase_ = Phase::Suffix;
+      return true;
+    case Phase::Suffix:
+      if (kSuffix[text_.size()] != c) return false;
+      text_ += c;
+      if (text_.size() == kSuffix.size()) phase_ = Phase::Done;
+      return true;
+    case Phase::Done:
+      return false;
+  }
+  return false;
+}
+
+bool ToolCallAcceptor::feed(std::string_view s) {
+  for (char c : s)
+    if (!feed(c)) return false;
+  return true;
+}
+
+template <class Acceptor>
+TokenConstraint<Acceptor>::TokenConstraint(const Tokenizer& tok, std::vector<int> eos_ids, Acceptor acceptor)
+    : tok_(tok), eos_(std::move(eos_ids)), acceptor_(std::move(acceptor)), mask_(size_t(tok.vocab_size()), 0) {}
+
+template <class Acceptor>
+const std::vector<uint8_t>& TokenConstraint<Acceptor>::allowed() {
   const bool done = acceptor_.complete();
   const int vocab = int(mask_.size());
   for (int id = 0; id < vocab; ++id) {
@@ -197,7 +239,7 @@ const std::vector<uint8_t>& JsonConstraint::allowed() {
     if (done || tok_.is_special(id)) continue;
     const std::string& bytes = tok_.token_text(id);
     if (bytes.empty()) continue;
-    JsonAcceptor a = acceptor_;
+    Acceptor a = acceptor_;
     mask_[size_t(id)] = a.feed(bytes) ? 1 : 0;
   }
   for (int id : eos_)
@@ -205,9 +247,13 @@ const std::vector<uint8_t>& JsonConstraint::allowed() {
   return mask_;
 }
 
-void JsonConstraint::accept(int id) {
+template <class Acceptor>
+void TokenConstraint<Acceptor>::accept(int id) {
   if (std::find(eos_.begin(), eos_.end(), id) != eos_.end()) return;
   acceptor_.feed(tok_.token_text(id));
 }
+
+template class TokenConstraint<JsonAcceptor>;
+template class TokenConstraint<ToolCallAcceptor>;
 
 }  // namespace ms

@@ -1,9 +1,10 @@
 #pragma once
-// Constrained decoding to one JSON object (response_format {"type": "json_object"}): a pushdown
-// acceptor of JSON text (RFC 8259) fed byte by byte, and the tokens that may come next, those
-// whose bytes keep the text a prefix of one JSON object; end-of-sequence only once the object is
-// complete, and nothing else after it.
+// Constrained decoding: acceptors of the answer's text fed byte by byte (one JSON object, RFC
+// 8259, for response_format {"type": "json_object"}; one tool call for a forced tool_choice), and
+// the tokens that may come next, those whose bytes keep the text a prefix of what the acceptor
+// takes; end-of-sequence only once it is complete, and nothing else after it.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,23 +57,53 @@ class JsonAcceptor {
   std::string_view literal_;
 };
 
-// Which tokens may come next under a JsonAcceptor: allowed[id] = 1 for each token whose bytes it
-// takes, the end-of-sequence ids only once the object is complete (and then nothing else);
-// special tokens never otherwise.
-class JsonConstraint {
+// One tool call in the Hermes/Qwen form chat/tool_calls.h parses, to one of `names`:
+//   <tool_call>\n{"name": "NAME", "arguments": {...}}\n</tool_call>
+// (tool_choice "required" or a named function), fed byte by byte.
+class ToolCallAcceptor {
  public:
-  JsonConstraint(const Tokenizer& tok, std::vector<int> eos_ids);
-  // The mask of the next pick ([vocab]).
-  const std::vector<uint8_t>& allowed();
+  explicit ToolCallAcceptor(std::vector<std::string> names);
+  bool feed(char c);
+  bool feed(std::string_view s);
+  bool complete() const { return phase_ == Phase::Done; }
+
+ private:
+  enum class Phase : uint8_t { Prefix, Arguments, Suffix, Done };
+  std::shared_ptr<const std::vector<std::string>> prefixes_;  // one a name: the text up to the arguments
+  Phase phase_ = Phase::Prefix;
+  std::string text_;  // of the prefix or suffix so far
+  JsonAcceptor arguments_;
+};
+
+// What a pick may make next under a constraint on the answer's text ([vocab] mask), and the
+// tokens it made.
+class PickConstraint {
+ public:
+  virtual ~PickConstraint() = default;
+  virtual const std::vector<uint8_t>& allowed() = 0;
+  virtual void accept(int id) = 0;
+};
+
+// The tokens an acceptor of bytes (JsonAcceptor, ToolCallAcceptor) takes next: allowed[id] = 1
+// for each token whose bytes it takes, the end-of-sequence ids only once its text is complete
+// (and then nothing else); special tokens never otherwise.
+template <class Acceptor>
+class TokenConstraint final : public PickConstraint {
+ public:
+  TokenConstraint(const Tokenizer& tok, std::vector<int> eos_ids, Acceptor acceptor);
+  const std::vector<uint8_t>& allowed() override;
   // A token was accepted: its bytes go into the acceptor (an end-of-sequence id changes nothing).
-  void accept(int id);
+  void accept(int id) override;
   bool complete() const { return acceptor_.complete(); }
 
  private:
   const Tokenizer& tok_;
   std::vector<int> eos_;
-  JsonAcceptor acceptor_;
+  Acceptor acceptor_;
   std::vector<uint8_t> mask_;
 };
+
+using JsonConstraint = TokenConstraint<JsonAcceptor>;
+using ToolCallConstraint = TokenConstraint<ToolCallAcceptor>;
 
 }  // namespace ms

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 
 #include "chat/json_constraint.h"
 #include "runtime/decoder.h"
@@ -106,11 +107,12 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   for (const auto& s : req.stop)
     if (s.empty()) fail("a stop string is empty");
   Sampler sampler(req.sampling);
-  std::optional<JsonConstraint> json;
-  if (req.json_object) {
-    json.emplace(engine_.tokenizer(), engine_.eos_ids());
-    sampler.constrain([&json] { return json->allowed().data(); });
-  }
+  std::unique_ptr<PickConstraint> json;
+  if (!req.forced_tools.empty())
+    json = std::make_unique<ToolCallConstraint>(engine_.tokenizer(), engine_.eos_ids(), ToolCallAcceptor(req.forced_tools));
+  else if (req.json_object)
+    json = std::make_unique<JsonConstraint>(engine_.tokenizer(), engine_.eos_ids(), JsonAcceptor());
+  if (json) sampler.constrain([&json] { return json->allowed().data(); });
   const SpeculativeOptions spec_opt =
       resolve_speculative(engine_.model(), req.speculative.value_or(engine_.speculative()), engine_.dir());
   std::optional<Speculator> spec;

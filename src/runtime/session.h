@@ -31,6 +31,9 @@ struct GenerationRequest {
   // Constrained decoding to one JSON object (chat/json_constraint.h): every pick keeps the text a
   // prefix of one, and the answer ends when it is complete. No speculation then.
   bool json_object = false;
+  // A forced tool call (tool_choice "required" or a named function): the answer is one call, in
+  // the <tool_call> form chat/tool_calls.h parses, to one of these, its arguments a JSON object.
+  std::vector<std::string> forced_tools;
 };
 
 struct GenerationResult {

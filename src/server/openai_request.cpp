@@ -262,6 +262,18 @@ ojson template_kwargs(const ojson& v) {
   return v;
 }
 
+// tool_choice's forced call: every tool (`name` empty: "required", "any") or the one named,
+// which must be among the tools (`param` names the member of the name).
+std::vector<std::string> forced_tools(const ojson& tools, const std::string& name, const std::string& param) {
+  if (tools.is_null()) invalid_param(param, "forcing a tool call needs tools");
+  std::vector<std::string> names;
+  for (const ojson& t : tools) names.push_back(t["function"]["name"].get<std::string>());
+  if (name.empty()) return names;
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    invalid_param(param, fmt::format("{} '{}' is not among the tools", param, name.substr(0, 128)));
+  return {name};
+}
+
 // The request's `tools`, each read by `one` (null when there are none).
 ojson read_tools(const ojson& body, ojson (*one)(const ojson&, size_t)) {
   const ojson* t = member(body, "tools");
@@ -504,12 +516,25 @@ ChatRequest parse_chat_request(const ojson& body) {
 
   r.tools = read_tools(body, tool_schema);
   if (const ojson* c = member(body, "tool_choice")) {
-    if (!c->is_string()) invalid_param("tool_choice", "tool_choice must be \"auto\" or \"none\" (forcing a tool is not supported)",
-                                       "unsupported_value");
-    const std::string choice = c->get<std::string>();
-    if (choice == "none") r.tools = nullptr;
-    else if (choice != "auto")
-      invalid_param("tool_choice", fmt::format("tool_choice must be \"auto\" or \"none\", is '{}'", choice), "unsupported_value");
+    if (c->is_string()) {
+      const std::string choice = c->get<std::string>();
+      if (choice == "none") r.tools = nullptr;
+      else if (choice == "required") r.options.forced_tools = forced_tools(r.tools, "", "tool_choice");
+      else if (choice != "auto")
+        invalid_param("tool_choice", fmt::format("tool_choice must be \"auto\", \"none\", \"required\" or a function, is '{}'",
+                                                 choice));
+    } else {
+      reject_unknown(object(*c, "tool_choice"), "tool_choice", {"type", "function"});
+      const ojson* type = member(*c, "type");
+      if (!type || string(*type, "tool_choice.type") != "function")
+        invalid_param("tool_choice.type", "tool_choice.type must be \"function\"");
+      const ojson* f = member(*c, "function");
+      if (!f) invalid_param("tool_choice.function", "tool_choice.function is required", "missing_required_parameter");
+      reject_unknown(object(*f, "tool_choice.function"), "tool_choice.function", {"name"});
+      const ojson* name = member(*f, "name");
+      if (!name) invalid_param("tool_choice.function.name", "tool_choice.function.name is required", "missing_required_parameter");
+      r.options.forced_tools = forced_tools(r.tools, string(*name, "tool_choice.function.name"), "tool_choice.function.name");
+    }
   }
   if (const ojson* v = member(body, "parallel_tool_calls")) boolean(*v, "parallel_tool_calls");
   if (const ojson* v = member(body, "logprobs"); v && boolean(*v, "logprobs"))
@@ -607,13 +632,17 @@ ChatRequest parse_messages_request(const ojson& body) {
     const ojson* type = member(*c, "type");
     if (!type) invalid_param("tool_choice.type", "tool_choice.type is required", "missing_required_parameter");
     const std::string choice = string(*type, "tool_choice.type");
-    if (choice == "none") r.tools = nullptr;
-    else if (choice != "auto")
-      invalid_param("tool_choice.type",
-                    fmt::format("tool_choice.type '{}' is not supported: forcing a tool needs constrained decoding; "
-                                "\"auto\" and \"none\" are",
-                                choice),
-                    "unsupported_value");
+    if (choice == "none") {
+      r.tools = nullptr;
+    } else if (choice == "any") {
+      r.options.forced_tools = forced_tools(r.tools, "", "tool_choice");
+    } else if (choice == "tool") {
+      const ojson* name = member(*c, "name");
+      if (!name) invalid_param("tool_choice.name", "tool_choice.name is required", "missing_required_parameter");
+      r.options.forced_tools = forced_tools(r.tools, string(*name, "tool_choice.name"), "tool_choice.name");
+    } else if (choice != "auto") {
+      invalid_param("tool_choice.type", fmt::format("tool_choice.type must be auto, any, tool or none, is '{}'", choice));
+    }
     if (const ojson* d = member(*c, "disable_parallel_tool_use")) boolean(*d, "tool_choice.disable_parallel_tool_use");
   }
   return r;
@@ -676,10 +705,22 @@ ChatRequest parse_responses_request(const ojson& body) {
   }
   r.tools = read_tools(body, response_tool);
   if (const ojson* c = member(body, "tool_choice")) {
-    if (!c->is_string() || (c->get<std::string>() != "auto" && c->get<std::string>() != "none"))
-      invalid_param("tool_choice", "tool_choice must be \"auto\" or \"none\": forcing a tool needs constrained decoding",
-                    "unsupported_value");
-    if (c->get<std::string>() == "none") r.tools = nullptr;
+    if (c->is_string()) {
+      const std::string choice = c->get<std::string>();
+      if (choice == "none") r.tools = nullptr;
+      else if (choice == "required") o.forced_tools = forced_tools(r.tools, "", "tool_choice");
+      else if (choice != "auto")
+        invalid_param("tool_choice", fmt::format("tool_choice must be \"auto\", \"none\", \"required\" or a function, is '{}'",
+                                                 choice));
+    } else {
+      reject_unknown(object(*c, "tool_choice"), "tool_choice", {"type", "name"});
+      const ojson* type = member(*c, "type");
+      if (!type || string(*type, "tool_choice.type") != "function")
+        invalid_param("tool_choice.type", "tool_choice.type must be \"function\"");
+      const ojson* name = member(*c, "name");
+      if (!name) invalid_param("tool_choice.name", "tool_choice.name is required", "missing_required_parameter");
+      o.forced_tools = forced_tools(r.tools, string(*name, "tool_choice.name"), "tool_choice.name");
+    }
   }
   return r;
 }

@@ -27,6 +27,7 @@ struct CompletionOptions {
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // extension (vLLM's name): generate past end-of-sequence tokens
   bool json_object = false;    // response_format {"type": "json_object"}: constrained to one JSON object
+  std::vector<std::string> forced_tools;  // tool_choice "required" or a function: one call to one of these
   // Extension: MTP speculation for this request ("off", "mtp" or {"mode", "draft"}); unset: the server's.
   std::optional<SpeculativeOptions> speculative;
 };

@@ -686,6 +686,7 @@ GenerationRequest HttpServer::generation_request(std::vector<int> prompt, const 
   g.stop = o.stop;
   g.ignore_eos = o.ignore_eos;
   g.json_object = o.json_object;
+  g.forced_tools = o.forced_tools;
   g.speculative = o.speculative;
   g.deadline = Clock::now() + std::chrono::milliseconds(int64_t(opts_.request_timeout_s * 1000));
   try {

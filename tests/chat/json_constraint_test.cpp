@@ -68,11 +68,29 @@ TEST(JsonAcceptor, BoundsNestingAndWhitespace) {
   EXPECT_TRUE(complete("{\"" + spaces + spaces + "\": 1}"));  // inside a string it is text
 }
 
+TEST(ToolCallAcceptor, TakesOneCallToANamedTool) {
+  const std::string call = "<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>";
+  ToolCallAcceptor a({"list", "read"});
+  EXPECT_TRUE(a.feed(call));
+  EXPECT_TRUE(a.complete());
+  EXPECT_FALSE(a.feed('\n'));  // one call, then end-of-sequence
+  auto taken = [](std::vector<std::string> names, const std::string& text) {
+    ToolCallAcceptor t(std::move(names));
+    for (size_t i = 0; i < text.size(); ++i)
+      if (!t.feed(text[i])) return i;
+    return text.size();
+  };
+  EXPECT_EQ(taken({"list"}, call), std::string("<tool_call>\n{\"name\": \"").size());  // another tool
+  EXPECT_EQ(taken({"read"}, "Sure. " + call), 0u);                                     // nothing before the call
+  EXPECT_EQ(taken({"read"}, "<tool_call>\n{\"name\": \"read\", \"arguments\": [1]}"),
+            std::string("<tool_call>\n{\"name\": \"read\", \"arguments\": ").size());  // arguments are an object
+}
+
 TEST(JsonConstraint, MasksTheTokensThatBreakTheObject) {
   MS_REQUIRE_SHARED("models/pycoder-moe", dir);
   const Tokenizer tok = Tokenizer::load(dir + "/tokenizer.json");
   const int eos = 0;  // <|endoftext|>
-  JsonConstraint c(tok, {eos});
+  JsonConstraint c(tok, {eos}, JsonAcceptor());
   auto check = [&](const std::string& context) {
     const std::vector<uint8_t>& allowed = c.allowed();
     int n = 0;

@@ -121,7 +121,9 @@ TEST(OpenAIRequest, ChatErrorsNameTheMember) {
       {h + R"(, "tools": [{"type": "function"}]})", "tools[0].function", "missing_required_parameter"},
       {h + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]})", "tools[0].function.parameters",
        "invalid_type"},
-      {h + R"(, "tool_choice": "required"})", "tool_choice", "unsupported_value"},
+      {h + R"(, "tool_choice": "required"})", "tool_choice", "invalid_value"},  // no tools to force
+      {h + R"(, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}})",
+       "tool_choice.function.name", "invalid_value"},
       {h + R"(, "model": 7})", "model", "invalid_type"},
   };
   for (const Case& c : cases) {
@@ -175,8 +177,8 @@ TEST(MessagesRequest, ErrorsNameTheMember) {
       {R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a",
           "name": "f", "input": {}}]}]})",
        "messages[0].content[0].type", "unsupported_value"},
-      {"{" + m + R"(, "max_tokens": 5, "tool_choice": {"type": "tool", "name": "f"}})", "tool_choice.type",
-       "unsupported_value"},
+      {"{" + m + R"(, "max_tokens": 5, "tool_choice": {"type": "tool", "name": "f"}})", "tool_choice.name",
+       "invalid_value"},
       {"{" + m + R"(, "max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": 1024}})", "thinking",
        "unsupported_value"},
       {"{" + m + R"(, "max_tokens": 5, "tools": [{"type": "web_search_20250305", "name": "web_search"}]})", "tools[0].type",
@@ -215,7 +217,7 @@ TEST(ResponsesRequest, ErrorsNameTheMember) {
       {R"({"input": "x", "previous_response_id": "resp_1"})", "previous_response_id", "unsupported_value"},
       {R"({"input": "x", "store": true})", "store", "unsupported_value"},
       {R"({"input": "x", "tools": [{"type": "web_search"}]})", "tools[0].type", "unsupported_value"},
-      {R"({"input": "x", "tool_choice": "required"})", "tool_choice", "unsupported_value"},
+      {R"({"input": "x", "tool_choice": "required"})", "tool_choice", "invalid_value"},
       {R"({"input": "x", "text": {"format": {"type": "json_schema"}}})", "text.format", "unsupported_value"},
       {R"({"input": [{"type": "input_image"}]})", "input[0].type", "unsupported_value"},
       {R"({"input": [{"role": "user", "content": [{"type": "input_file"}]}]})", "input[0].content[0].type",

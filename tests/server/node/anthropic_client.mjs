@@ -1,7 +1,7 @@
 // The official Anthropic TypeScript SDK (`@anthropic-ai/sdk`) against `moestream serve`
 // (pycoder-moe) on the Messages API: a message, the same message streamed (its events and the
 // SDK's final message), a conversation holding a tool_use block and its tool_result, a stop
-// sequence, the key in x-api-key, and errors as the SDK's typed errors.
+// sequence, a forced tool, the key in x-api-key, and errors as the SDK's typed errors.
 //   node anthropic_client.mjs MOESTREAM_BINARY MODEL_DIR
 // Exits 77 (ctest: skipped) when the model or the installed client is missing.
 import { strict as assert } from 'node:assert';
@@ -82,8 +82,14 @@ await withServer(binary, modelDir, 'node-test-key', async (port) => {
     assert.match(e.error.error.message, /max_tokens/);
     return true;
   });
-  await assert.rejects(client.messages.create({ ...request, tool_choice: { type: 'any' }, tools }),
-    Anthropic.BadRequestError);
+  // A forced tool: the answer is one tool_use block of that tool, its input an object.
+  const forced = await client.messages.create({ ...request, max_tokens: 96, tools, tool_choice: { type: 'tool', name: 'read_file' } });
+  assert.equal(forced.stop_reason, 'tool_use');
+  assert.equal(forced.content.length, 1);
+  assert.equal(forced.content[0].type, 'tool_use');
+  assert.equal(forced.content[0].name, 'read_file');
+  assert.equal(typeof forced.content[0].input, 'object');
+  await assert.rejects(client.messages.create({ ...request, tool_choice: { type: 'any' } }), Anthropic.BadRequestError);
   const wrongKey = new Anthropic({ baseURL: `http://127.0.0.1:${port}`, apiKey: 'wrong', maxRetries: 0 });
   await assert.rejects(wrongKey.messages.create(request), Anthropic.AuthenticationError);
   console.log('errors: ok');

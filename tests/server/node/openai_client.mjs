@@ -140,6 +140,19 @@ await withServer(binary, modelDir, 'node-test-key', async (port) => {
   }
   console.log('tools:', JSON.stringify(msg));
 
+  // tool_choice "required" and a named function: one call of a tool (that one), finish_reason
+  // tool_calls, its arguments a JSON object.
+  for (const tool_choice of ['required', { type: 'function', function: { name: 'read_file' } }]) {
+    const forced = await client.chat.completions.create({
+      model, tools, tool_choice, max_tokens: 96, messages: [{ role: 'user', content: 'What does data.txt hold?' }],
+    });
+    assert.equal(forced.choices[0].finish_reason, 'tool_calls', JSON.stringify(forced.choices[0]));
+    const calls = forced.choices[0].message.tool_calls;
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0].function.name, 'read_file');
+    assert.equal(typeof JSON.parse(calls[0].function.arguments), 'object');
+  }
+
   // A text completion.
   const completion = await client.completions.create({ model, prompt: 'def add(a, b):', max_tokens: 4 });
   assert.equal(completion.object, 'text_completion');
