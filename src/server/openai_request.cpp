@@ -587,7 +587,7 @@ TextCompletionRequest parse_completion_request(const ojson& body, int vocab) {
   return r;
 }
 
-ChatRequest parse_messages_request(const ojson& body) {
+ChatRequest parse_messages_request(const ojson& body, bool count_only) {
   reject_unknown(body, "",
                  {"model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p", "top_k",
                   "stream", "tools", "tool_choice", "metadata", "thinking", "service_tier", "ignore_eos", "speculative"});
@@ -597,8 +597,8 @@ ChatRequest parse_messages_request(const ojson& body) {
   if (!model) invalid_param("model", "model is required", "missing_required_parameter");
   string(*model, "model");  // one model is served: any name selects it
   const ojson* max_tokens = member(body, "max_tokens");
-  if (!max_tokens) invalid_param("max_tokens", "max_tokens is required", "missing_required_parameter");
-  o.max_tokens = int(integer(*max_tokens, "max_tokens", 1, 1 << 30));
+  if (!max_tokens && !count_only) invalid_param("max_tokens", "max_tokens is required", "missing_required_parameter");
+  if (max_tokens) o.max_tokens = int(integer(*max_tokens, "max_tokens", 1, 1 << 30));
   read_sampling(body, 1, o.sampling);  // Anthropic's temperature goes to 1
   if (const ojson* v = member(body, "stop_sequences")) {
     if (array(*v, "stop_sequences").size() > 16) invalid_param("stop_sequences", "stop_sequences holds at most 16 strings");

@@ -50,7 +50,8 @@ ChatRequest parse_chat_request(const nlohmann::ordered_json& body);
 // An Anthropic Messages API request (POST /v1/messages) as the chat request it asks for: the
 // system prompt first, tool_result blocks as tool messages, tool_use blocks as tool calls, tools'
 // input_schema as their parameters. Throws ApiError (400) naming the member at fault.
-ChatRequest parse_messages_request(const nlohmann::ordered_json& body);
+// count_only: the body of /v1/messages/count_tokens (max_tokens not required).
+ChatRequest parse_messages_request(const nlohmann::ordered_json& body, bool count_only = false);
 // An OpenAI Responses API request (POST /v1/responses) as the chat request it asks for:
 // instructions as the system prompt, input items as messages (function_call items as the
 // assistant's tool calls, function_call_output items as tool messages). Nothing is stored.

@@ -604,6 +604,9 @@ std::string HttpServer::stats_json() const {
   j["queue"] = {{"waiting", queue_.waiting()}, {"running", queue_.busy() ? 1 : 0}, {"limit", opts_.queue_limit}};
   const HttpCounters h = http_->counters();
   j["http"] = {{"open", h.open}, {"accepted", h.accepted}, {"refused", h.refused}, {"timed_out", h.timed_out}, {"rejected", h.rejected}};
+  ojson by_api = ojson::object();
+  for (size_t i = 0; i < kApis; ++i) by_api[kApiNames[i]] = api_requests_[i].load();
+  j["requests_by_api"] = std::move(by_api);
   for (auto it = s.begin(); it != s.end(); ++it) j[it.key()] = it.value();
   return j.dump();
 }
@@ -626,8 +629,10 @@ void HttpServer::add_routes() {
     return error_response(ApiError(status, message, type, "", code));
   });
 
-  auto guarded = [this](HttpResponse (HttpServer::*handler)(const HttpRequest&)) {
-    return [this, handler](const HttpRequest& req) {
+  // Each API's requests are counted (/api/stats, /metrics), whatever becomes of them.
+  auto guarded = [this](HttpResponse (HttpServer::*handler)(const HttpRequest&), Api api) {
+    return [this, handler, api](const HttpRequest& req) {
+      ++api_requests_[size_t(api)];
       try {
         return (this->*handler)(req);
       } catch (const ApiError& e) {
@@ -637,15 +642,19 @@ void HttpServer::add_routes() {
     };
   };
   using Runs = HttpTransport::Runs;
-  h.route("POST", "/v1/chat/completions", guarded(&HttpServer::chat_completions), Runs::OnWorker);
-  h.route("POST", "/v1/completions", guarded(&HttpServer::completions), Runs::OnWorker);
+  h.route("POST", "/v1/chat/completions", guarded(&HttpServer::chat_completions, Api::ChatCompletions), Runs::OnWorker);
+  h.route("POST", "/v1/completions", guarded(&HttpServer::completions, Api::Completions), Runs::OnWorker);
   // Anthropic's errors have their own shape: {"type": "error", "error": {"type", "message"}}.
-  h.route("POST", "/v1/messages", [this, guarded](const HttpRequest& r) {
-    HttpResponse res = guarded(&HttpServer::messages)(r);
-    if (res.status >= 400 && !res.stream) res.body = anthropic_error(res.status, res.body);
-    return res;
-  }, Runs::OnWorker);
-  h.route("POST", "/v1/responses", guarded(&HttpServer::responses), Runs::OnWorker);
+  auto anthropic = [guarded](HttpResponse (HttpServer::*handler)(const HttpRequest&), Api api) {
+    return [handler = guarded(handler, api)](const HttpRequest& r) {
+      HttpResponse res = handler(r);
+      if (res.status >= 400 && !res.stream) res.body = anthropic_error(res.status, res.body);
+      return res;
+    };
+  };
+  h.route("POST", "/v1/messages", anthropic(&HttpServer::messages, Api::Messages), Runs::OnWorker);
+  h.route("POST", "/v1/messages/count_tokens", anthropic(&HttpServer::count_tokens, Api::CountTokens), Runs::OnWorker);
+  h.route("POST", "/v1/responses", guarded(&HttpServer::responses, Api::Responses), Runs::OnWorker);
   h.route("GET", "/v1/models", [this](const HttpRequest&) {
     return json_response(200, {{"object", "list"}, {"data", ojson::array({model_object()})}});
   }, Runs::OnIoThread);
@@ -664,7 +673,11 @@ void HttpServer::add_routes() {
           Runs::OnIoThread);
   h.route("GET", "/metrics", [this](const HttpRequest&) {
     QueueState q{queue_.waiting(), opts_.queue_limit, queue_.busy()};
-    return text_response(prometheus_text(stats_.snapshot(), q, http_->counters()), "text/plain; version=0.0.4");
+    std::string text = prometheus_text(stats_.snapshot(), q, http_->counters());
+    text += "# HELP moestream_api_requests_total Requests received per API.\n# TYPE moestream_api_requests_total counter\n";
+    for (size_t i = 0; i < kApis; ++i)
+      text += fmt::format("moestream_api_requests_total{{api=\"{}\"}} {}\n", kApiNames[i], api_requests_[i].load());
+    return text_response(std::move(text), "text/plain; version=0.0.4");
   }, Runs::OnIoThread);
 }
 
@@ -722,6 +735,11 @@ HttpResponse HttpServer::messages(const HttpRequest& req) {
   const int prompt_tokens = int(g.prompt.size());
   return start_job(std::move(g), std::make_shared<MessagesFormat>(opts_.model_name, cr.options.stream,
                                                                   !cr.tools.is_null(), prompt_tokens));
+}
+
+HttpResponse HttpServer::count_tokens(const HttpRequest& req) {
+  const ChatRequest cr = parse_messages_request(parse_body(req.body), /*count_only=*/true);
+  return json_response(200, {{"input_tokens", chat_prompt_ids(engine_, cr).size()}});
 }
 
 HttpResponse HttpServer::responses(const HttpRequest& req) {

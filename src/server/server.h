@@ -1,6 +1,8 @@
 #pragma once
 // `moestream serve`: an OpenAI-compatible HTTP server over one Engine (docs/serve.md).
+#include <array>
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -47,14 +49,22 @@ class HttpServer {
   HttpResponse chat_completions(const HttpRequest& req);
   HttpResponse completions(const HttpRequest& req);
   HttpResponse messages(const HttpRequest& req);   // Anthropic's Messages API
+  HttpResponse count_tokens(const HttpRequest& req);  // ... and its token count of a request
   HttpResponse responses(const HttpRequest& req);  // OpenAI's Responses API
   GenerationRequest generation_request(std::vector<int> prompt, const CompletionOptions& o, const char* prompt_param) const;
   HttpResponse start_job(GenerationRequest g, std::shared_ptr<Formatter> f);
   std::string stats_json() const;
   nlohmann::ordered_json model_object() const;  // the served model as /v1/models lists it
 
+  // The APIs whose requests /api/stats and /metrics count, and their names there.
+  enum class Api : uint8_t { ChatCompletions, Completions, Messages, CountTokens, Responses };
+  static constexpr size_t kApis = 5;
+  static constexpr const char* kApiNames[kApis] = {"chat_completions", "completions", "messages",
+                                                   "messages_count_tokens", "responses"};
+
   const Engine& engine_;
   ServerOptions opts_;
+  std::array<std::atomic<uint64_t>, kApis> api_requests_{};
   EngineStats stats_;
   Session session_;
   GenerationQueue queue_;

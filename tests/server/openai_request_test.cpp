@@ -186,7 +186,7 @@ TEST(MessagesRequest, ErrorsNameTheMember) {
       {"{" + m + R"(, "max_tokens": 5, "tools": [{"name": "f"}]})", "tools[0].input_schema", "missing_required_parameter"},
       {"{" + m + R"(, "max_tokens": 5, "top_logprobs": 2})", "top_logprobs", "unknown_parameter"},
   };
-  expect_errors(cases, parse_messages_request);
+  expect_errors(cases, [](const json& body) { return parse_messages_request(body); });
 }
 
 // The Responses API read as the chat it asks for: instructions first, function_call items joined

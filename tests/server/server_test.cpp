@@ -132,12 +132,18 @@ TEST_F(ServerTest, HealthModelsStatsMetrics) {
   EXPECT_EQ(s["layers"][0]["routed"].size(), 128u);
   EXPECT_FALSE(s["recent_requests"].empty());
   EXPECT_GT(s["recent_requests"].back()["decode_tok_s"].get<double>(), 0);
+  // Requests per API: the completion above, and a bad Messages request (counted all the same).
+  const uint64_t messages = s["requests_by_api"]["messages"];
+  EXPECT_GE(s["requests_by_api"]["completions"].get<uint64_t>(), 1u);
+  ASSERT_EQ(post("/v1/messages", R"({"model": "m"})")->status, 400);
+  EXPECT_EQ(stats()["requests_by_api"]["messages"].get<uint64_t>(), messages + 1);
 
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_EQ(m->status, 200);
   for (const char* line : {"# TYPE moestream_requests_served_total counter", "moestream_resident_bytes{kind=\"dense\"}",
-                           "moestream_expert_routed_total{layer=\"0\",expert=\"0\"}", "moestream_uptime_seconds"})
+                           "moestream_expert_routed_total{layer=\"0\",expert=\"0\"}", "moestream_uptime_seconds",
+                           "moestream_api_requests_total{api=\"responses\"}"})
     EXPECT_NE(m->body.find(line), std::string::npos) << line;
 }
 

@@ -1,7 +1,8 @@
 // The official Anthropic TypeScript SDK (`@anthropic-ai/sdk`) against `moestream serve`
 // (pycoder-moe) on the Messages API: a message, the same message streamed (its events and the
 // SDK's final message), a conversation holding a tool_use block and its tool_result, a stop
-// sequence, a forced tool, the key in x-api-key, and errors as the SDK's typed errors.
+// sequence, a forced tool, count_tokens, the key in x-api-key, and errors as the SDK's typed
+// errors.
 //   node anthropic_client.mjs MOESTREAM_BINARY MODEL_DIR
 // Exits 77 (ctest: skipped) when the model or the installed client is missing.
 import { strict as assert } from 'node:assert';
@@ -27,6 +28,8 @@ await withServer(binary, modelDir, 'node-test-key', async (port) => {
   };
 
   const msg = await client.messages.create(request);
+  const { max_tokens, ...counted } = request;
+  assert.equal((await client.messages.countTokens(counted)).input_tokens, msg.usage.input_tokens);
   assert.equal(msg.type, 'message');
   assert.equal(msg.role, 'assistant');
   assert.equal(msg.stop_reason, 'max_tokens');
