@@ -180,6 +180,11 @@ bool JsonAcceptor::step(char c) {
   return false;
 }
 
+std::string JsonAcceptor::key() const {
+  std::string k = {char(state_), char(key_), char(hex_), char(space_run_)};
+  return k.append(literal_).append(1, '\0').append(stack_);
+}
+
 bool JsonAcceptor::feed(std::string_view s) {
   for (char c : s)
     if (!feed(c)) return false;
@@ -220,6 +225,8 @@ bool ToolCallAcceptor::feed(char c) {
   return false;
 }
 
+std::string ToolCallAcceptor::key() const { return char(phase_) + text_ + '\0' + arguments_.key(); }
+
 bool ToolCallAcceptor::feed(std::string_view s) {
   for (char c : s)
     if (!feed(c)) return false;
@@ -228,23 +235,27 @@ bool ToolCallAcceptor::feed(std::string_view s) {
 
 template <class Acceptor>
 TokenConstraint<Acceptor>::TokenConstraint(const Tokenizer& tok, std::vector<int> eos_ids, Acceptor acceptor)
-    : tok_(tok), eos_(std::move(eos_ids)), acceptor_(std::move(acceptor)), mask_(size_t(tok.vocab_size()), 0) {}
+    : tok_(tok), eos_(std::move(eos_ids)), acceptor_(std::move(acceptor)) {}
 
 template <class Acceptor>
 const std::vector<uint8_t>& TokenConstraint<Acceptor>::allowed() {
+  std::string key = acceptor_.key();
+  if (auto it = masks_.find(key); it != masks_.end()) return it->second;
+  if (masks_.size() >= kCachedMasks) masks_.clear();
+  std::vector<uint8_t>& mask = masks_[std::move(key)];
   const bool done = acceptor_.complete();
-  const int vocab = int(mask_.size());
-  for (int id = 0; id < vocab; ++id) {
-    mask_[size_t(id)] = 0;
-    if (done || tok_.is_special(id)) continue;
+  const int vocab = tok_.vocab_size();
+  mask.assign(size_t(vocab), 0);
+  for (int id = 0; id < vocab && !done; ++id) {
+    if (tok_.is_special(id)) continue;
     const std::string& bytes = tok_.token_text(id);
     if (bytes.empty()) continue;
     Acceptor a = acceptor_;
-    mask_[size_t(id)] = a.feed(bytes) ? 1 : 0;
+    mask[size_t(id)] = a.feed(bytes) ? 1 : 0;
   }
   for (int id : eos_)
-    if (id >= 0 && id < vocab) mask_[size_t(id)] = done ? 1 : 0;
-  return mask_;
+    if (id >= 0 && id < vocab) mask[size_t(id)] = done ? 1 : 0;
+  return mask;
 }
 
 template <class Acceptor>

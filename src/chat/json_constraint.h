@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace ms {
@@ -26,6 +27,8 @@ class JsonAcceptor {
   bool feed(std::string_view s);  // every byte, or false at the first that does not fit
   // The top-level object is closed: only whitespace may follow.
   bool complete() const { return state_ == State::Done; }
+  // What decides which bytes come next, as a key: equal keys take the same texts.
+  std::string key() const;
 
  private:
   enum class State : uint8_t {
@@ -66,6 +69,7 @@ class ToolCallAcceptor {
   bool feed(char c);
   bool feed(std::string_view s);
   bool complete() const { return phase_ == Phase::Done; }
+  std::string key() const;
 
  private:
   enum class Phase : uint8_t { Prefix, Arguments, Suffix, Done };
@@ -86,7 +90,9 @@ class PickConstraint {
 
 // The tokens an acceptor of bytes (JsonAcceptor, ToolCallAcceptor) takes next: allowed[id] = 1
 // for each token whose bytes it takes, the end-of-sequence ids only once its text is complete
-// (and then nothing else); special tokens never otherwise.
+// (and then nothing else); special tokens never otherwise. Masks are kept by the acceptor's
+// key() (a JSON answer's states recur: inside a string, after a value at the same depth), at
+// most kCachedMasks of them.
 template <class Acceptor>
 class TokenConstraint final : public PickConstraint {
  public:
@@ -97,10 +103,11 @@ class TokenConstraint final : public PickConstraint {
   bool complete() const { return acceptor_.complete(); }
 
  private:
+  static constexpr size_t kCachedMasks = 64;
   const Tokenizer& tok_;
   std::vector<int> eos_;
   Acceptor acceptor_;
-  std::vector<uint8_t> mask_;
+  std::unordered_map<std::string, std::vector<uint8_t>> masks_;
 };
 
 using JsonConstraint = TokenConstraint<JsonAcceptor>;

@@ -86,6 +86,17 @@ TEST(ToolCallAcceptor, TakesOneCallToANamedTool) {
             std::string("<tool_call>\n{\"name\": \"read\", \"arguments\": ").size());  // arguments are an object
 }
 
+// Equal keys take the same bytes: states that differ only in what a literal still needs do not
+// share a key (after "t" and after "n" three letters are left of each).
+TEST(JsonAcceptor, KeysTellStatesApart) {
+  JsonAcceptor t, n;
+  ASSERT_TRUE(t.feed("{\"a\": t") && n.feed("{\"a\": n"));
+  EXPECT_NE(t.key(), n.key());
+  JsonAcceptor a, b;
+  ASSERT_TRUE(a.feed("{\"a\": \"xy") && b.feed("{\"bcd\": \"z"));
+  EXPECT_EQ(a.key(), b.key());  // inside a value string of the top-level object, alike
+}
+
 TEST(JsonConstraint, MasksTheTokensThatBreakTheObject) {
   MS_REQUIRE_SHARED("models/pycoder-moe", dir);
   const Tokenizer tok = Tokenizer::load(dir + "/tokenizer.json");
