@@ -667,12 +667,11 @@ ChatRequest parse_responses_request(const ojson& body) {
   if (const ojson* v = member(body, "service_tier")) string(*v, "service_tier");
   if (const ojson* v = member(body, "truncation"); v && string(*v, "truncation") != "disabled")
     invalid_param("truncation", "only truncation \"disabled\" is supported", "unsupported_value");
-  if (const ojson* v = member(body, "store"); v && boolean(*v, "store"))
-    invalid_param("store", "responses are not stored here: send store false and the whole conversation as input",
-                  "unsupported_value");
-  if (member(body, "previous_response_id"))
-    invalid_param("previous_response_id", "responses are not stored here: send the whole conversation as input",
-                  "unsupported_value");
+  if (const ojson* v = member(body, "store")) r.store = boolean(*v, "store");
+  if (const ojson* v = member(body, "previous_response_id")) {
+    r.previous_response_id = string(*v, "previous_response_id");
+    if (r.previous_response_id.empty()) invalid_param("previous_response_id", "previous_response_id must not be empty");
+  }
   if (const ojson* v = member(body, "include"); v && !array(*v, "include").empty())
     invalid_param("include", "include is not supported", "unsupported_value");
   if (const ojson* v = member(body, "reasoning")) {

@@ -37,6 +37,10 @@ struct ChatRequest {
   nlohmann::ordered_json messages;  // normalised for the chat template: content is a string
   nlohmann::ordered_json tools;     // null when none (or tool_choice "none")
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
+  // The Responses API: the response this one continues (its conversation goes first), and
+  // whether this one is kept for later ones to continue (`store`, default true).
+  std::string previous_response_id;
+  bool store = true;
 };
 
 struct TextCompletionRequest {
@@ -54,7 +58,8 @@ ChatRequest parse_chat_request(const nlohmann::ordered_json& body);
 ChatRequest parse_messages_request(const nlohmann::ordered_json& body, bool count_only = false);
 // An OpenAI Responses API request (POST /v1/responses) as the chat request it asks for:
 // instructions as the system prompt, input items as messages (function_call items as the
-// assistant's tool calls, function_call_output items as tool messages). Nothing is stored.
+// assistant's tool calls, function_call_output items as tool messages). previous_response_id is
+// left for the server to resolve.
 ChatRequest parse_responses_request(const nlohmann::ordered_json& body);
 TextCompletionRequest parse_completion_request(const nlohmann::ordered_json& body, int vocab);
 

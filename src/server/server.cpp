@@ -7,6 +7,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <random>
 #include <thread>
@@ -401,8 +402,12 @@ class HttpServer::MessagesFormat final : public HttpServer::Formatter {
 // output_item.done, response.completed or response.incomplete), each with a sequence_number.
 class HttpServer::ResponsesFormat final : public HttpServer::Formatter {
  public:
-  ResponsesFormat(std::string model, bool stream, bool parse_tools, std::optional<int> max_output_tokens)
+  // on_done(id, message): the answer as the chat's assistant message, once it is complete.
+  using OnDone = std::function<void(const std::string& id, const ojson& message)>;
+  ResponsesFormat(std::string model, bool stream, bool parse_tools, std::optional<int> max_output_tokens,
+                  std::string previous, OnDone on_done)
       : model_(std::move(model)), stream_(stream), parse_tools_(parse_tools), max_output_tokens_(max_output_tokens),
+        previous_(std::move(previous)), on_done_(std::move(on_done)),
         deltas_(parse_tools, [] { return random_id("call_"); }), id_(random_id("resp_")),
         created_(std::time(nullptr)) {}
 
@@ -430,9 +435,11 @@ class HttpServer::ResponsesFormat final : public HttpServer::Formatter {
         output_.push_back(message_item(t, "completed"));
       if (msg.contains("tool_calls"))
         for (const ojson& c : msg["tool_calls"]) output_.push_back(call_item(c, "completed"));
+      done();
       return final_response(r).dump(-1, ' ', false, ojson::error_handler_t::replace);
     }
     std::string out = items(deltas_.finish()) + close_text();
+    done();
     const ojson f = final_response(r);
     return out + event({{"type", f["status"] == "completed" ? "response.completed" : "response.incomplete"}, {"response", f}});
   }
@@ -452,6 +459,18 @@ class HttpServer::ResponsesFormat final : public HttpServer::Formatter {
                        data.dump(-1, ' ', false, ojson::error_handler_t::replace));
   }
 
+  // The output as the chat's assistant message (the same call ids), to on_done.
+  void done() const {
+    if (!on_done_) return;
+    ojson m = {{"role", "assistant"}, {"content", ""}};
+    for (const ojson& item : output_) {
+      if (item["type"] == "message") m["content"] = m["content"].get<std::string>() + item["content"][0]["text"].get<std::string>();
+      else m["tool_calls"].push_back({{"id", item["call_id"]}, {"type", "function"},
+                                      {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}});
+    }
+    on_done_(id_, m);
+  }
+
   ojson response(const char* status, ojson incomplete, ojson usage) const {
     return {{"id", id_},
             {"object", "response"},
@@ -464,7 +483,7 @@ class HttpServer::ResponsesFormat final : public HttpServer::Formatter {
             {"model", model_},
             {"output", output_},
             {"parallel_tool_calls", true},
-            {"previous_response_id", nullptr},
+            {"previous_response_id", previous_.empty() ? ojson(nullptr) : ojson(previous_)},
             {"tool_choice", "auto"},
             {"tools", ojson::array()},
             {"store", false},
@@ -552,6 +571,8 @@ class HttpServer::ResponsesFormat final : public HttpServer::Formatter {
   std::string model_;
   bool stream_, parse_tools_;
   std::optional<int> max_output_tokens_;
+  std::string previous_;
+  OnDone on_done_;
   ChatDeltaStream deltas_;
   std::string id_, text_id_ = random_id("msg_");
   std::time_t created_;
@@ -591,6 +612,19 @@ void HttpServer::shutdown() {
   const auto until = Clock::now() + std::chrono::seconds(5);
   while (open_responses_ > 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   http_->stop();
+}
+
+void HttpServer::StoredResponses::keep(const std::string& id, ojson turns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kept_.emplace_back(id, std::move(turns));
+  if (kept_.size() > kKept) kept_.pop_front();
+}
+
+std::optional<ojson> HttpServer::StoredResponses::find(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [k, turns] : kept_)
+    if (k == id) return turns;
+  return std::nullopt;
 }
 
 ojson HttpServer::model_object() const {
@@ -744,9 +778,35 @@ HttpResponse HttpServer::count_tokens(const HttpRequest& req) {
 
 HttpResponse HttpServer::responses(const HttpRequest& req) {
   ChatRequest cr = parse_responses_request(parse_body(req.body));
+  // The conversation goes on from a stored response: its turns (not its instructions) first.
+  ojson turns = ojson::array();
+  if (!cr.previous_response_id.empty()) {
+    std::optional<ojson> before = stored_responses_.find(cr.previous_response_id);
+    if (!before)
+      throw ApiError(400,
+                     fmt::format("previous response '{}' is not kept here (the last {} stored responses are, while the "
+                                 "server runs)",
+                                 cr.previous_response_id.substr(0, 128), StoredResponses::kKept),
+                     "invalid_request_error", "previous_response_id", "previous_response_not_found");
+    turns = std::move(*before);
+  }
+  for (const ojson& m : cr.messages)
+    if (m["role"] != "system") turns.push_back(m);
+  ojson messages = ojson::array();
+  for (const ojson& m : cr.messages)
+    if (m["role"] == "system") messages.push_back(m);
+  for (const ojson& m : turns) messages.push_back(m);
+  cr.messages = std::move(messages);
   GenerationRequest g = generation_request(chat_prompt_ids(engine_, cr), cr.options, "input");
-  return start_job(std::move(g), std::make_shared<ResponsesFormat>(opts_.model_name, cr.options.stream,
-                                                                   !cr.tools.is_null(), cr.options.max_tokens));
+  ResponsesFormat::OnDone keep;
+  if (cr.store)
+    keep = [this, turns = std::move(turns)](const std::string& id, const ojson& answer) mutable {
+      turns.push_back(answer);
+      stored_responses_.keep(id, std::move(turns));
+    };
+  return start_job(std::move(g), std::make_shared<ResponsesFormat>(opts_.model_name, cr.options.stream, !cr.tools.is_null(),
+                                                                   cr.options.max_tokens, cr.previous_response_id,
+                                                                   std::move(keep)));
 }
 
 HttpResponse HttpServer::completions(const HttpRequest& req) {

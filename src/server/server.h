@@ -4,6 +4,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <mutex>
+#include <deque>
 #include <string>
 
 #include "runtime/engine.h"
@@ -62,8 +65,22 @@ class HttpServer {
   static constexpr const char* kApiNames[kApis] = {"chat_completions", "completions", "messages",
                                                    "messages_count_tokens", "responses"};
 
+  // The Responses API's stored responses: each one's conversation (chat messages, its answer
+  // last), the last kKept of them, for previous_response_id.
+  class StoredResponses {
+   public:
+    static constexpr size_t kKept = 256;
+    void keep(const std::string& id, nlohmann::ordered_json turns);
+    std::optional<nlohmann::ordered_json> find(const std::string& id) const;
+
+   private:
+    mutable std::mutex mu_;
+    std::deque<std::pair<std::string, nlohmann::ordered_json>> kept_;  // oldest first
+  };
+
   const Engine& engine_;
   ServerOptions opts_;
+  StoredResponses stored_responses_;
   std::array<std::atomic<uint64_t>, kApis> api_requests_{};
   EngineStats stats_;
   Session session_;

@@ -214,8 +214,8 @@ TEST(ResponsesRequest, ErrorsNameTheMember) {
   const std::vector<Case> cases = {
       {R"({"model": "m"})", "input", "missing_required_parameter"},
       {R"({"input": []})", "input", "invalid_value"},
-      {R"({"input": "x", "previous_response_id": "resp_1"})", "previous_response_id", "unsupported_value"},
-      {R"({"input": "x", "store": true})", "store", "unsupported_value"},
+      {R"({"input": "x", "previous_response_id": ""})", "previous_response_id", "invalid_value"},
+      {R"({"input": "x", "store": 1})", "store", "invalid_type"},
       {R"({"input": "x", "tools": [{"type": "web_search"}]})", "tools[0].type", "unsupported_value"},
       {R"({"input": "x", "tool_choice": "required"})", "tool_choice", "invalid_value"},
       {R"({"input": "x", "text": {"format": {"type": "json_schema"}}})", "text.format", "unsupported_value"},

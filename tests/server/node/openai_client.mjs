@@ -114,7 +114,14 @@ await withServer(binary, modelDir, 'node-test-key', async (port) => {
   });
   assert.ok(respTools.usage.input_tokens > 60, 'the tool schema is in the prompt');
   for (const item of respTools.output) if (item.type === 'function_call') JSON.parse(item.arguments);
+  // previous_response_id: the stored conversation goes on (its earlier turns in the prompt); an
+  // unknown id or one stored with store: false is a 400.
+  const next = await client.responses.create({ model, previous_response_id: resp.id, input: 'Now subtract them.', max_output_tokens: 8 });
+  assert.equal(next.previous_response_id, resp.id);
+  assert.ok(next.usage.input_tokens > resp.usage.input_tokens + resp.usage.output_tokens, 'the earlier turns are in the prompt');
   await assert.rejects(client.responses.create({ ...respRequest, previous_response_id: 'resp_1' }), OpenAI.BadRequestError);
+  const unstored = await client.responses.create({ ...respRequest, store: false });
+  await assert.rejects(client.responses.create({ model, previous_response_id: unstored.id, input: 'x' }), OpenAI.BadRequestError);
   console.log(`responses: ${types.length} events`);
 
   // Tools, and a conversation already holding an assistant tool call and the tool's result.
