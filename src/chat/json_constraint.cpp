@@ -235,7 +235,11 @@ bool ToolCallAcceptor::feed(std::string_view s) {
 
 template <class Acceptor>
 TokenConstraint<Acceptor>::TokenConstraint(const Tokenizer& tok, std::vector<int> eos_ids, Acceptor acceptor)
-    : tok_(tok), eos_(std::move(eos_ids)), acceptor_(std::move(acceptor)) {}
+    : tok_(tok), eos_(std::move(eos_ids)), acceptor_(std::move(acceptor)), by_first_byte_(256) {
+  for (int id = 0; id < tok_.vocab_size(); ++id)
+    if (!tok_.is_special(id) && !tok_.token_text(id).empty())
+      by_first_byte_[uint8_t(tok_.token_text(id)[0])].push_back(id);
+}
 
 template <class Acceptor>
 const std::vector<uint8_t>& TokenConstraint<Acceptor>::allowed() {
@@ -246,12 +250,13 @@ const std::vector<uint8_t>& TokenConstraint<Acceptor>::allowed() {
   const bool done = acceptor_.complete();
   const int vocab = tok_.vocab_size();
   mask.assign(size_t(vocab), 0);
-  for (int id = 0; id < vocab && !done; ++id) {
-    if (tok_.is_special(id)) continue;
-    const std::string& bytes = tok_.token_text(id);
-    if (bytes.empty()) continue;
-    Acceptor a = acceptor_;
-    mask[size_t(id)] = a.feed(bytes) ? 1 : 0;
+  for (int b = 0; b < 256 && !done; ++b) {
+    if (by_first_byte_[size_t(b)].empty()) continue;
+    if (Acceptor first = acceptor_; !first.feed(char(b))) continue;
+    for (int id : by_first_byte_[size_t(b)]) {
+      Acceptor a = acceptor_;
+      mask[size_t(id)] = a.feed(tok_.token_text(id)) ? 1 : 0;
+    }
   }
   for (int id : eos_)
     if (id >= 0 && id < vocab) mask[size_t(id)] = done ? 1 : 0;

@@ -92,7 +92,7 @@ class PickConstraint {
 // for each token whose bytes it takes, the end-of-sequence ids only once its text is complete
 // (and then nothing else); special tokens never otherwise. Masks are kept by the acceptor's
 // key() (a JSON answer's states recur: inside a string, after a value at the same depth), at
-// most kCachedMasks of them.
+// most kCachedMasks of them; a new one tries only the tokens whose first byte the acceptor takes.
 template <class Acceptor>
 class TokenConstraint final : public PickConstraint {
  public:
@@ -108,6 +108,7 @@ class TokenConstraint final : public PickConstraint {
   std::vector<int> eos_;
   Acceptor acceptor_;
   std::unordered_map<std::string, std::vector<uint8_t>> masks_;
+  std::vector<std::vector<int>> by_first_byte_;  // [256]: the tokens a pick may make, by first byte
 };
 
 using JsonConstraint = TokenConstraint<JsonAcceptor>;
