@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "chat/json_constraint.h"
+#include "chat/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace ms;
@@ -37,6 +38,13 @@ std::pair<double, double> mask_us(Constraint& c, const Tokenizer& tok, const std
 
 }  // namespace
 
+// The JSON answer's schema (every member required, in order).
+constexpr const char* kSchema = R"({"type": "object", "additionalProperties": false,
+  "required": ["name", "x", "y", "tags", "valid", "meta"],
+  "properties": {"name": {"type": "string"}, "x": {"type": "number"}, "y": {"type": "integer"},
+    "tags": {"type": "array", "items": {"type": "string"}}, "valid": {"type": "boolean"},
+    "meta": {"type": "object", "properties": {"source": {"enum": ["bench", "test"]}}, "required": ["source"]}}})";
+
 int main(int argc, char** argv) {
   std::vector<std::string> files(argv + 1, argv + argc);
   if (files.empty())
@@ -52,8 +60,11 @@ int main(int argc, char** argv) {
     ToolCallConstraint t(tok, {}, ToolCallAcceptor({"list_dir", "read_file"}));
     const auto [jm, ja] = mask_us(j, tok, json);
     const auto [tm, ta] = mask_us(t, tok, call);
-    std::printf("%s: vocab %d, mask a step (median / mean): JSON object %.0f / %.0f us, forced tool call %.0f / %.0f us\n",
-                f.c_str(), tok.vocab_size(), jm, ja, tm, ta);
+    SchemaConstraint s(tok, {}, SchemaAcceptor(JsonSchema::compile(nlohmann::ordered_json::parse(kSchema))));
+    const auto [sm, sa] = mask_us(s, tok, json);
+    std::printf("%s: vocab %d, mask a step (median / mean): JSON object %.0f / %.0f us, JSON schema %.0f / %.0f us, "
+                "forced tool call %.0f / %.0f us\n",
+                f.c_str(), tok.vocab_size(), jm, ja, sm, sa, tm, ta);
   }
   return 0;
 }

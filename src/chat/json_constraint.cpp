@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "chat/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ms {
@@ -235,10 +236,14 @@ bool ToolCallAcceptor::feed(std::string_view s) {
 
 template <class Acceptor>
 TokenConstraint<Acceptor>::TokenConstraint(const Tokenizer& tok, std::vector<int> eos_ids, Acceptor acceptor)
-    : tok_(tok), eos_(std::move(eos_ids)), acceptor_(std::move(acceptor)), by_first_byte_(256) {
-  for (int id = 0; id < tok_.vocab_size(); ++id)
-    if (!tok_.is_special(id) && !tok_.token_text(id).empty())
-      by_first_byte_[uint8_t(tok_.token_text(id)[0])].push_back(id);
+    : tok_(tok), eos_(std::move(eos_ids)), acceptor_(std::move(acceptor)), by_first_byte_(256),
+      plain_(size_t(tok.vocab_size()), 0) {
+  for (int id = 0; id < tok_.vocab_size(); ++id) {
+    const std::string& bytes = tok_.token_text(id);
+    if (tok_.is_special(id) || bytes.empty()) continue;
+    by_first_byte_[uint8_t(bytes[0])].push_back(id);
+    plain_[size_t(id)] = std::none_of(bytes.begin(), bytes.end(), [](char c) { return c == '"' || c == '\\' || uint8_t(c) < 0x20; });
+  }
 }
 
 template <class Acceptor>
@@ -250,10 +255,15 @@ const std::vector<uint8_t>& TokenConstraint<Acceptor>::allowed() {
   const bool done = acceptor_.complete();
   const int vocab = tok_.vocab_size();
   mask.assign(size_t(vocab), 0);
+  const bool in_string = acceptor_.in_string();
   for (int b = 0; b < 256 && !done; ++b) {
     if (by_first_byte_[size_t(b)].empty()) continue;
     if (Acceptor first = acceptor_; !first.feed(char(b))) continue;
     for (int id : by_first_byte_[size_t(b)]) {
+      if (in_string && plain_[size_t(id)]) {
+        mask[size_t(id)] = 1;
+        continue;
+      }
       Acceptor a = acceptor_;
       mask[size_t(id)] = a.feed(tok_.token_text(id)) ? 1 : 0;
     }
@@ -271,5 +281,6 @@ void TokenConstraint<Acceptor>::accept(int id) {
 
 template class TokenConstraint<JsonAcceptor>;
 template class TokenConstraint<ToolCallAcceptor>;
+template class TokenConstraint<SchemaAcceptor>;
 
 }  // namespace ms

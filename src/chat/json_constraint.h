@@ -13,6 +13,7 @@
 namespace ms {
 
 class Tokenizer;
+class SchemaAcceptor;
 
 // Whether a text is a prefix of a JSON object that starts at its first byte, fed byte by byte.
 class JsonAcceptor {
@@ -29,6 +30,8 @@ class JsonAcceptor {
   bool complete() const { return state_ == State::Done; }
   // What decides which bytes come next, as a key: equal keys take the same texts.
   std::string key() const;
+  // Inside a string (not an escape): any bytes but '"', '\\' and control characters keep it so.
+  bool in_string() const { return state_ == State::String; }
 
  private:
   enum class State : uint8_t {
@@ -70,6 +73,7 @@ class ToolCallAcceptor {
   bool feed(std::string_view s);
   bool complete() const { return phase_ == Phase::Done; }
   std::string key() const;
+  bool in_string() const { return phase_ == Phase::Arguments && arguments_.in_string(); }
 
  private:
   enum class Phase : uint8_t { Prefix, Arguments, Suffix, Done };
@@ -92,7 +96,8 @@ class PickConstraint {
 // for each token whose bytes it takes, the end-of-sequence ids only once its text is complete
 // (and then nothing else); special tokens never otherwise. Masks are kept by the acceptor's
 // key() (a JSON answer's states recur: inside a string, after a value at the same depth), at
-// most kCachedMasks of them; a new one tries only the tokens whose first byte the acceptor takes.
+// most kCachedMasks of them; a new one tries only the tokens whose first byte the acceptor takes,
+// and inside a string takes the tokens of plain string bytes without trying them.
 template <class Acceptor>
 class TokenConstraint final : public PickConstraint {
  public:
@@ -109,9 +114,11 @@ class TokenConstraint final : public PickConstraint {
   Acceptor acceptor_;
   std::unordered_map<std::string, std::vector<uint8_t>> masks_;
   std::vector<std::vector<int>> by_first_byte_;  // [256]: the tokens a pick may make, by first byte
+  std::vector<uint8_t> plain_;                   // [vocab]: no '"', '\\' or control byte in the token
 };
 
 using JsonConstraint = TokenConstraint<JsonAcceptor>;
 using ToolCallConstraint = TokenConstraint<ToolCallAcceptor>;
+using SchemaConstraint = TokenConstraint<SchemaAcceptor>;  // chat/json_schema.h
 
 }  // namespace ms

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "chat/json_constraint.h"
+#include "chat/json_schema.h"
 #include "runtime/decoder.h"
 #include "util/error.h"
 
@@ -110,6 +111,8 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   std::unique_ptr<PickConstraint> json;
   if (!req.forced_tools.empty())
     json = std::make_unique<ToolCallConstraint>(engine_.tokenizer(), engine_.eos_ids(), ToolCallAcceptor(req.forced_tools));
+  else if (req.json_schema)
+    json = std::make_unique<SchemaConstraint>(engine_.tokenizer(), engine_.eos_ids(), SchemaAcceptor(req.json_schema));
   else if (req.json_object)
     json = std::make_unique<JsonConstraint>(engine_.tokenizer(), engine_.eos_ids(), JsonAcceptor());
   if (json) sampler.constrain([&json] { return json->allowed().data(); });

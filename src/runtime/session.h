@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,8 @@
 #include "runtime/stats.h"
 
 namespace ms {
+
+class JsonSchema;
 
 struct GenerationRequest {
   std::vector<int> prompt;
@@ -34,6 +37,8 @@ struct GenerationRequest {
   // A forced tool call (tool_choice "required" or a named function): the answer is one call, in
   // the <tool_call> form chat/tool_calls.h parses, to one of these, its arguments a JSON object.
   std::vector<std::string> forced_tools;
+  // Constrained decoding to a JSON text that validates against this schema (chat/json_schema.h).
+  std::shared_ptr<const JsonSchema> json_schema;
 };
 
 struct GenerationResult {

@@ -10,6 +10,7 @@
 
 #include "server/api_error.h"
 #include "chat/chat_template.h"
+#include "chat/json_schema.h"
 #include "util/json.h"
 #include "tokenizer/utf8.h"
 
@@ -260,6 +261,21 @@ ojson template_kwargs(const ojson& v) {
                     fmt::format("chat_template_kwargs.{} is set by the server and cannot be replaced", key),
                     "reserved_parameter");
   return v;
+}
+
+// A json_schema format's schema ({"schema": ..., "name", "strict", "description"} at `param`),
+// compiled; what it cannot take is a 400 naming the keyword.
+std::shared_ptr<const JsonSchema> compiled_schema(const ojson& format, const std::string& param) {
+  const ojson* s = member(format, "schema");
+  if (!s) invalid_param(param + ".schema", param + ".schema is required", "missing_required_parameter");
+  if (const ojson* n = member(format, "name")) string(*n, param + ".name");
+  if (const ojson* n = member(format, "strict")) boolean(*n, param + ".strict");
+  if (const ojson* n = member(format, "description")) string(*n, param + ".description");
+  try {
+    return JsonSchema::compile(*s);
+  } catch (const SchemaError& e) {
+    invalid_param(param + ".schema" + (e.path.empty() ? "" : "." + e.path), e.what(), "unsupported_value");
+  }
 }
 
 // tool_choice's forced call: every tool (`name` empty: "required", "any") or the one named,
@@ -543,12 +559,19 @@ ChatRequest parse_chat_request(const ojson& body) {
   if (const ojson* v = member(body, "response_format")) {
     const ojson* type = member(object(*v, "response_format"), "type");
     const std::string t = type ? string(*type, "response_format.type") : "";
-    if (t == "json_object") r.options.json_object = true;
-    else if (t != "text")
-      invalid_param("response_format",
-                    "response_format must be {\"type\": \"text\"} or {\"type\": \"json_object\"} (json_schema is not "
-                    "supported yet)",
-                    "unsupported_value");
+    if (t == "json_object") {
+      r.options.json_object = true;
+    } else if (t == "json_schema") {
+      reject_unknown(*v, "response_format", {"type", "json_schema"});
+      const ojson* js = member(*v, "json_schema");
+      if (!js) invalid_param("response_format.json_schema", "response_format.json_schema is required", "missing_required_parameter");
+      reject_unknown(object(*js, "response_format.json_schema"), "response_format.json_schema",
+                     {"name", "schema", "strict", "description"});
+      r.options.json_schema = compiled_schema(*js, "response_format.json_schema");
+    } else if (t != "text") {
+      invalid_param("response_format.type",
+                    fmt::format("response_format.type must be text, json_object or json_schema, is '{}'", t));
+    }
   }
   if (const ojson* v = member(body, "metadata")) object(*v, "metadata");
   if (const ojson* v = member(body, "store")) boolean(*v, "store");
@@ -684,12 +707,14 @@ ChatRequest parse_responses_request(const ojson& body) {
     if (const ojson* f = member(*v, "format")) {
       const ojson* type = member(object(*f, "text.format"), "type");
       const std::string t = type ? string(*type, "text.format.type") : "";
-      if (t == "json_object") o.json_object = true;
-      else if (t != "text")
-        invalid_param("text.format",
-                      "text.format must be {\"type\": \"text\"} or {\"type\": \"json_object\"} (json_schema is not "
-                      "supported yet)",
-                      "unsupported_value");
+      if (t == "json_object") {
+        o.json_object = true;
+      } else if (t == "json_schema") {
+        reject_unknown(*f, "text.format", {"type", "name", "schema", "strict", "description"});
+        o.json_schema = compiled_schema(*f, "text.format");
+      } else if (t != "text") {
+        invalid_param("text.format.type", fmt::format("text.format.type must be text, json_object or json_schema, is '{}'", t));
+      }
     }
   }
   r.messages = ojson::array();

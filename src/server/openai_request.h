@@ -10,6 +10,7 @@
 // - null means "not given", as in OpenAI's API.
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +19,8 @@
 #include "runtime/sampler.h"
 
 namespace ms {
+
+class JsonSchema;
 
 struct CompletionOptions {
   std::optional<int> max_tokens;  // max_tokens / max_completion_tokens; absent: up to the context
@@ -28,6 +31,7 @@ struct CompletionOptions {
   bool ignore_eos = false;     // extension (vLLM's name): generate past end-of-sequence tokens
   bool json_object = false;    // response_format {"type": "json_object"}: constrained to one JSON object
   std::vector<std::string> forced_tools;  // tool_choice "required" or a function: one call to one of these
+  std::shared_ptr<const JsonSchema> json_schema;  // response_format json_schema: constrained to validate
   // Extension: MTP speculation for this request ("off", "mtp" or {"mode", "draft"}); unset: the server's.
   std::optional<SpeculativeOptions> speculative;
 };
