@@ -290,6 +290,15 @@ std::vector<std::string> forced_tools(const ojson& tools, const std::string& nam
   return {name};
 }
 
+// tool_choice as a string, as the chat and Responses APIs share it: "auto", "none" or "required".
+void string_tool_choice(const std::string& choice, ChatRequest& r) {
+  if (choice == "none") r.tools = nullptr;
+  else if (choice == "required") r.options.forced_tools = forced_tools(r.tools, "", "tool_choice");
+  else if (choice != "auto")
+    invalid_param("tool_choice", fmt::format("tool_choice must be \"auto\", \"none\", \"required\" or a function, is '{}'",
+                                             choice));
+}
+
 // The request's `tools`, each read by `one` (null when there are none).
 ojson read_tools(const ojson& body, ojson (*one)(const ojson&, size_t)) {
   const ojson* t = member(body, "tools");
@@ -533,12 +542,7 @@ ChatRequest parse_chat_request(const ojson& body) {
   r.tools = read_tools(body, tool_schema);
   if (const ojson* c = member(body, "tool_choice")) {
     if (c->is_string()) {
-      const std::string choice = c->get<std::string>();
-      if (choice == "none") r.tools = nullptr;
-      else if (choice == "required") r.options.forced_tools = forced_tools(r.tools, "", "tool_choice");
-      else if (choice != "auto")
-        invalid_param("tool_choice", fmt::format("tool_choice must be \"auto\", \"none\", \"required\" or a function, is '{}'",
-                                                 choice));
+      string_tool_choice(c->get<std::string>(), r);
     } else {
       reject_unknown(object(*c, "tool_choice"), "tool_choice", {"type", "function"});
       const ojson* type = member(*c, "type");
@@ -730,12 +734,7 @@ ChatRequest parse_responses_request(const ojson& body) {
   r.tools = read_tools(body, response_tool);
   if (const ojson* c = member(body, "tool_choice")) {
     if (c->is_string()) {
-      const std::string choice = c->get<std::string>();
-      if (choice == "none") r.tools = nullptr;
-      else if (choice == "required") o.forced_tools = forced_tools(r.tools, "", "tool_choice");
-      else if (choice != "auto")
-        invalid_param("tool_choice", fmt::format("tool_choice must be \"auto\", \"none\", \"required\" or a function, is '{}'",
-                                                 choice));
+      string_tool_choice(c->get<std::string>(), r);
     } else {
       reject_unknown(object(*c, "tool_choice"), "tool_choice", {"type", "name"});
       const ojson* type = member(*c, "type");
