@@ -192,7 +192,9 @@ bool JsonAcceptor::feed(std::string_view s) {
   return true;
 }
 
-ToolCallAcceptor::ToolCallAcceptor(std::vector<std::string> names) {
+ToolCallAcceptor::ToolCallAcceptor(std::vector<std::string> names, std::vector<std::shared_ptr<const JsonSchema>> schemas)
+    : schemas_(std::move(schemas)) {
+  schemas_.resize(names.size());
   auto prefixes = std::make_shared<std::vector<std::string>>();
   for (const std::string& n : names) prefixes->push_back("<tool_call>\n{\"name\": \"" + n + "\", \"arguments\": ");
   prefixes_ = std::move(prefixes);
@@ -208,12 +210,16 @@ bool ToolCallAcceptor::feed(char c) {
         if (p.compare(0, next.size(), next) == 0) any = true, whole |= p.size() == next.size();
       if (!any) return false;
       text_ = next;
-      if (whole) phase_ = Phase::Arguments, text_.clear();
+      if (whole) {
+        for (size_t i = 0; i < prefixes_->size(); ++i)
+          if ((*prefixes_)[i] == text_ && schemas_[i]) strict_.emplace(schemas_[i]);
+        phase_ = Phase::Arguments, text_.clear();
+      }
       return true;
     }
     case Phase::Arguments:
-      if (!arguments_.feed(c)) return false;
-      if (arguments_.complete()) phase_ = Phase::Suffix;
+      if (!arguments_feed(c)) return false;
+      if (arguments_complete()) phase_ = Phase::Suffix;
       return true;
     case Phase::Suffix:
       if (kSuffix[text_.size()] != c) return false;
@@ -226,7 +232,17 @@ bool ToolCallAcceptor::feed(char c) {
   return false;
 }
 
-std::string ToolCallAcceptor::key() const { return char(phase_) + text_ + '\0' + arguments_.key(); }
+bool ToolCallAcceptor::arguments_feed(char c) { return strict_ ? strict_->feed(c) : arguments_.feed(c); }
+
+bool ToolCallAcceptor::arguments_complete() const { return strict_ ? strict_->complete() : arguments_.complete(); }
+
+bool ToolCallAcceptor::in_string() const {
+  return phase_ == Phase::Arguments && (strict_ ? strict_->in_string() : arguments_.in_string());
+}
+
+std::string ToolCallAcceptor::key() const {
+  return char(phase_) + text_ + '\0' + (strict_ ? "S" + strict_->key() : arguments_.key());
+}
 
 bool ToolCallAcceptor::feed(std::string_view s) {
   for (char c : s)

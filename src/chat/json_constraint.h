@@ -5,15 +5,17 @@
 // takes; end-of-sequence only once it is complete, and nothing else after it.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "chat/json_schema.h"
+
 namespace ms {
 
 class Tokenizer;
-class SchemaAcceptor;
 
 // Whether a text is a prefix of a JSON object that starts at its first byte, fed byte by byte.
 class JsonAcceptor {
@@ -65,22 +67,29 @@ class JsonAcceptor {
 
 // One tool call in the Hermes/Qwen form chat/tool_calls.h parses, to one of `names`:
 //   <tool_call>\n{"name": "NAME", "arguments": {...}}\n</tool_call>
-// (tool_choice "required" or a named function), fed byte by byte.
+// (tool_choice "required" or a named function), fed byte by byte. The arguments are a JSON object,
+// one that validates against the tool's schema where `schemas` has one (a strict tool's).
 class ToolCallAcceptor {
  public:
-  explicit ToolCallAcceptor(std::vector<std::string> names);
+  explicit ToolCallAcceptor(std::vector<std::string> names,
+                            std::vector<std::shared_ptr<const JsonSchema>> schemas = {});
   bool feed(char c);
   bool feed(std::string_view s);
   bool complete() const { return phase_ == Phase::Done; }
   std::string key() const;
-  bool in_string() const { return phase_ == Phase::Arguments && arguments_.in_string(); }
+  bool in_string() const;
 
  private:
   enum class Phase : uint8_t { Prefix, Arguments, Suffix, Done };
+  bool arguments_feed(char c);
+  bool arguments_complete() const;
+
   std::shared_ptr<const std::vector<std::string>> prefixes_;  // one a name: the text up to the arguments
+  std::vector<std::shared_ptr<const JsonSchema>> schemas_;    // by name; null: any JSON object
   Phase phase_ = Phase::Prefix;
   std::string text_;  // of the prefix or suffix so far
   JsonAcceptor arguments_;
+  std::optional<SchemaAcceptor> strict_;  // the arguments of a tool with a schema
 };
 
 // What a pick may make next under a constraint on the answer's text ([vocab] mask), and the

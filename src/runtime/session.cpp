@@ -110,7 +110,7 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   Sampler sampler(req.sampling);
   std::unique_ptr<PickConstraint> json;
   if (!req.forced_tools.empty())
-    json = std::make_unique<ToolCallConstraint>(engine_.tokenizer(), engine_.eos_ids(), ToolCallAcceptor(req.forced_tools));
+    json = std::make_unique<ToolCallConstraint>(engine_.tokenizer(), engine_.eos_ids(), ToolCallAcceptor(req.forced_tools, req.forced_tool_schemas));
   else if (req.json_schema)
     json = std::make_unique<SchemaConstraint>(engine_.tokenizer(), engine_.eos_ids(), SchemaAcceptor(req.json_schema));
   else if (req.json_object)

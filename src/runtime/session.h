@@ -37,6 +37,7 @@ struct GenerationRequest {
   // A forced tool call (tool_choice "required" or a named function): the answer is one call, in
   // the <tool_call> form chat/tool_calls.h parses, to one of these, its arguments a JSON object.
   std::vector<std::string> forced_tools;
+  std::vector<std::shared_ptr<const JsonSchema>> forced_tool_schemas;  // by forced_tools: a strict tool's parameters
   // Constrained decoding to a JSON text that validates against this schema (chat/json_schema.h).
   std::shared_ptr<const JsonSchema> json_schema;
 };

@@ -278,22 +278,36 @@ std::shared_ptr<const JsonSchema> compiled_schema(const ojson& format, const std
   }
 }
 
-// tool_choice's forced call: every tool (`name` empty: "required", "any") or the one named,
-// which must be among the tools (`param` names the member of the name).
-std::vector<std::string> forced_tools(const ojson& tools, const std::string& name, const std::string& param) {
+// tool_choice's forced call into o: every tool (`name` empty: "required", "any") or the one
+// named, which must be among the tools (`param` names the member of the name); a strict tool's
+// parameters compiled, so that its arguments validate.
+void force_tools(const ojson& tools, const std::string& name, const std::string& param, CompletionOptions& o) {
   if (tools.is_null()) invalid_param(param, "forcing a tool call needs tools");
-  std::vector<std::string> names;
-  for (const ojson& t : tools) names.push_back(t["function"]["name"].get<std::string>());
-  if (name.empty()) return names;
-  if (std::find(names.begin(), names.end(), name) == names.end())
-    invalid_param(param, fmt::format("{} '{}' is not among the tools", param, name.substr(0, 128)));
-  return {name};
+  bool found = name.empty();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& f = tools[i]["function"];
+    const std::string n = f["name"].get<std::string>();
+    found |= n == name;
+    if (!name.empty() && n != name) continue;
+    std::shared_ptr<const JsonSchema> schema;
+    if (f.contains("strict") && f["strict"] == true && f.contains("parameters")) {
+      const std::string p = fmt::format("tools[{}].function.parameters", i);
+      try {
+        schema = JsonSchema::compile(f["parameters"]);
+      } catch (const SchemaError& e) {
+        invalid_param(p + (e.path.empty() ? "" : "." + e.path), e.what(), "unsupported_value");
+      }
+    }
+    o.forced_tools.push_back(n);
+    o.forced_tool_schemas.push_back(std::move(schema));
+  }
+  if (!found) invalid_param(param, fmt::format("{} '{}' is not among the tools", param, name.substr(0, 128)));
 }
 
 // tool_choice as a string, as the chat and Responses APIs share it: "auto", "none" or "required".
 void string_tool_choice(const std::string& choice, ChatRequest& r) {
   if (choice == "none") r.tools = nullptr;
-  else if (choice == "required") r.options.forced_tools = forced_tools(r.tools, "", "tool_choice");
+  else if (choice == "required") force_tools(r.tools, "", "tool_choice", r.options);
   else if (choice != "auto")
     invalid_param("tool_choice", fmt::format("tool_choice must be \"auto\", \"none\", \"required\" or a function, is '{}'",
                                              choice));
@@ -500,7 +514,7 @@ ojson response_tool(const ojson& v, size_t index) {
   ojson fn = {{"name", name->get<std::string>()}};
   if (const ojson* d = member(v, "description")) fn["description"] = string(*d, p + ".description");
   fn["parameters"] = member(v, "parameters") ? object(*member(v, "parameters"), p + ".parameters") : ojson::object();
-  if (const ojson* s = member(v, "strict")) boolean(*s, p + ".strict");
+  if (const ojson* s = member(v, "strict")) fn["strict"] = boolean(*s, p + ".strict");
   return {{"type", "function"}, {"function", std::move(fn)}};
 }
 
@@ -553,7 +567,7 @@ ChatRequest parse_chat_request(const ojson& body) {
       reject_unknown(object(*f, "tool_choice.function"), "tool_choice.function", {"name"});
       const ojson* name = member(*f, "name");
       if (!name) invalid_param("tool_choice.function.name", "tool_choice.function.name is required", "missing_required_parameter");
-      r.options.forced_tools = forced_tools(r.tools, string(*name, "tool_choice.function.name"), "tool_choice.function.name");
+      force_tools(r.tools, string(*name, "tool_choice.function.name"), "tool_choice.function.name", r.options);
     }
   }
   if (const ojson* v = member(body, "parallel_tool_calls")) boolean(*v, "parallel_tool_calls");
@@ -662,11 +676,11 @@ ChatRequest parse_messages_request(const ojson& body, bool count_only) {
     if (choice == "none") {
       r.tools = nullptr;
     } else if (choice == "any") {
-      r.options.forced_tools = forced_tools(r.tools, "", "tool_choice");
+      force_tools(r.tools, "", "tool_choice", r.options);
     } else if (choice == "tool") {
       const ojson* name = member(*c, "name");
       if (!name) invalid_param("tool_choice.name", "tool_choice.name is required", "missing_required_parameter");
-      r.options.forced_tools = forced_tools(r.tools, string(*name, "tool_choice.name"), "tool_choice.name");
+      force_tools(r.tools, string(*name, "tool_choice.name"), "tool_choice.name", r.options);
     } else if (choice != "auto") {
       invalid_param("tool_choice.type", fmt::format("tool_choice.type must be auto, any, tool or none, is '{}'", choice));
     }
@@ -742,7 +756,7 @@ ChatRequest parse_responses_request(const ojson& body) {
         invalid_param("tool_choice.type", "tool_choice.type must be \"function\"");
       const ojson* name = member(*c, "name");
       if (!name) invalid_param("tool_choice.name", "tool_choice.name is required", "missing_required_parameter");
-      o.forced_tools = forced_tools(r.tools, string(*name, "tool_choice.name"), "tool_choice.name");
+      force_tools(r.tools, string(*name, "tool_choice.name"), "tool_choice.name", o);
     }
   }
   return r;

@@ -31,6 +31,7 @@ struct CompletionOptions {
   bool ignore_eos = false;     // extension (vLLM's name): generate past end-of-sequence tokens
   bool json_object = false;    // response_format {"type": "json_object"}: constrained to one JSON object
   std::vector<std::string> forced_tools;  // tool_choice "required" or a function: one call to one of these
+  std::vector<std::shared_ptr<const JsonSchema>> forced_tool_schemas;  // by forced_tools: strict tools' parameters
   std::shared_ptr<const JsonSchema> json_schema;  // response_format json_schema: constrained to validate
   // Extension: MTP speculation for this request ("off", "mtp" or {"mode", "draft"}); unset: the server's.
   std::optional<SpeculativeOptions> speculative;

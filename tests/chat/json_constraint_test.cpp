@@ -97,6 +97,21 @@ TEST(JsonAcceptor, KeysTellStatesApart) {
   EXPECT_EQ(a.key(), b.key());  // inside a value string of the top-level object, alike
 }
 
+// A strict tool's arguments validate against its parameters; another tool's are any object.
+TEST(ToolCallAcceptor, HoldsAStrictToolsArgumentsToItsSchema) {
+  const auto path = JsonSchema::compile(nlohmann::ordered_json::parse(
+      R"({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": false})"));
+  const std::vector<std::string> names = {"read", "list"};
+  auto takes = [&](const std::string& name, const std::string& args) {
+    ToolCallAcceptor a(names, {path, nullptr});
+    return a.feed("<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": " + args + "}\n</tool_call>") && a.complete();
+  };
+  EXPECT_TRUE(takes("read", R"({"path": "a.txt"})"));
+  EXPECT_FALSE(takes("read", R"({"path": 1})"));
+  EXPECT_FALSE(takes("read", R"({"file": "a.txt"})"));
+  EXPECT_TRUE(takes("list", R"({"file": "a.txt", "n": 1})"));
+}
+
 TEST(JsonConstraint, MasksTheTokensThatBreakTheObject) {
   MS_REQUIRE_SHARED("models/pycoder-moe", dir);
   const Tokenizer tok = Tokenizer::load(dir + "/tokenizer.json");

@@ -170,16 +170,26 @@ await withServer(binary, modelDir, 'node-test-key', async (port) => {
   console.log('tools:', JSON.stringify(msg));
 
   // tool_choice "required" and a named function: one call of a tool (that one), finish_reason
-  // tool_calls, its arguments a JSON object.
-  for (const tool_choice of ['required', { type: 'function', function: { name: 'read_file' } }]) {
+  // tool_calls, its arguments a JSON object; a strict tool's arguments validate against its
+  // parameters.
+  const strictTools = [{ type: 'function', function: { ...tools[0].function, strict: true,
+    parameters: { ...tools[0].function.parameters, additionalProperties: false } } }];
+  for (const [tool_choice, toolList] of [['required', tools], [{ type: 'function', function: { name: 'read_file' } }, tools],
+    [{ type: 'function', function: { name: 'read_file' } }, strictTools]]) {
     const forced = await client.chat.completions.create({
-      model, tools, tool_choice, max_tokens: 96, messages: [{ role: 'user', content: 'What does data.txt hold?' }],
+      model, tools: toolList, tool_choice, max_tokens: 96, messages: [{ role: 'user', content: 'What does data.txt hold?' }],
     });
     assert.equal(forced.choices[0].finish_reason, 'tool_calls', JSON.stringify(forced.choices[0]));
     const calls = forced.choices[0].message.tool_calls;
     assert.equal(calls.length, 1);
     assert.equal(calls[0].function.name, 'read_file');
-    assert.equal(typeof JSON.parse(calls[0].function.arguments), 'object');
+    const args = JSON.parse(calls[0].function.arguments);
+    assert.equal(typeof args, 'object');
+    if (toolList === strictTools) {
+      assert.deepEqual(Object.keys(args), ['path'], calls[0].function.arguments);
+      assert.equal(typeof args.path, 'string');
+      console.log('strict tool call:', calls[0].function.arguments);
+    }
   }
 
   // A text completion.
