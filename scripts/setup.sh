@@ -15,8 +15,8 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The openai and @anthropic-ai/sdk npm clients for the server's client tests (tests/server/node),
-# pinned by its lock file.
+# The npm clients of the server's client tests (tests/server/node: openai, @anthropic-ai/sdk,
+# the AI SDK, LangChain), pinned by its lock file.
 if command -v npm >/dev/null 2>&1; then
   here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   (cd "$here/tests/server/node" && npm ci --no-audit --no-fund)

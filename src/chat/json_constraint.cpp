@@ -51,10 +51,14 @@ bool JsonAcceptor::end_number(char c) {
 
 bool JsonAcceptor::feed(char c) {
   const bool in_string = state_ == State::String || state_ == State::Escape || state_ == State::Unicode;
-  const bool structural_space = space(c) && !in_string;
-  if (structural_space && space_run_ >= kMaxSpaceRun) return false;
+  if (space(c) && !in_string) {
+    int run = space_run_;
+    if (!gap_space(run, c) || !step(c)) return false;
+    space_run_ = run;
+    return true;
+  }
   if (!step(c)) return false;
-  space_run_ = structural_space ? space_run_ + 1 : 0;
+  space_run_ = 0;
   return true;
 }
 

@@ -20,10 +20,8 @@ class Tokenizer;
 // Whether a text is a prefix of a JSON object that starts at its first byte, fed byte by byte.
 class JsonAcceptor {
  public:
-  static constexpr int kMaxDepth = 64;     // nesting past this is refused
-  // Whitespace between tokens, at most this many bytes in a row: a model that prefers it would
-  // otherwise fill max_tokens with it (llama.cpp's JSON grammar bounds it too).
-  static constexpr int kMaxSpaceRun = 16;
+  static constexpr int kMaxDepth = 64;  // nesting past this is refused
+  // Whitespace between tokens: as gap_space (chat/json_schema.h) allows.
 
   // Takes one more byte; false (and the state unchanged) when no JSON object text goes on so.
   bool feed(char c);
@@ -61,7 +59,7 @@ class JsonAcceptor {
   std::string stack_;            // '{' or '[' per open container
   bool key_ = false;             // the string being read is an object key
   int hex_ = 0;
-  int space_run_ = 0;            // whitespace bytes between tokens just taken
+  int space_run_ = 0;            // the gap between tokens so far (gap_space)
   std::string_view literal_;
 };
 

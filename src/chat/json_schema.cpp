@@ -247,9 +247,8 @@ void SchemaAcceptor::step(const Reading& in, char c, std::vector<Reading>& out) 
                           f.phase == Phase::ObjColon || f.phase == Phase::ObjNext || f.phase == Phase::ArrOpen ||
                           f.phase == Phase::ArrNext;
   if (structural && space(c)) {
-    // The root value starts at the first byte, as JsonAcceptor's; elsewhere runs are bounded.
-    if (r.space_run >= kMaxSpaceRun || (r.stack.size() == 1 && f.phase == Phase::Value)) return;
-    ++r.space_run;
+    // The root value starts at the first byte, as JsonAcceptor's; elsewhere gaps are bounded.
+    if ((r.stack.size() == 1 && f.phase == Phase::Value) || !gap_space(r.space_run, c)) return;
     out.push_back(std::move(r));
     return;
   }

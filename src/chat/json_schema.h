@@ -21,6 +21,17 @@
 
 namespace ms {
 
+// Whitespace between a constrained answer's tokens, as llama.cpp's JSON grammar bounds it: one
+// space, or a newline and at most kMaxIndent spaces or tabs. `run` counts the gap's bytes so far
+// (0 at a token); whether c may come next in the gap, and if so run counts it. A model that likes
+// whitespace would otherwise fill max_tokens with it.
+inline constexpr int kMaxIndent = 8;
+inline bool gap_space(int& run, char c) {
+  if (run == 0 && (c == ' ' || c == '\n')) return run = c == ' ' ? kMaxIndent + 2 : 1, true;
+  if (run >= 1 && run <= kMaxIndent && (c == ' ' || c == '\t')) return ++run, true;
+  return false;
+}
+
 struct SchemaError : std::runtime_error {
   SchemaError(std::string path, const std::string& message) : std::runtime_error(message), path(std::move(path)) {}
   std::string path;  // where in the schema, e.g. "properties.point.pattern"
@@ -50,12 +61,11 @@ class JsonSchema {
 };
 
 // Whether a text is a prefix of a JSON text that validates against the schema (the root value
-// starting at the first byte, at most kMaxSpaceRun whitespace bytes in a row between tokens, the
-// properties of an object in their declared order), fed byte by byte. Several readings are followed at once where the
+// starting at the first byte, whitespace between tokens as gap_space allows, the properties of an
+// object in their declared order), fed byte by byte. Several readings are followed at once where the
 // schema allows them (anyOf, enum values that extend each other).
 class SchemaAcceptor {
  public:
-  static constexpr int kMaxSpaceRun = 16;  // as JsonAcceptor
   static constexpr int kMaxDepth = 64;
   static constexpr size_t kMaxReadings = 64;
 

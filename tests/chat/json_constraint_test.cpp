@@ -63,9 +63,13 @@ TEST(JsonAcceptor, BoundsNestingAndWhitespace) {
   std::string deep = "{\"a\":";
   for (int i = 1; i < JsonAcceptor::kMaxDepth; ++i) deep += "[";
   EXPECT_EQ(taken(deep + "["), deep.size());
-  const std::string spaces(JsonAcceptor::kMaxSpaceRun, ' ');
-  EXPECT_EQ(taken("{" + spaces + " }"), 1 + spaces.size());
-  EXPECT_TRUE(complete("{\"" + spaces + spaces + "\": 1}"));  // inside a string it is text
+  // Between tokens one space, or a newline and up to kMaxIndent spaces or tabs.
+  const std::string indent(kMaxIndent, ' ');
+  EXPECT_TRUE(complete("{\n" + indent + "\"a\": 1, \"b\":\n\t2\n}"));
+  EXPECT_EQ(taken("{  }"), 2u);
+  EXPECT_EQ(taken("{\n" + indent + " }"), 2 + indent.size());
+  EXPECT_EQ(taken("{\t}"), 1u);
+  EXPECT_TRUE(complete("{\"" + indent + indent + indent + "\": 1}"));  // inside a string it is text
 }
 
 TEST(ToolCallAcceptor, TakesOneCallToANamedTool) {
