@@ -7,6 +7,8 @@
 
 namespace ms {
 
+using json_text::space;
+
 bool JsonAcceptor::after_value() {
   if (stack_.empty()) {
     state_ = State::Done;
@@ -25,17 +27,14 @@ bool JsonAcceptor::begin_value(char c) {
       state_ = c == '{' ? State::KeyOrEnd : State::ValueOrEnd;
       return true;
     case '"': state_ = State::String, key_ = false; return true;
-    case '-': state_ = State::Minus; return true;
-    case '0': state_ = State::Zero; return true;
     case 't': state_ = State::Literal, literal_ = "rue"; return true;
     case 'f': state_ = State::Literal, literal_ = "alse"; return true;
     case 'n': state_ = State::Literal, literal_ = "ull"; return true;
     default:
-      if (c >= '1' && c <= '9') {
-        state_ = State::Int;
-        return true;
-      }
-      return false;
+      number_ = json_text::number_start(c);
+      if (number_ < 0) return false;
+      state_ = State::Number;
+      return true;
   }
 }
 
@@ -63,7 +62,6 @@ bool JsonAcceptor::feed(char c) {
 }
 
 bool JsonAcceptor::step(char c) {
-  const auto digit = [c] { return c >= '0' && c <= '9'; };
   switch (state_) {
     case State::Start:  // the answer starts with its '{'
       if (c != '{') return false;
@@ -126,54 +124,21 @@ bool JsonAcceptor::step(char c) {
         state_ = State::Unicode, hex_ = 4;
         return true;
       }
-      if (std::string_view("\"\\/bfnrt").find(c) == std::string_view::npos) return false;
+      if (!json_text::escape(c)) return false;
       state_ = State::String;
       return true;
     case State::Unicode:
-      if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))) return false;
+      if (!json_text::hex_digit(c)) return false;
       if (--hex_ == 0) state_ = State::String;
       return true;
-    case State::Minus:
-      if (c == '0') state_ = State::Zero;
-      else if (c >= '1' && c <= '9') state_ = State::Int;
-      else return false;
-      return true;
-    case State::Zero:
-    case State::Int:
-      if (digit() && state_ == State::Int) return true;
-      if (c == '.') {
-        state_ = State::Dot;
+    case State::Number: {
+      const int next = json_text::number_next(number_, c, false);
+      if (next >= 0) {
+        number_ = next;
         return true;
       }
-      if (c == 'e' || c == 'E') {
-        state_ = State::Exp;
-        return true;
-      }
-      return end_number(c);
-    case State::Dot:
-      if (!digit()) return false;
-      state_ = State::Frac;
-      return true;
-    case State::Frac:
-      if (digit()) return true;
-      if (c == 'e' || c == 'E') {
-        state_ = State::Exp;
-        return true;
-      }
-      return end_number(c);
-    case State::Exp:
-      if (c == '+' || c == '-') {
-        state_ = State::ExpSign;
-        return true;
-      }
-      [[fallthrough]];
-    case State::ExpSign:
-      if (!digit()) return false;
-      state_ = State::ExpDigits;
-      return true;
-    case State::ExpDigits:
-      if (digit()) return true;
-      return end_number(c);
+      return json_text::number_final(number_) && end_number(c);
+    }
     case State::Literal:
       if (c != literal_.front()) return false;
       literal_.remove_prefix(1);
@@ -186,7 +151,7 @@ bool JsonAcceptor::step(char c) {
 }
 
 std::string JsonAcceptor::key() const {
-  std::string k = {char(state_), char(key_), char(hex_), char(space_run_)};
+  std::string k = {char(state_), char(key_), char(hex_), char(state_ == State::Number ? number_ : 0), char(space_run_)};
   return k.append(literal_).append(1, '\0').append(stack_);
 }
 

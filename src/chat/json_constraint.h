@@ -45,7 +45,7 @@ class JsonAcceptor {
     String,         // inside a string (key or value: key_ says which)
     Escape,         // after '\' in a string
     Unicode,        // in \uXXXX: hex_ digits left
-    Minus, Zero, Int, Dot, Frac, Exp, ExpSign, ExpDigits,  // a number, by its grammar's states
+    Number,         // inside a number: number_ is its grammar's state (json_text::NumberState)
     Literal,        // inside true, false or null: literal_ holds what is left
     Done,
   };
@@ -53,12 +53,12 @@ class JsonAcceptor {
   bool begin_value(char c);      // c starts a value
   bool end_number(char c);       // c ends a number and goes on in the container
   bool step(char c);             // feed() less the whitespace bound
-  static bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
   State state_ = State::Start;
   std::string stack_;            // '{' or '[' per open container
   bool key_ = false;             // the string being read is an object key
   int hex_ = 0;
+  int number_ = 0;
   int space_run_ = 0;            // the gap between tokens so far (gap_space)
   std::string_view literal_;
 };

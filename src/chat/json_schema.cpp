@@ -147,36 +147,9 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const ojson& schema) {
 
 namespace {
 
-bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-// Number grammar states (Frame::index): after '-', '0', digits, '.', fraction digits, 'e', the
-// exponent's sign, its digits. Final where a number may end.
-enum NumberState { kMinus, kZero, kInt, kDot, kFrac, kExp, kExpSign, kExpDigits };
-bool final_state(int s) { return s == kZero || s == kInt || s == kFrac || s == kExpDigits; }
-
-// The next number state after c, or -1.
-int number_next(int s, char c, bool integer) {
-  const bool digit = c >= '0' && c <= '9';
-  switch (s) {
-    case kMinus: return c == '0' ? kZero : digit ? kInt : -1;
-    case kZero:
-    case kInt:
-      if (digit && s == kInt) return kInt;
-      if (integer) return -1;
-      if (c == '.') return kDot;
-      return c == 'e' || c == 'E' ? kExp : -1;
-    case kDot: return digit ? kFrac : -1;
-    case kFrac:
-      if (digit) return kFrac;
-      return c == 'e' || c == 'E' ? kExp : -1;
-    case kExp:
-      if (c == '+' || c == '-') return kExpSign;
-      return digit ? kExpDigits : -1;
-    case kExpSign:
-    case kExpDigits: return digit ? kExpDigits : -1;
-  }
-  return -1;
-}
+using json_text::number_final;
+using json_text::number_next;
+using json_text::space;
 
 // Whether some property at index >= from is required.
 bool required_after(const SchemaNode* n, int from) {
@@ -229,7 +202,7 @@ void SchemaAcceptor::start_value(Reading r, const SchemaNode* node, char c, std:
       return;
     case SchemaNode::Kind::Number:
     case SchemaNode::Kind::Integer: {
-      const int s = c == '-' ? kMinus : c == '0' ? kZero : (c >= '1' && c <= '9') ? kInt : -1;
+      const int s = json_text::number_start(c);
       if (s < 0) return;
       f = Frame{node, Phase::Number, s};
       out.push_back(std::move(r));
@@ -321,12 +294,12 @@ void SchemaAcceptor::step(const Reading& in, char c, std::vector<Reading>& out) 
       return;
     case Phase::Escape:
       if (c == 'u') f.phase = Phase::Unicode, f.index = 4;
-      else if (std::string_view("\"\\/bfnrt").find(c) != std::string_view::npos) f.phase = Phase::String;
+      else if (json_text::escape(c)) f.phase = Phase::String;
       else return;
       out.push_back(std::move(r));
       return;
     case Phase::Unicode:
-      if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))) return;
+      if (!json_text::hex_digit(c)) return;
       if (--f.index == 0) f.phase = Phase::String;
       out.push_back(std::move(r));
       return;
@@ -335,7 +308,7 @@ void SchemaAcceptor::step(const Reading& in, char c, std::vector<Reading>& out) 
       if (s >= 0) {
         f.index = s;
         out.push_back(std::move(r));
-      } else if (final_state(f.index)) {  // c ends the number and goes on after it
+      } else if (number_final(f.index)) {  // c ends the number and goes on after it
         std::vector<Reading> ended;
         value_done(std::move(r), ended);
         for (const Reading& e : ended) step(e, c, out);

@@ -32,6 +32,47 @@ inline bool gap_space(int& run, char c) {
   return false;
 }
 
+// Pieces of JSON text (RFC 8259) both acceptors (JsonAcceptor, SchemaAcceptor) read alike.
+namespace json_text {
+
+inline bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+inline bool hex_digit(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+inline bool escape(char c) { return std::string_view("\"\\/bfnrt").find(c) != std::string_view::npos; }  // after '\\'
+
+// A number's grammar states: after '-', '0', digits, '.', fraction digits, 'e', the exponent's
+// sign, its digits. A number may end in the final ones.
+enum NumberState { kMinus, kZero, kInt, kDot, kFrac, kExp, kExpSign, kExpDigits };
+inline bool number_final(int s) { return s == kZero || s == kInt || s == kFrac || s == kExpDigits; }
+
+// The state of a number's first byte c, or -1 where c starts none.
+inline int number_start(char c) { return c == '-' ? kMinus : c == '0' ? kZero : (c >= '1' && c <= '9') ? kInt : -1; }
+
+// The state after c, or -1 where c does not go on the number (an integer has no '.' or exponent).
+inline int number_next(int s, char c, bool integer) {
+  const bool digit = c >= '0' && c <= '9';
+  switch (s) {
+    case kMinus: return c == '0' ? kZero : digit ? kInt : -1;
+    case kZero:
+    case kInt:
+      if (digit && s == kInt) return kInt;
+      if (integer) return -1;
+      if (c == '.') return kDot;
+      return c == 'e' || c == 'E' ? kExp : -1;
+    case kDot: return digit ? kFrac : -1;
+    case kFrac:
+      if (digit) return kFrac;
+      return c == 'e' || c == 'E' ? kExp : -1;
+    case kExp:
+      if (c == '+' || c == '-') return kExpSign;
+      return digit ? kExpDigits : -1;
+    case kExpSign:
+    case kExpDigits: return digit ? kExpDigits : -1;
+  }
+  return -1;
+}
+
+}  // namespace json_text
+
 struct SchemaError : std::runtime_error {
   SchemaError(std::string path, const std::string& message) : std::runtime_error(message), path(std::move(path)) {}
   std::string path;  // where in the schema, e.g. "properties.point.pattern"

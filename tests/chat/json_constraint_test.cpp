@@ -127,7 +127,9 @@ TEST(JsonConstraint, MasksTheTokensThatBreakTheObject) {
     for (int id = 0; id < tok.vocab_size(); ++id) {
       JsonAcceptor a;
       const bool want = !tok.is_special(id) && !tok.token_text(id).empty() && a.feed(context) && a.feed(tok.token_text(id));
-      if (id != eos) EXPECT_EQ(allowed[size_t(id)], want ? 1 : 0) << context << " + '" << tok.token_text(id) << "'";
+      if (id != eos) {
+        EXPECT_EQ(allowed[size_t(id)], want ? 1 : 0) << context << " + '" << tok.token_text(id) << "'";
+      }
       n += allowed[size_t(id)];
     }
     return n;
