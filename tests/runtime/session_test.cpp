@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <chrono>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -61,35 +62,55 @@ TEST_F(SessionTest, JsonObjectAnswersAreJsonObjects) {
   }
 }
 
+// Samples `prompt` under `schema` at temperature 1 for seeds 1..seeds: every answer is a prefix
+// the acceptor takes, and `check` gets each one that ended (not cut by max_tokens), parsed.
+// Returns how many ended.
+int sample_under_schema(const Engine& engine, const char* schema_json, const std::string& prompt, int seeds,
+                        int max_tokens, const std::function<void(const nlohmann::json&, const std::string&)>& check) {
+  const auto schema = JsonSchema::compile(nlohmann::ordered_json::parse(schema_json));
+  Session s(engine);
+  int ended = 0;
+  for (int seed = 1; seed <= seeds; ++seed) {
+    GenerationRequest req;
+    req.prompt = engine.tokenizer().encode(prompt);
+    req.max_tokens = max_tokens;
+    req.json_schema = schema;
+    req.sampling.temperature = 1.f;
+    req.sampling.seed = uint64_t(seed);
+    const GenerationResult r = s.generate(req);
+    SchemaAcceptor a(schema);
+    if (!a.feed(r.text)) {  // ends the test's sampling, as an ASSERT would
+      ADD_FAILURE() << "seed " << seed << ": not a prefix the acceptor takes: " << r.text;
+      return ended;
+    }
+    if (r.finish_reason != "stop") continue;
+    ++ended;
+    check(nlohmann::json::parse(r.text), r.text);
+  }
+  return ended;
+}
+
 // Constrained to a JSON schema: over 20 seeds, sampled, every answer that ends (not cut by
 // max_tokens) parses and validates, checked here member by member; a cut one is still a prefix
 // the acceptor takes.
 TEST_F(SessionTest, JsonSchemaAnswersValidate) {
-  const auto schema = JsonSchema::compile(nlohmann::ordered_json::parse(R"({"type": "object", "required": ["x", "kind", "tags"],
+  const int ended = sample_under_schema(
+      *engine_, R"({"type": "object", "required": ["x", "kind", "tags"],
     "additionalProperties": false, "properties": {"x": {"type": "integer"}, "kind": {"enum": ["a", "b", null]},
-    "tags": {"type": "array", "items": {"type": "string"}}, "note": {"type": ["string", "null"]}}})"));
-  int ended = 0;
-  for (uint64_t seed = 1; seed <= 20; ++seed) {
-    Session s(*engine_);
-    GenerationRequest req = greedy("def point():\n    return ", 160);
-    req.json_schema = schema;
-    req.sampling.temperature = 1.f;
-    req.sampling.seed = seed;
-    const GenerationResult r = s.generate(req);
-    SchemaAcceptor a(schema);
-    ASSERT_TRUE(a.feed(r.text)) << "seed " << seed << ": " << r.text;
-    if (r.finish_reason != "stop") continue;
-    ++ended;
-    const nlohmann::json j = nlohmann::json::parse(r.text);
-    ASSERT_TRUE(j.is_object()) << r.text;
-    // An integer past int64 parses as a float here; JSON Schema's integer is any whole number.
-    const auto& x = j.at("x");
-    EXPECT_TRUE(x.is_number_integer() || (x.is_number_float() && std::floor(x.get<double>()) == x.get<double>())) << r.text;
-    EXPECT_TRUE(j.at("kind").is_null() || j.at("kind") == "a" || j.at("kind") == "b") << r.text;
-    for (const auto& t : j.at("tags")) EXPECT_TRUE(t.is_string()) << r.text;
-    if (j.contains("note")) EXPECT_TRUE(j["note"].is_string() || j["note"].is_null()) << r.text;
-    for (const auto& [k, v] : j.items()) EXPECT_TRUE(k == "x" || k == "kind" || k == "tags" || k == "note") << r.text;
-  }
+    "tags": {"type": "array", "items": {"type": "string"}}, "note": {"type": ["string", "null"]}}})",
+      "def point():\n    return ", 20, 160, [](const nlohmann::json& j, const std::string& text) {
+        ASSERT_TRUE(j.is_object()) << text;
+        // An integer past int64 parses as a float here; JSON Schema's integer is any whole number.
+        const auto& x = j.at("x");
+        EXPECT_TRUE(x.is_number_integer() || (x.is_number_float() && std::floor(x.get<double>()) == x.get<double>()))
+            << text;
+        EXPECT_TRUE(j.at("kind").is_null() || j.at("kind") == "a" || j.at("kind") == "b") << text;
+        for (const auto& t : j.at("tags")) EXPECT_TRUE(t.is_string()) << text;
+        if (j.contains("note")) {
+          EXPECT_TRUE(j["note"].is_string() || j["note"].is_null()) << text;
+        }
+        for (const auto& [k, v] : j.items()) EXPECT_TRUE(k == "x" || k == "kind" || k == "tags" || k == "note") << text;
+      });
   std::printf("json_schema: %d of 20 sampled answers ended within 160 tokens\n", ended);
   EXPECT_GT(ended, 0);
 }
@@ -99,27 +120,13 @@ TEST_F(SessionTest, JsonSchemaAnswersValidate) {
 // that nearly all end within 48 tokens).
 TEST(ConstrainedSampling, TwoHundredSeedsParseAndValidate) {
   const auto engine = Engine::load(test::embedded_model_copy("constrained-sampling"));
-  const auto schema = JsonSchema::compile(nlohmann::ordered_json::parse(
-      R"({"type": "object", "required": ["ok", "n"], "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}}})"));
-  Session s(*engine);
-  int ended = 0;
-  for (uint64_t seed = 1; seed <= 200; ++seed) {
-    GenerationRequest req;
-    req.prompt = engine->tokenizer().encode("# settings\nconfig = ");
-    req.max_tokens = 48;
-    req.json_schema = schema;
-    req.sampling.temperature = 1.f;
-    req.sampling.seed = seed;
-    const GenerationResult r = s.generate(req);
-    SchemaAcceptor a(schema);
-    ASSERT_TRUE(a.feed(r.text)) << "seed " << seed << ": " << r.text;
-    if (r.finish_reason != "stop") continue;
-    ++ended;
-    const nlohmann::json j = nlohmann::json::parse(r.text);
-    ASSERT_TRUE(j.at("ok").is_boolean()) << r.text;
-    ASSERT_TRUE(j.at("n") == 1 || j.at("n") == 2 || j.at("n") == 3) << r.text;
-    ASSERT_EQ(j.size(), 2u) << r.text;
-  }
+  const int ended = sample_under_schema(
+      *engine, R"({"type": "object", "required": ["ok", "n"], "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}}})",
+      "# settings\nconfig = ", 200, 48, [](const nlohmann::json& j, const std::string& text) {
+        ASSERT_TRUE(j.at("ok").is_boolean()) << text;
+        ASSERT_TRUE(j.at("n") == 1 || j.at("n") == 2 || j.at("n") == 3) << text;
+        ASSERT_EQ(j.size(), 2u) << text;
+      });
   std::printf("schema-constrained sampling: %d of 200 answers ended within 48 tokens, all valid\n", ended);
   EXPECT_GT(ended, 150);
 }
