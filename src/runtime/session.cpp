@@ -108,18 +108,21 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   for (const auto& s : req.stop)
     if (s.empty()) fail("a stop string is empty");
   Sampler sampler(req.sampling);
-  std::unique_ptr<PickConstraint> json;
+  // Constrained decoding (chat/json_constraint.h): a forced tool call, a JSON schema or JSON mode.
+  const Tokenizer& tok = engine_.tokenizer();
+  std::unique_ptr<PickConstraint> constraint;
   if (!req.forced_tools.empty())
-    json = std::make_unique<ToolCallConstraint>(engine_.tokenizer(), engine_.eos_ids(), ToolCallAcceptor(req.forced_tools, req.forced_tool_schemas));
+    constraint = std::make_unique<ToolCallConstraint>(tok, engine_.eos_ids(),
+                                                      ToolCallAcceptor(req.forced_tools, req.forced_tool_schemas));
   else if (req.json_schema)
-    json = std::make_unique<SchemaConstraint>(engine_.tokenizer(), engine_.eos_ids(), SchemaAcceptor(req.json_schema));
+    constraint = std::make_unique<SchemaConstraint>(tok, engine_.eos_ids(), SchemaAcceptor(req.json_schema));
   else if (req.json_object)
-    json = std::make_unique<JsonConstraint>(engine_.tokenizer(), engine_.eos_ids(), JsonAcceptor());
-  if (json) sampler.constrain([&json] { return json->allowed().data(); });
+    constraint = std::make_unique<JsonConstraint>(tok, engine_.eos_ids(), JsonAcceptor());
+  if (constraint) sampler.constrain([&constraint] { return constraint->allowed().data(); });
   const SpeculativeOptions spec_opt =
       resolve_speculative(engine_.model(), req.speculative.value_or(engine_.speculative()), engine_.dir());
   std::optional<Speculator> spec;
-  if (spec_opt.mtp && !json) spec.emplace(engine_.model(), spec_opt, &tuner_);
+  if (spec_opt.mtp && !constraint) spec.emplace(engine_.model(), spec_opt, &tuner_);
 
   GenerationResult res;
   res.prompt_tokens = int(req.prompt.size());
@@ -160,7 +163,7 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   auto accept = [&](int next) {
     res.tokens.push_back(next);
     seen.push_back(next);
-    if (json) json->accept(next);
+    if (constraint) constraint->accept(next);
     if (!req.ignore_eos && engine_.is_eos(next)) {
       res.finish_reason = "stop";
       return false;
