@@ -142,10 +142,16 @@ std::vector<int> chat_prompt_ids(const Engine& engine, const ChatRequest& cr) {
 // at the end), in one API's shapes.
 class HttpServer::Formatter {
  public:
+  explicit Formatter(bool stream) : stream_(stream) {}
   virtual ~Formatter() = default;
-  virtual const char* content_type() const = 0;
+  const char* content_type() const { return stream_ ? "text/event-stream" : "application/json"; }
   virtual std::string begin() = 0;
-  virtual std::string text(const std::string& piece) = 0;
+  // The next piece of the answer: a stream's events for it, or "" while a whole answer gathers it.
+  std::string text(const std::string& piece) {
+    if (stream_) return streamed(piece);
+    text_ += piece;
+    return "";
+  }
   virtual std::string end(const GenerationResult& r) = 0;
   // A failure: the whole answer where it comes before the headers went out (the transport then
   // sends 500), else reported in the body after a 200.
@@ -154,27 +160,27 @@ class HttpServer::Formatter {
   // with it, so that a client's own timeout and abort work as its documentation says (the
   // transport notices a client that leaves without writing to it).
   virtual std::string heartbeat() const = 0;
+
+ protected:
+  virtual std::string streamed(const std::string& piece) = 0;  // text()'s events of a stream
+
+  const bool stream_;
+  std::string text_;  // a whole answer: everything so far
 };
 
 // OpenAI chat or text completion.
 class HttpServer::OpenAIFormat final : public HttpServer::Formatter {
  public:
   OpenAIFormat(std::string model, bool chat, bool stream, bool include_usage, bool parse_tools)
-      : model_(std::move(model)), chat_(chat), stream_(stream), include_usage_(include_usage), parse_tools_(parse_tools),
+      : Formatter(stream), model_(std::move(model)), chat_(chat), include_usage_(include_usage), parse_tools_(parse_tools),
         deltas_(parse_tools), id_(random_id(chat ? "chatcmpl-" : "cmpl-")), created_(std::time(nullptr)) {}
-
-  const char* content_type() const override { return stream_ ? "text/event-stream" : "application/json"; }
 
   std::string begin() override {
     if (!stream_ || !chat_) return "";
     return sse(chunk({{"role", "assistant"}, {"content", ""}}, nullptr));
   }
 
-  std::string text(const std::string& piece) override {
-    if (!stream_) {
-      text_ += piece;
-      return "";
-    }
+  std::string streamed(const std::string& piece) override {
     if (!chat_) return sse(text_chunk(piece, nullptr));
     std::string out;
     for (const ojson& d : deltas_.feed(piece)) out += sse(chunk(d, nullptr));
@@ -244,11 +250,10 @@ class HttpServer::OpenAIFormat final : public HttpServer::Formatter {
   }
 
   std::string model_;
-  bool chat_, stream_, include_usage_, parse_tools_;
+  bool chat_, include_usage_, parse_tools_;
   ChatDeltaStream deltas_;
   std::string id_;
   std::time_t created_;
-  std::string text_;  // whole responses: everything so far
 };
 
 // The Anthropic Messages API: a message of content blocks (text, tool_use), whole or as its SSE
@@ -257,10 +262,8 @@ class HttpServer::OpenAIFormat final : public HttpServer::Formatter {
 class HttpServer::MessagesFormat final : public HttpServer::Formatter {
  public:
   MessagesFormat(std::string model, bool stream, bool parse_tools, int prompt_tokens)
-      : model_(std::move(model)), stream_(stream), parse_tools_(parse_tools), prompt_tokens_(prompt_tokens),
+      : Formatter(stream), model_(std::move(model)), parse_tools_(parse_tools), prompt_tokens_(prompt_tokens),
         deltas_(parse_tools, [] { return random_id("toolu_"); }), id_(random_id("msg_")) {}
-
-  const char* content_type() const override { return stream_ ? "text/event-stream" : "application/json"; }
 
   std::string begin() override {
     if (!stream_) return "";
@@ -269,13 +272,7 @@ class HttpServer::MessagesFormat final : public HttpServer::Formatter {
     return event("message_start", {{"type", "message_start"}, {"message", m}});
   }
 
-  std::string text(const std::string& piece) override {
-    if (!stream_) {
-      text_ += piece;
-      return "";
-    }
-    return blocks(deltas_.feed(piece));
-  }
+  std::string streamed(const std::string& piece) override { return blocks(deltas_.feed(piece)); }
 
   std::string end(const GenerationResult& r) override {
     if (!stream_) return whole(r);
@@ -387,11 +384,10 @@ class HttpServer::MessagesFormat final : public HttpServer::Formatter {
   }
 
   std::string model_;
-  bool stream_, parse_tools_;
+  bool parse_tools_;
   int prompt_tokens_;
   ChatDeltaStream deltas_;
   std::string id_;
-  std::string text_;  // whole responses: everything so far
   int index_ = 0;     // the content block being written
   bool text_open_ = false;
 };
@@ -406,12 +402,10 @@ class HttpServer::ResponsesFormat final : public HttpServer::Formatter {
   using OnDone = std::function<void(const std::string& id, const ojson& message)>;
   ResponsesFormat(std::string model, bool stream, bool parse_tools, std::optional<int> max_output_tokens,
                   std::string previous, OnDone on_done)
-      : model_(std::move(model)), stream_(stream), parse_tools_(parse_tools), max_output_tokens_(max_output_tokens),
+      : Formatter(stream), model_(std::move(model)), parse_tools_(parse_tools), max_output_tokens_(max_output_tokens),
         previous_(std::move(previous)), on_done_(std::move(on_done)),
         deltas_(parse_tools, [] { return random_id("call_"); }), id_(random_id("resp_")),
         created_(std::time(nullptr)) {}
-
-  const char* content_type() const override { return stream_ ? "text/event-stream" : "application/json"; }
 
   std::string begin() override {
     if (!stream_) return "";
@@ -419,13 +413,7 @@ class HttpServer::ResponsesFormat final : public HttpServer::Formatter {
     return event({{"type", "response.created"}, {"response", r}}) + event({{"type", "response.in_progress"}, {"response", r}});
   }
 
-  std::string text(const std::string& piece) override {
-    if (!stream_) {
-      text_ += piece;
-      return "";
-    }
-    return items(deltas_.feed(piece));
-  }
+  std::string streamed(const std::string& piece) override { return items(deltas_.feed(piece)); }
 
   std::string end(const GenerationResult& r) override {
     if (!stream_) {
@@ -569,14 +557,14 @@ class HttpServer::ResponsesFormat final : public HttpServer::Formatter {
   }
 
   std::string model_;
-  bool stream_, parse_tools_;
+  bool parse_tools_;
   std::optional<int> max_output_tokens_;
   std::string previous_;
   OnDone on_done_;
   ChatDeltaStream deltas_;
   std::string id_, text_id_ = random_id("msg_");
   std::time_t created_;
-  std::string text_, streamed_text_;
+  std::string streamed_text_;
   ojson output_ = ojson::array();  // the items done so far
   bool text_open_ = false;
   int seq_ = 0;
