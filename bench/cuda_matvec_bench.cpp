@@ -191,6 +191,14 @@ double time_us(F&& fn) {
   return 1e3 * time_ms(int(std::clamp(50.0 / once, 3.0, 1000.0)), fn);
 }
 
+// The integer GEMM's warp tiles the prefill benchmarks compare.
+const cuda::IntGemmTiles kTileChoices[] = {{1, 4, false}, {1, 4, true}, {1, 2, true}, {2, 2, false},
+                                           {2, 2, true},  {4, 2, true}};
+
+std::string tile_name(const cuda::IntGemmTiles& t) {
+  return std::to_string(16 * t.mt) + "x" + std::to_string(8 * t.nt) + (t.unroll ? "u" : "");
+}
+
 // Prefill: the custom kernel (matmul_direct) against the cuBLAS form (matmul_gemm, with the
 // default 64 MiB scratch and with 16 MiB, whose tiles stay in the L2 between the dequantization
 // and the SGEMM) at T tokens, in microseconds and TFLOP/s (2·T·rows·cols).
@@ -213,7 +221,11 @@ void run_prefill(const Config& c, int T, const std::string& filter) {
               flop / (gemm16 * 1e6));
   if (cuda::int_gemm_layout(w.mats[0])) {
     const double in = time_us([&](int i) { cuda::int_matmul(x.data(), T, w.mats[size_t(i) % copies], y.data()); });
-    std::printf(" | int %9.1f us %6.2f TFLOP/s", in, flop / (in * 1e6));
+    std::printf(" | int %9.1f us %6.2f TFLOP/s |", in, flop / (in * 1e6));
+    for (const cuda::IntGemmTiles& t : kTileChoices) {
+      const double us = time_us([&](int i) { cuda::int_matmul(x.data(), T, w.mats[size_t(i) % copies], y.data(), t); });
+      std::printf(" %s %.1f", tile_name(t).c_str(), us);
+    }
   }
   std::printf("\n");
 }
@@ -288,6 +300,12 @@ void run_prefill_experts(const std::string& filter, int bits, int group, ScaleTy
               "| %.2fx\n",
               name.c_str(), T, used.size(), apart, flop / (apart * 1e6), together, flop / (together * 1e6),
               apart / together);
+  std::printf("%-40s T=%-5d int_experts by warp tile (rows x tokens, u: a unit's loads together):", name.c_str(), T);
+  for (const cuda::IntGemmTiles& t : kTileChoices) {
+    const double us = time_us([&](int) { cuda::int_experts(ie, x.data(), T, partial.data(), t); });
+    std::printf(" %s %.1f us", tile_name(t).c_str(), us);
+  }
+  std::printf("\n");
 }
 
 // One decode step's routed experts at Qwen3-Next-80B's shape (hidden 2048, moe_intermediate 512,

@@ -1,9 +1,10 @@
 #pragma once
-// The MoE layer as a batch runs it on any backend: the router's probabilities to the host, top-k
-// there, the tokens grouped by expert, each routed expert run once over its tokens (streamed
-// experts in waves of at most the layer's free pool slots), the per-(token, slot) results summed
-// in top-k order, and the gated shared expert added. Backends call it from their moe() where no
-// fused path of their own applies; it is written over the primitives GroupedMoe names.
+// The MoE layer as a batch runs it on any backend: the routed ids to the host (top-k on the
+// device where the backend has one, else on the host), the tokens grouped by expert, each routed
+// expert run once over its tokens (streamed experts in waves of at most the layer's free pool
+// slots), the per-(token, slot) results summed in top-k order, and the gated shared expert added.
+// Backends call it from their moe() where no fused path of their own applies; it is written over
+// the primitives GroupedMoe names.
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
@@ -36,16 +37,21 @@ struct Routing {
   std::vector<float> weights;  // [T, top_k]
 };
 
-// The router's probabilities come to the host: grouping tokens by expert needs the routed ids
-// there anyway, and top-k on the host keeps the routed sets the CPU path's.
+// The routed ids come to the host: grouping tokens by expert needs them there. A backend with a
+// top-k of its own (route_topk, the same arithmetic) sends only them; otherwise the router's
+// probabilities come over and top-k runs on the host.
 template <GroupedMoe B>
 Routing route(const B& be, const ModelConfig& cfg, const Mat& router, const float* x, int T, float* probs_out) {
   const int E = cfg.n_experts, K = cfg.top_k;
   typename B::Buf logits = be.alloc(size_t(T) * size_t(E));
   be.matmul(x, T, be.mat(router), logits.data());
+  Routing r{std::vector<int>(size_t(T) * size_t(K)), std::vector<float>(size_t(T) * size_t(K))};
+  if constexpr (requires { be.route_topk(logits.data(), T, E, K, cfg.norm_topk, r.ids.data(), r.weights.data(), probs_out); }) {
+    be.route_topk(logits.data(), T, E, K, cfg.norm_topk, r.ids.data(), r.weights.data(), probs_out);
+    return r;
+  }
   be.softmax(logits.data(), T, E);
   const std::vector<float> probs = be.to_host(std::move(logits));
-  Routing r{std::vector<int>(size_t(T) * size_t(K)), std::vector<float>(size_t(T) * size_t(K))};
   for (int t = 0; t < T; ++t) {
     const float* p = probs.data() + size_t(t) * size_t(E);
     int* ids = r.ids.data() + size_t(t) * size_t(K);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -120,6 +121,18 @@ void CudaBackend::finish() const {
   pending_routes.clear();
 }
 
+void CudaBackend::route_topk(const float* logits, int T, int E, int K, bool norm_topk, int* ids, float* weights,
+                             float* probs) const {
+  const size_t n = size_t(T) * size_t(K);
+  const Buf p = alloc(size_t(T) * size_t(E));
+  cuda::DeviceArray<int> routed(2 * n);  // ids, then the weights' bits: one copy back
+  cuda::route_topk(logits, T, E, K, norm_topk, p.data(), routed.data(), reinterpret_cast<float*>(routed.data() + n));
+  std::vector<int> host = routed.to_vector();
+  std::copy_n(host.data(), n, ids);
+  std::memcpy(weights, host.data() + n, n * sizeof(float));
+  if (probs) cuda::copy_to_host(probs, p.data(), p.bytes());
+}
+
 CudaBackend::ExpertGroups CudaBackend::expert_groups(const std::vector<std::vector<int>>& users,
                                                      const std::vector<float>& weights, int K) const {
   std::vector<size_t> first{0};
@@ -133,8 +146,7 @@ CudaBackend::ExpertGroups CudaBackend::expert_groups(const std::vector<std::vect
       rows[total + j] = u;
       wt[j++] = weights[size_t(u)];
     }
-  return {cuda::DeviceArray<int>::from(rows.data(), rows.size()), cuda::DeviceArray<float>::from(wt.data(), wt.size()),
-          std::move(first)};
+  return {cuda::DeviceArray<int>::from_async(rows), cuda::DeviceArray<float>::from_async(wt), std::move(first)};
 }
 
 namespace {

@@ -99,6 +99,10 @@ struct CudaBackend {
     mlp(w, x, T, h.data(), u.data(), out);
   }
   void softmax(float* x, int rows, int n) const { cuda::softmax(x, rows, n); }
+  // model/moe.h's route() on the GPU (cuda::route_topk: the CPU path's arithmetic and ids):
+  // only ids and weights [T, K] come to the host, and probs [T, E] where given.
+  void route_topk(const float* logits, int T, int E, int K, bool norm_topk, int* ids, float* weights,
+                  float* probs) const;
   void gated_delta_rule(const float* q, const float* k, const float* v, const float* g, const float* beta, int T, int nk,
                         int nv, int dk, int dv, float* st, float* out) const {
     cuda::gated_delta_rule(q, k, v, g, beta, T, nk, nv, dk, dv, st, out);

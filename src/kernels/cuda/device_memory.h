@@ -65,6 +65,14 @@ class DeviceArray {
   static DeviceArray from(const std::vector<T>& v, DeviceAlloc mode = DeviceAlloc::Stream) {
     return from(v.data(), v.size(), mode);
   }
+  // As from, queued on the compute stream: the host does not wait for the device (host memory
+  // may be reused once it returns).
+  static DeviceArray from_async(const T* host, size_t n) {
+    DeviceArray a(n);
+    copy_to_device_async(a.p_, host, n * sizeof(T));
+    return a;
+  }
+  static DeviceArray from_async(const std::vector<T>& v) { return from_async(v.data(), v.size()); }
   // Copies n elements from host memory to elements at.. (waits for the copy) and back.
   void upload(const T* src, size_t n, size_t at = 0) {
     check_range("DeviceArray::upload", n, at);

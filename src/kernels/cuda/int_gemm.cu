@@ -106,7 +106,39 @@ __device__ __forceinline__ uint2 row_codes(const uint8_t* row, int ch, int t) {
   }
 }
 
+// The MMAs of chunk ch of the unit into c: A from the lane's rows, B from its tokens' split rows.
 template <int BITS, int MT, int NT>
+__device__ __forceinline__ void load_chunk(const uint8_t* const (&arow)[MT][2], const uint8_t* const (&brow)[NT], int ch,
+                                           int t, uint2 (&A)[MT][2], uint4 (&B)[NT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) A[mt][h] = row_codes<BITS>(arow[mt][h], ch, t);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint4* bq = reinterpret_cast<const uint4*>(brow[nt] + size_t(ch) * int_dot::kChunkBytes);
+    B[nt][0] = __ldg(bq + t), B[nt][1] = __ldg(bq + 4 + t);
+  }
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void mma_chunk(int (&c)[MT][NT][int_dot::kParts][4], const uint2 (&A)[MT][2],
+                                          const uint4 (&B)[NT][2]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint4 b0 = B[nt][0], b1 = B[nt][1];
+    const uint2 b[int_dot::kParts] = {make_uint2(b0.x, b1.x), make_uint2(b0.y, b1.y), make_uint2(b0.z, b1.z),
+                                      make_uint2(b0.w, b1.w)};
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int p = 0; p < int_dot::kParts; ++p) mma_u8s8(c[mt][nt][p], A[mt][0], A[mt][1], b[p]);
+  }
+}
+
+// CPU: the unit's chunks (group / 32) when known at compile time, whose loads then all issue
+// before their MMAs; 0 takes them one after another.
+template <int BITS, int MT, int NT, int CPU>
 __global__ void __launch_bounds__(kWarps * 32) gemm_kernel(GemmArgs a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const Item it = a.items ? a.items[blockIdx.y]
@@ -136,27 +168,23 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_kernel(GemmArgs a) {
       const int r = min(row0 + mt * 16 + g + 8 * h, a.rows - 1);
       arow[mt][h] = W.q + size_t(r) * row_bytes, grow[mt][h] = uint32_t(r) * uint32_t(a.units);
     }
-  const int chunks_per_unit = a.group / int_dot::kChunk;
+  const int chunks_per_unit = CPU > 0 ? CPU : a.group / int_dot::kChunk;
   float acc[MT][NT][4] = {};
   for (int u = 0; u < a.units; ++u) {
     int c[MT][NT][int_dot::kParts][4] = {};
-    for (int s = 0; s < chunks_per_unit; ++s) {
-      const int ch = u * chunks_per_unit + s;
-      uint2 A[MT][2];
+    if constexpr (CPU > 0) {
+      uint2 A[CPU][MT][2];
+      uint4 B[CPU][NT][2];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int s = 0; s < CPU; ++s) load_chunk<BITS, MT, NT>(arow, brow, u * CPU + s, t, A[s], B[s]);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) A[mt][h] = row_codes<BITS>(arow[mt][h], ch, t);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint4* bq = reinterpret_cast<const uint4*>(brow[nt] + size_t(ch) * int_dot::kChunkBytes);
-        const uint4 b0 = __ldg(bq + t), b1 = __ldg(bq + 4 + t);
-        const uint2 b[int_dot::kParts] = {make_uint2(b0.x, b1.x), make_uint2(b0.y, b1.y), make_uint2(b0.z, b1.z),
-                                          make_uint2(b0.w, b1.w)};
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int p = 0; p < int_dot::kParts; ++p) mma_u8s8(c[mt][nt][p], A[mt][0], A[mt][1], b[p]);
+      for (int s = 0; s < CPU; ++s) mma_chunk<MT, NT>(c, A[s], B[s]);
+    } else {
+      for (int s = 0; s < chunks_per_unit; ++s) {
+        uint2 A[MT][2];
+        uint4 B[NT][2];
+        load_chunk<BITS, MT, NT>(arow, brow, u * chunks_per_unit + s, t, A, B);
+        mma_chunk<MT, NT>(c, A, B);
       }
     }
     float sc[MT][2], bi[MT][2], p2[NT][2], xs[NT][2];
@@ -220,17 +248,35 @@ Split split(const float* x, int n, int cols, int unit) {
   return s;
 }
 
-template <int BITS, int MT, int NT>
-void launch_gemm(const GemmArgs& a, unsigned tiles, unsigned mats) {
+template <int BITS, int MT, int NT, int CPU>
+void launch_kernel(const GemmArgs& a, unsigned tiles, unsigned mats) {
   const dim3 grid(unsigned((a.rows + kWarps * 16 * MT - 1) / (kWarps * 16 * MT)), tiles, mats);
-  gemm_kernel<BITS, MT, NT><<<grid, kWarps * 32, 0, compute_stream()>>>(a);
+  gemm_kernel<BITS, MT, NT, CPU><<<grid, kWarps * 32, 0, compute_stream()>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
-// Dense products: 16 rows by 32 tokens a warp. Experts: 32 rows by 16 tokens (an expert of a
-// 512-token chunk of a 512-expert top-10 model has about ten).
-constexpr int kDenseMT = 1, kDenseNT = 4, kExpertMT = 2, kExpertNT = 2;
-constexpr int kExpertTokens = 8 * kExpertNT;
+template <int BITS, int MT, int NT>
+void launch_unrolled(const GemmArgs& a, unsigned tiles, unsigned mats, bool unroll) {
+  switch (unroll ? a.group / int_dot::kChunk : 0) {
+    case 1: return launch_kernel<BITS, MT, NT, 1>(a, tiles, mats);
+    case 2: return launch_kernel<BITS, MT, NT, 2>(a, tiles, mats);
+    case 4: return launch_kernel<BITS, MT, NT, 4>(a, tiles, mats);
+    default: return launch_kernel<BITS, MT, NT, 0>(a, tiles, mats);
+  }
+}
+
+// gemm_kernel with the warp tile t over `tiles` token tiles (8·t.nt tokens each) and `mats`.
+template <int BITS>
+void launch_gemm(const GemmArgs& a, unsigned tiles, unsigned mats, IntGemmTiles t) {
+  const int mn = t.mt * 10 + t.nt;
+  switch (mn) {
+    case 14: return launch_unrolled<BITS, 1, 4>(a, tiles, mats, t.unroll);
+    case 12: return launch_unrolled<BITS, 1, 2>(a, tiles, mats, t.unroll);
+    case 22: return launch_unrolled<BITS, 2, 2>(a, tiles, mats, t.unroll);
+    case 42: return launch_unrolled<BITS, 4, 2>(a, tiles, mats, t.unroll);
+    default: arg_fail("cuda::int_gemm: no warp tile of " + std::to_string(t.mt) + " x " + std::to_string(t.nt));
+  }
+}
 
 bool layout_of(const Mat& W) {
   return W.type == WeightType::Affine && int_dot::layout_supported(W.bits, W.group, W.scale_type) &&
@@ -245,19 +291,26 @@ std::string layout_name(const Mat& W) {
 
 bool int_gemm_layout(const Mat& W) { return layout_of(W); }
 
-void int_matmul(const float* x, int T, const Mat& W, float* y) {
+bool int_matmul_pays(const Mat& W, int T) {
+  return T >= kIntMatmulMinTokens && int64_t(W.rows) * T >= kIntMatmulMinWork && layout_of(W);
+}
+
+void int_matmul(const float* x, int T, const Mat& W, float* y) { int_matmul(x, T, W, y, kDenseTiles); }
+
+void int_matmul(const float* x, int T, const Mat& W, float* y, IntGemmTiles tiles) {
   if (!layout_of(W)) arg_fail("cuda::int_matmul: no integer kernel for " + layout_name(W) + " weights");
   if (!aligned(x, 16) || !aligned(y, 16) || !aligned(W.data, 16))
     arg_fail("cuda::int_matmul: x, y and the weights must be 16-byte aligned");
   if (T <= 0) return;
-  if ((T + 8 * kDenseNT - 1) / (8 * kDenseNT) > 65535)
+  const int tile_tokens = 8 * tiles.nt;
+  if ((T + tile_tokens - 1) / tile_tokens > 65535)
     arg_fail("cuda::int_matmul: T " + std::to_string(T) + " tokens in one call; split the batch");
   with_bits<4, 8>(W.bits, "cuda::int_matmul", [&](auto B) {
     const Split s = split<B>(x, T, W.cols, W.group);
     GemmArgs a{s.bytes.data(), s.pow2.data(), s.xsum.data(), W.cols, W.cols / W.group, W.group, W.rows,
                W.scale_type, nullptr, 1, {static_cast<const uint8_t*>(W.data), W.scales, W.biases}, nullptr, T,
                nullptr, {y, nullptr}, W.rows, nullptr, nullptr};
-    launch_gemm<B, kDenseMT, kDenseNT>(a, unsigned((T + 8 * kDenseNT - 1) / (8 * kDenseNT)), 1);
+    launch_gemm<B>(a, unsigned((T + tile_tokens - 1) / tile_tokens), 1, tiles);
   });
 }
 
@@ -268,6 +321,11 @@ bool int_experts_layout(const Mat& gate, const Mat& up, const Mat& down) {
 }
 
 void int_experts(const IntExperts& e, const float* x, int T, float* partial) {
+  const bool wide = e.n > 0 && e.users_total >= kWideExpertUsers * e.n;
+  int_experts(e, x, T, partial, wide ? kWideExpertTiles : kExpertTiles);
+}
+
+void int_experts(const IntExperts& e, const float* x, int T, float* partial, IntGemmTiles tiles) {
   const Mat &gl = e.gate_layout, &dl = e.down_layout;
   if (!int_experts_layout(gl, gl, dl))
     arg_fail("cuda::int_experts: no integer kernel for gate/up " + layout_name(gl) + " [" + std::to_string(gl.rows) +
@@ -277,28 +335,28 @@ void int_experts(const IntExperts& e, const float* x, int T, float* partial) {
   const int I = gl.rows, H = gl.cols, users = e.users_total;
   std::vector<Item> items;
   for (int i = 0; i < e.n; ++i)
-    for (size_t f = e.begin[i]; f < e.end[i]; f += kExpertTokens)
-      items.push_back({i, int(f), int(std::min<size_t>(kExpertTokens, e.end[i] - f))});
+    for (size_t f = e.begin[i]; f < e.end[i]; f += size_t(8 * tiles.nt))
+      items.push_back({i, int(f), int(std::min<size_t>(size_t(8 * tiles.nt), e.end[i] - f))});
   if (items.empty()) return;
   if (items.size() > 65535) arg_fail("cuda::int_experts: " + std::to_string(items.size()) + " token tiles in one call");
   std::vector<IntExpertMat> mats(e.gate, e.gate + e.n);  // [gate | up | down]
   mats.insert(mats.end(), e.up, e.up + e.n);
   mats.insert(mats.end(), e.down, e.down + e.n);
-  const DeviceArray<Item> d_items = DeviceArray<Item>::from(items);
-  const DeviceArray<IntExpertMat> d_mats = DeviceArray<IntExpertMat>::from(mats);
+  const DeviceArray<Item> d_items = DeviceArray<Item>::from_async(items);
+  const DeviceArray<IntExpertMat> d_mats = DeviceArray<IntExpertMat>::from_async(mats);
   DeviceArray<float> h(size_t(users) * size_t(I)), u(size_t(users) * size_t(I));
   with_bits<4, 8>(gl.bits, "cuda::int_experts", [&](auto B) {
     const Split s = split<B>(x, T, H, gl.group);
     GemmArgs a{s.bytes.data(), s.pow2.data(), s.xsum.data(), H, H / gl.group, gl.group, I, gl.scale_type,
                d_mats.data(), e.n, {}, d_items.data(), 0, e.token_rows, {h.data(), u.data()}, I, nullptr, nullptr};
-    launch_gemm<B, kExpertMT, kExpertNT>(a, unsigned(items.size()), 2);
+    launch_gemm<B>(a, unsigned(items.size()), 2, tiles);
   });
   silu_mul(h.data(), u.data(), h.data(), int64_t(users) * I);
   with_bits<4, 8>(dl.bits, "cuda::int_experts", [&](auto B) {
     const Split s = split<B>(h.data(), users, I, dl.group);
     GemmArgs a{s.bytes.data(), s.pow2.data(), s.xsum.data(), I, I / dl.group, dl.group, H, dl.scale_type,
                d_mats.data() + 2 * e.n, e.n, {}, d_items.data(), 0, nullptr, {partial, nullptr}, H, e.users, e.weights};
-    launch_gemm<B, kExpertMT, kExpertNT>(a, unsigned(items.size()), 1);
+    launch_gemm<B>(a, unsigned(items.size()), 1, tiles);
   });
 }
 

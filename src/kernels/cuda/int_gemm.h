@@ -13,15 +13,35 @@
 
 namespace ms::cuda {
 
-// cuda::matmul and a MoE layer's experts take the integer GEMM from this many tokens on, where
-// the layout allows; fewer (a decode step, an MTP verify) keep the decode kernels.
+// A MoE layer's experts take the integer GEMM from this many tokens on, where the layout allows;
+// fewer (a decode step, an MTP verify) keep the decode kernels.
 inline constexpr int kIntGemmMinTokens = 16;
+// cuda::matmul takes it for a dense product from kIntMatmulMinTokens tokens and rows × tokens of
+// kIntMatmulMinWork on: below, too few warps share the rows and the decode kernels finish first
+// (docs/PERFORMANCE.md, H100).
+inline constexpr int kIntMatmulMinTokens = 64;
+inline constexpr int64_t kIntMatmulMinWork = int64_t(1) << 19;
 
 // Whether int_matmul takes W: affine 4 or 8 bits, groups of 32 to 128, bf16 or f16 scales.
 bool int_gemm_layout(const Mat& W);
+// Whether cuda::matmul takes int_matmul for W over T tokens.
+bool int_matmul_pays(const Mat& W, int T);
+
+// A warp's tile, 16·mt rows by 8·nt tokens (1×4, 1×2, 2×2 or 4×2), and whether a unit's loads
+// all issue before its MMAs. The bits do not depend on it; benchmarks compare them.
+struct IntGemmTiles {
+  int mt = 1, nt = 4;
+  bool unroll = false;
+};
+// Dense products: 16 rows by 32 tokens a warp. Experts: 16 rows by 16 tokens (an expert of a
+// 512-token chunk of a 512-expert top-10 model has about ten), 32 by 16 where they average
+// kWideExpertUsers users or more. A unit's loads together in each (measured, docs/PERFORMANCE.md).
+inline constexpr IntGemmTiles kDenseTiles{1, 4, true}, kExpertTiles{1, 2, true}, kWideExpertTiles{2, 2, true};
+inline constexpr int kWideExpertUsers = 24;
 
 // y [T, W.rows] = x [T, W.cols] · Wᵀ (device pointers, 16-byte aligned), int_dot.h's bits.
 void int_matmul(const float* x, int T, const Mat& W, float* y);
+void int_matmul(const float* x, int T, const Mat& W, float* y, IntGemmTiles tiles);
 
 // One matrix of one expert in VRAM (int_gemm_layout's layouts; the shape and layout in the
 // IntExperts).
@@ -50,5 +70,6 @@ bool int_experts_layout(const Mat& gate, const Mat& up, const Mat& down);
 // partial[users[j]] = weights[j] · down(silu(gate·x) · (up·x)) for each user j of each expert, x
 // [T, H] the token rows; the rows of `partial` ([T·K, H]) no user names are left as they are.
 void int_experts(const IntExperts& e, const float* x, int T, float* partial);
+void int_experts(const IntExperts& e, const float* x, int T, float* partial, IntGemmTiles tiles);
 
 }  // namespace ms::cuda

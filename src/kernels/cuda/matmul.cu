@@ -324,7 +324,7 @@ void matmul_direct(const float* x, int T, const Mat& W, float* y) {
 }
 
 void matmul(const float* x, int T, const Mat& W, float* y) {
-  if (T >= kIntGemmMinTokens && int_gemm_layout(W)) return int_matmul(x, T, W, y);
+  if (int_gemm_layout(W)) return int_matmul_pays(W, T) ? int_matmul(x, T, W, y) : matmul_direct(x, T, W, y);
   if (T >= gemm_min_tokens(W)) return matmul_gemm(x, T, W, y);
   matmul_direct(x, T, W, y);
 }

@@ -17,9 +17,9 @@ namespace ms::cuda {
 // y[T, W.rows] = x[T, W.cols] · Wᵀ for BF16, F32 (a GGUF's routers) and Affine weights (every
 // layout quant/affine.h allows). W.cols must be a multiple of 32; x, y and W's buffers 16-byte
 // aligned. T = 1 is the memory-bound decode matvec; larger T reuses each weight chunk for 4 tokens
-// at a time. From kIntGemmMinTokens on, the layouts of int_gemm_layout (kernels/cuda/int_gemm.h)
-// take the integer GEMM; from gemm_min_tokens(W) on (kernels/cuda/gemm.h) the others are
-// dequantized to float32 for a cuBLAS FP32 SGEMM (float32 weights as they are).
+// at a time. The layouts of int_gemm_layout (kernels/cuda/int_gemm.h) take the integer GEMM where
+// int_matmul_pays, else this kernel; from gemm_min_tokens(W) on (kernels/cuda/gemm.h) the others
+// are dequantized to float32 for a cuBLAS FP32 SGEMM (float32 weights as they are).
 void matmul(const float* x, int T, const Mat& W, float* y);
 // Whether affine rows of this layout go to the integer tensor cores: 2, 3, 4 or 8 bits in groups
 // of 32 to 128 with bf16 scales (what moestream's own conversion writes) or f16 ones (GGUF's

@@ -1,7 +1,7 @@
 // cuda::int_matmul against cpu::int_matmul bit for bit (kernels/int_dot.h: the same bits on both
 // devices), over the layouts it takes, partial row and token tiles, small values beside large
 // ones, NaN and infinity; cuda::int_experts against its parts (int_matmul, silu_mul) run one
-// expert at a time, bit for bit; and matmul's choice of it from kIntGemmMinTokens tokens.
+// expert at a time, bit for bit; and matmul's choice of it where int_matmul_pays.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -61,9 +61,14 @@ Vec inputs(Rng& rng, size_t n) {
   return x;
 }
 
+bool is_nan_bits(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
+
+// The first output whose bits differ. Any NaN equals any NaN: int_dot.h defines where a NaN
+// lands, not its payload (the GPU's arithmetic writes the canonical 0x7fffffff, x86 keeps the
+// operand's 0x7fc00000).
 size_t first_mismatch(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
   for (size_t i = 0; i < a.size(); ++i)
-    if (a[i] != b[i]) return i;
+    if (a[i] != b[i] && !(is_nan_bits(a[i]) && is_nan_bits(b[i]))) return i;
   return a.size();
 }
 
@@ -98,6 +103,34 @@ TEST(CudaIntGemm, MatchesCpuBitForBit) {
   std::printf("[cuda-err] int_matmul %d layouts x shapes bit for bit against cpu::int_matmul\n", checked);
 }
 
+// Every warp tile (int_gemm.h's IntGemmTiles), loads of a unit together or not, gives the CPU's
+// bits: the tile decides which lane sums an output, never the order it is summed in.
+TEST(CudaIntGemm, EveryWarpTileGivesTheSameBits) {
+  MS_REQUIRE_CUDA();
+  Rng rng(13);
+  const IntGemmTiles tiles[] = {{1, 4, false}, {1, 4, true}, {1, 2, false}, {1, 2, true},
+                                {2, 2, false}, {2, 2, true}, {4, 2, false}, {4, 2, true}};
+  int checked = 0;
+  for (int nbits : {4, 8})
+    for (int group : {32, 64, 128}) {
+      const int rows = 200, cols = 512, T = 45;
+      const DeviceQuant w = device_quant(rng, rows, cols, nbits, group, ScaleType::BF16);
+      const Vec x = inputs(rng, size_t(T) * cols);
+      Vec want(size_t(T) * rows);
+      cpu::int_matmul(x.data(), T, w.host, want.data());
+      const DeviceArray<float> dx = dev(x);
+      for (const IntGemmTiles& t : tiles) {
+        DeviceArray<float> dy(want.size(), DeviceAlloc::Now);
+        int_matmul(dx.data(), T, w.device, dy.data(), t);
+        const size_t i = first_mismatch(bits(dy), float_bits(want));
+        EXPECT_EQ(i, want.size()) << "q" << nbits << " g" << group << " tile " << t.mt << "x" << t.nt
+                                  << (t.unroll ? " unrolled" : "") << ": output " << i << " differs";
+        ++checked;
+      }
+    }
+  std::printf("[cuda-err] int_matmul %d layouts x warp tiles bit for bit against cpu::int_matmul\n", checked);
+}
+
 TEST(CudaIntGemm, CarriesNaNAndInfinityAsTheCpu) {
   MS_REQUIRE_CUDA();
   Rng rng(12);
@@ -115,7 +148,9 @@ TEST(CudaIntGemm, CarriesNaNAndInfinityAsTheCpu) {
   DeviceArray<float> dx = dev(x), dy(want.size(), DeviceAlloc::Now);
   int_matmul(dx.data(), T, w.device, dy.data());
   const std::vector<uint32_t> got = bits(dy), ref = float_bits(want);
-  EXPECT_EQ(first_mismatch(got, ref), got.size());
+  const size_t i = first_mismatch(got, ref);
+  EXPECT_EQ(i, got.size()) << "output " << i << ": " << std::hex << (i < got.size() ? got[i] : 0) << " against "
+                           << (i < got.size() ? ref[i] : 0);
   EXPECT_TRUE(std::isnan(want[0]));
   EXPECT_TRUE(std::isfinite(want[size_t(9) * rows]));
 }
@@ -167,11 +202,18 @@ TEST(CudaIntGemm, ExpertsMatchTheirPartsBitForBit) {
       };
       g.push_back(of(gate[size_t(e)])), u.push_back(of(up[size_t(e)])), d.push_back(of(down[size_t(e)]));
     }
-    int_experts({.n = c.E, .gate = g.data(), .up = u.data(), .down = d.data(), .gate_layout = gate[0].device,
-                 .down_layout = down[0].device, .begin = begin.data(), .end = end.data(),
-                 .users_total = int(user_ids.size()), .token_rows = d_rows.data(), .users = d_users.data(),
-                 .weights = d_weights.data()},
-                dx.data(), c.T, got.data());
+    const IntExperts ie{.n = c.E, .gate = g.data(), .up = u.data(), .down = d.data(), .gate_layout = gate[0].device,
+                        .down_layout = down[0].device, .begin = begin.data(), .end = end.data(),
+                        .users_total = int(user_ids.size()), .token_rows = d_rows.data(), .users = d_users.data(),
+                        .weights = d_weights.data()};
+    int_experts(ie, dx.data(), c.T, got.data());
+    // Other warp tiles: the same bits.
+    std::vector<std::vector<uint32_t>> by_tile;
+    for (const IntGemmTiles& t : {IntGemmTiles{1, 4, true}, IntGemmTiles{4, 2, true}}) {
+      DeviceArray<float> other = dev(sentinel);
+      int_experts(ie, dx.data(), c.T, other.data(), t);
+      by_tile.push_back(bits(other));
+    }
     // The reference: each expert alone on its gathered rows.
     Vec partial = sentinel;
     for (int e = 0; e < c.E; ++e) {
@@ -197,24 +239,35 @@ TEST(CudaIntGemm, ExpertsMatchTheirPartsBitForBit) {
     const std::string what = "gate/up q" + std::to_string(c.bits_gate_up) + " down q" + std::to_string(c.bits_down) +
                              " g" + std::to_string(c.group) + " E" + std::to_string(c.E) + " T" + std::to_string(c.T);
     EXPECT_EQ(first_mismatch(gb, wb), gb.size()) << what;
+    for (const auto& b : by_tile) EXPECT_EQ(first_mismatch(b, wb), b.size()) << what << ", another warp tile";
   }
 }
 
-// matmul takes int_matmul from kIntGemmMinTokens tokens on where the layout allows, bit for bit.
-TEST(CudaIntGemm, MatmulPicksItFromItsThreshold) {
+// matmul takes int_matmul where int_matmul_pays (enough tokens and rows × tokens), bit for bit,
+// and the decode kernel below.
+TEST(CudaIntGemm, MatmulPicksItWhereItPays) {
   MS_REQUIRE_CUDA();
   Rng rng(14);
-  const DeviceQuant w = device_quant(rng, 200, 1024, 4, 64, ScaleType::BF16);
-  for (int T : {kIntGemmMinTokens - 1, kIntGemmMinTokens, 130}) {
-    const Vec x = rng.normals(size_t(T) * 1024);
-    DeviceArray<float> dx = dev(x), a(size_t(T) * 200, DeviceAlloc::Now), b(size_t(T) * 200, DeviceAlloc::Now);
-    matmul(dx.data(), T, w.device, a.data());
-    int_matmul(dx.data(), T, w.device, b.data());
-    if (T >= kIntGemmMinTokens)
-      EXPECT_EQ(bits(a), bits(b)) << "T " << T;
+  const int cols = 256, wide = int(kIntMatmulMinWork / kIntMatmulMinTokens);
+  struct Case {
+    int rows, T;
+  };
+  for (const Case c : {Case{wide, kIntMatmulMinTokens - 1}, Case{wide, kIntMatmulMinTokens},
+                       Case{200, kIntMatmulMinTokens * 2}, Case{wide / 2, kIntMatmulMinTokens * 2}}) {
+    const DeviceQuant w = device_quant(rng, c.rows, cols, 4, 64, ScaleType::BF16);
+    const Vec x = rng.normals(size_t(c.T) * cols);
+    DeviceArray<float> dx = dev(x), a(size_t(c.T) * c.rows, DeviceAlloc::Now), b(size_t(c.T) * c.rows, DeviceAlloc::Now);
+    matmul(dx.data(), c.T, w.device, a.data());
+    int_matmul(dx.data(), c.T, w.device, b.data());
+    const std::string what = std::to_string(c.rows) + " rows, T " + std::to_string(c.T);
+    if (int_matmul_pays(w.device, c.T))
+      EXPECT_EQ(bits(a), bits(b)) << what;
     else
-      EXPECT_NE(bits(a), bits(b)) << "T " << T << ": the decode kernel's sums are in another order";
+      EXPECT_NE(bits(a), bits(b)) << what << ": the decode kernel's sums are in another order";
   }
+  EXPECT_FALSE(int_matmul_pays(device_quant(rng, wide, cols, 4, 64, ScaleType::BF16).device, kIntMatmulMinTokens - 1));
+  EXPECT_TRUE(int_matmul_pays(device_quant(rng, wide, cols, 4, 64, ScaleType::BF16).device, kIntMatmulMinTokens));
+  EXPECT_FALSE(int_matmul_pays(device_quant(rng, 200, cols, 4, 64, ScaleType::BF16).device, 2 * kIntMatmulMinTokens));
 }
 
 TEST(CudaIntGemm, RefusesOtherLayouts) {
