@@ -109,6 +109,16 @@ std::vector<int> text_ids(const std::string& model_dir, const std::string& file)
   return ids;
 }
 
+// The replay workload's steps from --routes-from, announced: its answers are not the model's.
+std::vector<std::vector<std::vector<int>>> replay_routes(const Model& m, const std::string& path) {
+  if (path.empty()) fail("--workload replay needs --routes-from FILE (a routing trace)");
+  auto steps = replay_steps(load_route_traces(path, m.config().n_experts), m.config(), path);
+  std::printf("REPLAY: tg<N>-replay routes every MoE layer by %s (%zu steps), not by its router: it times the "
+              "expert pools under that routing, not the model\n",
+              path.c_str(), steps.size());
+  return steps;
+}
+
 // Seconds of n decode steps of workload w after its first, from `state`.
 double time_workload(const Model& m, State& state, const Workload& w, int n, unsigned seed) {
   Clock::time_point first;
@@ -138,7 +148,7 @@ void add_bench(CLI::App& app) {
     std::vector<int> prompts{16, 128, 512}, depths{0};
     int tokens = 64, repeat = 3;
     bool no_preload = false;
-    std::string workloads = "uniform,text,greedy", text = kDefaultText;
+    std::string workloads = "uniform,text,greedy", text = kDefaultText, routes_from;
   };
   auto a = std::make_shared<Args>();
   add_model_options(cmd, a->m);
@@ -156,11 +166,16 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--workload", a->workloads,
                   "What drives the decode test (tg<N>-<workload>), comma-separated: uniform (tokens sampled at "
                   "temperature 1: routing that changes every token), text (the tokens of --text, teacher-forced), "
-                  "greedy (argmax: on random weights one expert set repeats, an upper bound; MTP drafts only here)")
+                  "greedy (argmax: on random weights one expert set repeats, an upper bound; MTP drafts only here), "
+                  "replay (--routes-from's routing in place of the router's)")
       ->capture_default_str()
       ->check(parses_with([](const std::string& s) { parse_workloads(s); }, "LIST"));
   cmd->add_option("--text", a->text, "The text workload's file (tokenized by the model's tokenizer, else the embedded model's)")
       ->capture_default_str()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--routes-from", a->routes_from,
+                  "The replay workload's routing trace (simulate's format: docK.routes int16 [MoE layers, T, top_k]): "
+                  "its expert ids replace the router's, so the pools see that routing; a benchmark of the pools only")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--no-preload", a->no_preload,
                 "Do not read every expert at load where the pools hold them all, nor warm-start them (times the disk too)");
@@ -182,11 +197,6 @@ void add_bench(CLI::App& app) {
       std::printf("every routed expert read into its pool at load: %.1f s\n", w.seconds);
     else if (m.experts() && !m.experts()->holds_everything())
       std::printf("the pools cannot hold every expert: decode streams them\n");
-    const double step_bytes = decode_bytes(m);
-    std::printf("a decode step reads %.2f GB of weights\n\n%-16s %10s %10s %8s\n", step_bytes / 1e9, "test", "tok/s",
-                "GB/s", "of read");
-    // A short warm-up of each path: first-touch allocations stay out of the timings.
-    time_prompt(m, 16, 0);
     std::vector<Workload> workloads;
     for (const WorkloadKind k : parse_workloads(a->workloads)) {
       // The default text is in the source tree: an installed binary without it skips the workload.
@@ -194,9 +204,19 @@ void add_bench(CLI::App& app) {
         std::printf("no text workload: %s is not here (--text FILE names one)\n", a->text.c_str());
         continue;
       }
-      workloads.push_back({k, {}});
+      workloads.push_back({k, {}, {}});
       if (k == WorkloadKind::Text) workloads.back().text = text_ids(a->m.model, a->text);
+      if (k == WorkloadKind::Replay) workloads.back().routes = replay_routes(m, a->routes_from);
     }
+    if (!a->routes_from.empty() && std::none_of(workloads.begin(), workloads.end(), [](const Workload& w) {
+          return w.kind == WorkloadKind::Replay;
+        }))
+      fail("--routes-from {}: names the replay workload's trace; add replay to --workload", a->routes_from);
+    const double step_bytes = decode_bytes(m);
+    std::printf("a decode step reads %.2f GB of weights\n\n%-16s %10s %10s %8s\n", step_bytes / 1e9, "test", "tok/s",
+                "GB/s", "of read");
+    // A short warm-up of each path: first-touch allocations stay out of the timings.
+    time_prompt(m, 16, 0);
     if (a->tokens > 0) {
       State warm = m.new_state();
       time_decode(m, warm, 4, 0);

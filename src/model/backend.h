@@ -52,9 +52,10 @@ concept Backend = requires(const B& be, const Mat& m, const MlpWeights& mlp, con
   be.gated_delta_rule(x, x, x, x, x, n, n, n, n, n, y, y);
   be.rmsnorm_gated(x, x, x, n, n, 0.f, y);
   // Feed-forward: a SwiGLU MLP; a MoE layer (router, routed experts, shared expert), its routed
-  // ids and router probabilities to host memory where given.
+  // ids and router probabilities to host memory where given, its routes forced where given
+  // (ForwardOptions::routes_from).
   be.mlp(mlp, x, n, y);
-  be.moe(cfg, ffn, x, n, y, static_cast<int*>(nullptr), static_cast<float*>(nullptr));
+  be.moe(cfg, ffn, x, n, y, static_cast<int*>(nullptr), static_cast<float*>(nullptr), static_cast<const int*>(nullptr));
   // The host's expert store where it prefetches (model/predict.h), else null.
   { be.prefetch_store() } -> std::same_as<ExpertStore*>;
   // The next token from logits [vocab] where they are; all queued work done.

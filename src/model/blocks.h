@@ -109,11 +109,12 @@ void verify_deltanet_block(const B& be, const ModelConfig& cfg, const DeltaNetWe
 }
 
 // Dense SwiGLU MLP, or the MoE (Backend::moe). routes, when given, receives the T*top_k routed
-// expert ids in top-k order, and router_probs the T*n_experts router probabilities (host memory).
+// expert ids in top-k order, and router_probs the T*n_experts router probabilities (host memory);
+// forced_routes (T*top_k, host memory) replace the router's top-k (ForwardOptions::routes_from).
 template <Backend B>
 void ffn_block(const B& be, const ModelConfig& cfg, const FfnWeights& w, bool moe, const float* x, int T, float* out,
-               int* routes = nullptr, float* router_probs = nullptr) {
-  if (moe) be.moe(cfg, w, x, T, out, routes, router_probs);
+               int* routes = nullptr, float* router_probs = nullptr, const int* forced_routes = nullptr) {
+  if (moe) be.moe(cfg, w, x, T, out, routes, router_probs, forced_routes);
   else be.mlp(be.mlp_weights(w.dense), x, T, out);
 }
 

@@ -29,6 +29,10 @@ struct ForwardOptions {
   // from the last position's logits where they are (Backend::pick), so that only the token comes
   // back; ForwardResult::logits then stays empty unless all_logits.
   std::function<PickInputs()> pick;
+  // Benchmarks' routing-trace replay: where given, layer l's routed ids ([T, top_k], an empty row
+  // for a dense layer) replace its router's top-k, weighted by the router's probabilities of
+  // those ids. Never a user-facing run: the answer is not the model's.
+  const std::vector<std::vector<int>>* routes_from = nullptr;
 };
 
 struct ForwardResult {

@@ -30,7 +30,7 @@ class Forward {
     embed_tokens(cfg_, w_, ids, T, embedded.data());
     typename B::Buf x = be_.upload(std::move(embedded));
     typename B::Buf xn = be_.alloc(size_t(T) * size_t(cfg_.hidden));
-    layers(x.data(), xn.data(), T, pos0, opt.routes, r, opt.verify);
+    layers(x.data(), xn.data(), T, pos0, opt.routes, r, opt.verify, opt.routes_from);
     typename B::Buf logits;
     if (opt.logits) {
       const int rows = opt.all_logits ? T : 1;
@@ -48,8 +48,10 @@ class Forward {
   }
 
   // The decoder layers over x [T, hidden] in place, and xn = final_norm(x) after them; each MoE
-  // layer's routes into r with `routes`; `verify` as ForwardOptions::verify.
-  void layers(float* x, float* xn, int T, int pos0, bool routes, ForwardResult& r, bool verify = false) const {
+  // layer's routes into r with `routes`; `verify` and `routes_from` as ForwardOptions has them.
+  void layers(float* x, float* xn, int T, int pos0, bool routes, ForwardResult& r, bool verify = false,
+              const std::vector<std::vector<int>>* routes_from = nullptr) const {
+    if (routes_from) check_routes_from(*routes_from, T);
     if (routes) {
       r.routes.resize(size_t(cfg_.n_layers));
       r.router_probs.resize(size_t(cfg_.n_layers));
@@ -62,13 +64,34 @@ class Forward {
       const auto [ids, probs] = routes ? route_rows(r, l, T) : std::pair<int*, float*>{};
       typename B::Linear* lin = lw.type == LayerType::LinearAttention ? &be_.linear(l) : nullptr;
       const std::vector<float>& next = l + 1 < cfg_.n_layers ? layers[size_t(l) + 1].input_norm : w_.final_norm;
-      decoder_layer(lw, l, T, be_.kv(l), lin, pos0, x, xn, next, ids, probs, verify);
+      const int* forced = routes_from && lw.moe ? (*routes_from)[size_t(l)].data() : nullptr;
+      decoder_layer(lw, l, T, be_.kv(l), lin, pos0, x, xn, next, ids, probs, verify, forced);
     }
   }
 
   // The logits of the last `rows` rows of xn [T, hidden] (final_norm(x)).
   void final_logits(const float* xn, int T, int rows, float* logits) const {
     be_.matmul(xn + size_t(T - rows) * size_t(cfg_.hidden), rows, be_.mat(w_.lm_head), logits);
+  }
+
+  // Fails unless `routes` has a row per layer and, for each MoE layer, T·top_k ids in
+  // [0, n_experts), a token's distinct (each expert serves a token once).
+  void check_routes_from(const std::vector<std::vector<int>>& routes, int T) const {
+    const int K = cfg_.top_k;
+    if (routes.size() != size_t(cfg_.n_layers))
+      fail("replayed routes: {} layers for a model of {}", routes.size(), cfg_.n_layers);
+    for (int l = 0; l < cfg_.n_layers; ++l) {
+      if (!w_.layers[size_t(l)].moe) continue;
+      const std::vector<int>& ids = routes[size_t(l)];
+      if (ids.size() != size_t(T) * size_t(K))
+        fail("replayed routes: layer {} has {} ids for {} tokens of top-{}", l, ids.size(), T, K);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= cfg_.n_experts)
+          fail("replayed routes: layer {} routes to expert {} of {}", l, ids[i], cfg_.n_experts);
+        for (size_t j = i - i % size_t(K); j < i; ++j)
+          if (ids[j] == ids[i]) fail("replayed routes: layer {} routes token {} to expert {} twice", l, i / size_t(K), ids[i]);
+      }
+    }
   }
 
   // Where layer l's routes of T tokens go in r (r.routes and r.router_probs have a row per
@@ -123,7 +146,7 @@ class Forward {
   // `layer`; -1 for the MTP head's, which predicts none).
   void decoder_layer(const LayerWeights& lw, int layer, int T, typename B::KV& kv, typename B::Linear* lin, int pos0,
                      float* x, float* h, const std::vector<float>& next_norm, int* routes, float* router_probs,
-                     bool verify = false) const {
+                     bool verify = false, const int* forced_routes = nullptr) const {
     const size_t n = size_t(T) * size_t(cfg_.hidden);
     const float offset = norm_offset();
     typename B::Buf y = be_.alloc(n);
@@ -131,7 +154,7 @@ class Forward {
     else if (verify) verify_deltanet_block(be_, cfg_, lw.linear, h, T, *lin, layer, y.data());
     else deltanet_block(be_, cfg_, lw.linear, h, T, *lin, y.data());
     be_.add_rmsnorm(x, y.data(), T, cfg_.hidden, be_.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h);
-    ffn_block(be_, cfg_, lw.ffn, lw.moe, h, T, y.data(), routes, router_probs);
+    ffn_block(be_, cfg_, lw.ffn, lw.moe, h, T, y.data(), routes, router_probs, forced_routes);
     be_.add_rmsnorm(x, y.data(), T, cfg_.hidden, be_.vec(next_norm), offset, cfg_.rms_eps, h);
     if (ExpertStore* store = be_.prefetch_store(); store && layer >= 0) predict_experts(be_, cfg_, w_, *store, layer, x, T);
   }

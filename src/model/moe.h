@@ -40,15 +40,20 @@ struct Routing {
 // The routed ids come to the host: grouping tokens by expert needs them there. A backend with a
 // top-k of its own (route_topk, the same arithmetic) sends only them; otherwise the router's
 // probabilities come over and top-k runs on the host.
+// `forced` (T·K ids, ForwardOptions::routes_from) replaces the top-k: the router's probabilities
+// of those ids weight them.
 template <GroupedMoe B>
-Routing route(const B& be, const ModelConfig& cfg, const Mat& router, const float* x, int T, float* probs_out) {
+Routing route(const B& be, const ModelConfig& cfg, const Mat& router, const float* x, int T, float* probs_out,
+              const int* forced = nullptr) {
   const int E = cfg.n_experts, K = cfg.top_k;
   typename B::Buf logits = be.alloc(size_t(T) * size_t(E));
   be.matmul(x, T, be.mat(router), logits.data());
   Routing r{std::vector<int>(size_t(T) * size_t(K)), std::vector<float>(size_t(T) * size_t(K))};
   if constexpr (requires { be.route_topk(logits.data(), T, E, K, cfg.norm_topk, r.ids.data(), r.weights.data(), probs_out); }) {
-    be.route_topk(logits.data(), T, E, K, cfg.norm_topk, r.ids.data(), r.weights.data(), probs_out);
-    return r;
+    if (!forced) {
+      be.route_topk(logits.data(), T, E, K, cfg.norm_topk, r.ids.data(), r.weights.data(), probs_out);
+      return r;
+    }
   }
   be.softmax(logits.data(), T, E);
   const std::vector<float> probs = be.to_host(std::move(logits));
@@ -56,7 +61,8 @@ Routing route(const B& be, const ModelConfig& cfg, const Mat& router, const floa
     const float* p = probs.data() + size_t(t) * size_t(E);
     int* ids = r.ids.data() + size_t(t) * size_t(K);
     float* wt = r.weights.data() + size_t(t) * size_t(K);
-    cpu::top_k(p, E, K, ids);
+    if (forced) std::copy_n(forced + size_t(t) * size_t(K), K, ids);
+    else cpu::top_k(p, E, K, ids);
     float sum = 0.f;
     for (int k = 0; k < K; ++k) sum += (wt[k] = p[ids[k]]);
     if (cfg.norm_topk)
@@ -195,7 +201,7 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
 // The whole MoE layer: shared expert, router, routed experts, the shared expert's gated add.
 template <GroupedMoe B>
 void grouped_moe(const B& be, const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out,
-                 int* routes, float* router_probs) {
+                 int* routes, float* router_probs, const int* forced_routes = nullptr) {
   typename B::Buf shared;
   MlpCall shared_call{};
   if (cfg.shared_inter > 0) {
@@ -207,7 +213,7 @@ void grouped_moe(const B& be, const ModelConfig& cfg, const FfnWeights& w, const
   // while the host routes and reads.
   const bool after_routing = AsyncExperts<B> && w.store_layer >= 0;
   if (cfg.shared_inter > 0 && !after_routing) be.mlp(shared_call.w, x, T, shared.data());
-  Routing r = route(be, cfg, w.router, x, T, router_probs);
+  Routing r = route(be, cfg, w.router, x, T, router_probs, forced_routes);
   if (routes) std::copy(r.ids.begin(), r.ids.end(), routes);
   routed_experts(be, cfg, w, r, x, T, out, cfg.shared_inter > 0 && after_routing ? &shared_call : nullptr);
   if (cfg.shared_inter > 0) be.shared_gate_add(out, shared.data(), x, be.mat(w.shared_expert_gate), T, cfg.hidden);

@@ -1,8 +1,10 @@
 // bench through the built binary: the bound, each test's row, and bad flags refused.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <regex>
 
+#include "format/safetensors.h"
 #include "test_support.h"
 
 namespace ms {
@@ -47,6 +49,38 @@ TEST(BenchCommand, WorkloadsReportTheirRoutingCurves) {
   }
   EXPECT_EQ(test::run_cli("bench --model " MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4 --workload text,zipf", &out, &err), 2);
   EXPECT_NE(err.find("--workload"), std::string::npos) << err;
+}
+
+// The replay workload: a trace's routes in place of the router's (one expert set each step here,
+// so every step reuses the last one's), announced as not the model's; replay needs a trace, a
+// trace needs replay, and no other command takes one.
+TEST(BenchCommand, ReplayTakesItsRoutesFromATrace) {
+  constexpr int kLayers = 8, kSteps = 16, kTopK = 8;  // pycoder-moe-q4's MoE layers and top-k
+  std::vector<int16_t> ids;
+  for (int l = 0; l < kLayers; ++l)
+    for (int t = 0; t < kSteps; ++t)
+      for (int k = 0; k < kTopK; ++k) ids.push_back(int16_t(3 * k + l));
+  TensorData d{"doc0.routes", DType::I16, {kLayers, kSteps, kTopK}, std::vector<uint8_t>(ids.size() * 2)};
+  std::memcpy(d.bytes.data(), ids.data(), d.bytes.size());
+  const std::string trace = test::scratch_dir("bench-replay") + "/routes.safetensors";
+  write_safetensors(trace, {d});
+  const std::string model = "bench --model " MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4 --prompt 0 --tokens 8 --repeat 1 ";
+  std::string out, err;
+  ASSERT_EQ(test::run_cli(model + "--workload replay --routes-from " + trace, &out, &err), 0) << err;
+  EXPECT_NE(out.find("REPLAY: tg<N>-replay routes every MoE layer by " + trace + " (16 steps), not by its router"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("\ntg8-replay"), std::string::npos) << out;
+  EXPECT_NE(out.find("routing of replay over 8 tokens"), std::string::npos) << out;
+  EXPECT_NE(out.find("reused at the next token 1.00"), std::string::npos) << out;
+  EXPECT_EQ(test::run_cli(model + "--workload replay", &out, &err), 1);
+  EXPECT_NE(err.find("--workload replay needs --routes-from"), std::string::npos) << err;
+  EXPECT_EQ(test::run_cli(model + "--workload uniform --routes-from " + trace, &out, &err), 1);
+  EXPECT_NE(err.find("add replay to --workload"), std::string::npos) << err;
+  EXPECT_EQ(test::run_cli("run --model " MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4 --prompt hi --routes-from " + trace,
+                          &out, &err),
+            2);
+  EXPECT_NE(err.find("--routes-from"), std::string::npos) << err;
 }
 
 TEST(BenchCommand, StreamingPoolsAreSaidToStream) {

@@ -1,19 +1,27 @@
-// Benchmark workloads (runtime/workload.h): parsing, and the routing curve a workload's routes
-// give a per-layer LRU pool.
+// Benchmark workloads (runtime/workload.h): parsing, the routing curve a workload's routes give
+// a per-layer LRU pool, and the replay workload on the embedded pycoder model (a trace's routes
+// in place of the router's).
 #include "runtime/workload.h"
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "backends/load.h"
+#include "format/safetensors.h"
 #include "test_support.h"
 
 namespace ms {
 namespace {
 
 TEST(Workload, ParsesAListAndNamesWhatItRefuses) {
-  const std::vector<WorkloadKind> w = parse_workloads("text,uniform,greedy");
-  ASSERT_EQ(w.size(), 3u);
+  const std::vector<WorkloadKind> w = parse_workloads("text,uniform,greedy,replay");
+  ASSERT_EQ(w.size(), 4u);
   EXPECT_EQ(w[0], WorkloadKind::Text);
   EXPECT_EQ(w[2], WorkloadKind::Greedy);
+  EXPECT_EQ(w[3], WorkloadKind::Replay);
   test::expect_error([] { parse_workloads("uniform,zipf"); }, {"--workload", "'zipf'"});
   test::expect_error([] { parse_workloads(""); }, {"--workload"});
 }
@@ -38,6 +46,91 @@ TEST(Workload, RoutingCurveOfRepeatedAndCyclingRoutes) {
   EXPECT_DOUBLE_EQ(b.hit[0], 0.0);  // 4 slots
   EXPECT_DOUBLE_EQ(b.hit[2], 0.0);  // 16 slots: LRU evicts each expert before its next turn
   EXPECT_NEAR(b.hit[3], 1.0 - 32.0 / (kSteps * kTopK), 1e-9);  // 32 slots: only the first cycle misses
+}
+
+using Steps = std::vector<std::vector<std::vector<int>>>;  // [step][layer][top_k]
+
+class ReplayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4";
+    if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " not present";
+    model_ = load_model(dir);
+  }
+  // The routes of n steps of w from a fresh state (seed 1).
+  Steps run(const Workload& w, int n) const {
+    State state = model_->new_state();
+    Steps routes;
+    run_workload(*model_, state, w, n, 1, {}, &routes);
+    return routes;
+  }
+  // A trace file of one document: routes [MoE layers, T, top_k] as int16.
+  std::string write_trace(const Steps& steps, const std::string& tag) const {
+    const size_t L = steps[0].size(), T = steps.size(), K = steps[0][0].size();
+    std::vector<int16_t> v;
+    for (size_t l = 0; l < L; ++l)
+      for (size_t t = 0; t < T; ++t)
+        for (size_t k = 0; k < K; ++k) v.push_back(int16_t(steps[t][l][k]));
+    TensorData d{"doc0.routes", DType::I16, {int64_t(L), int64_t(T), int64_t(K)}, std::vector<uint8_t>(v.size() * 2)};
+    std::memcpy(d.bytes.data(), v.data(), d.bytes.size());
+    const std::string path = test::scratch_dir(tag) + "/routes.safetensors";
+    write_safetensors(path, {d});
+    return path;
+  }
+  // The replay workload of a trace file, its steps rotated so that seed 1's first step is step 0.
+  Workload replay(const std::string& path) const {
+    Workload w{WorkloadKind::Replay, {}, replay_steps(load_route_traces(path, model_->config().n_experts), model_->config(), path)};
+    std::rotate(w.routes.rbegin(), w.routes.rbegin() + long(997 % w.routes.size()), w.routes.rend());
+    return w;
+  }
+  std::unique_ptr<Model> model_;
+};
+
+// The router's own routes replayed take the same steps: the same routes, so the same weights,
+// logits and sampled tokens (each step's recorded routes are the next step's input).
+TEST_F(ReplayTest, ItsOwnRoutesReplayedRouteTheSame) {
+  constexpr int kSteps = 10;
+  const Steps natural = run({WorkloadKind::Uniform, {}, {}}, kSteps);
+  ASSERT_EQ(natural.size(), size_t(kSteps));
+  const Steps replayed = run(replay(write_trace(natural, "replay-same")), kSteps);
+  EXPECT_EQ(replayed, natural);
+}
+
+// Other routes replace the router's: every step routes as the trace says (here each layer's
+// experts shifted by one), not as the router would.
+TEST_F(ReplayTest, ATraceDecidesTheRoutes) {
+  constexpr int kSteps = 8;
+  const Steps natural = run({WorkloadKind::Uniform, {}, {}}, kSteps);
+  Steps shifted = natural;
+  const int E = model_->config().n_experts;
+  for (auto& step : shifted)
+    for (auto& layer : step)
+      for (int& e : layer) e = (e + 1) % E;
+  const Steps replayed = run(replay(write_trace(shifted, "replay-shifted")), kSteps);
+  EXPECT_EQ(replayed, shifted);
+  EXPECT_NE(replayed, natural);
+}
+
+// A trace that does not fit the model is refused naming the file: its layers, its top-k, its
+// expert ids; and routes that repeat an expert within a token are refused by the forward.
+TEST_F(ReplayTest, RefusesATraceThatDoesNotFit) {
+  const Steps natural = run({WorkloadKind::Uniform, {}, {}}, 4);
+  const ModelConfig& cfg = model_->config();
+  Steps fewer_layers = natural, wider = natural, out_of_range = natural;
+  for (auto& s : fewer_layers) s.pop_back();
+  for (auto& s : wider)
+    for (auto& l : s) l.push_back(0);
+  out_of_range[2][1][0] = cfg.n_experts;
+  for (const auto& [steps, what] : {std::pair{fewer_layers, std::string("MoE layers")}, std::pair{wider, std::string("top-")}}) {
+    const std::string path = write_trace(steps, "replay-bad");
+    test::expect_error([&] { replay_steps(load_route_traces(path, cfg.n_experts), cfg, path); }, {path, what});
+  }
+  const std::string path = write_trace(out_of_range, "replay-range");
+  test::expect_error([&] { load_route_traces(path, cfg.n_experts); }, {path, "out of range"});
+  Steps repeated = natural;
+  repeated[1][0][1] = repeated[1][0][0];
+  Workload w = replay(write_trace(repeated, "replay-repeat"));
+  test::expect_error([&] { run(w, 4); }, {"replayed routes", "twice"});
 }
 
 }  // namespace

@@ -116,7 +116,7 @@ struct CpuBackend {
   void mlps(const std::vector<MlpCall>& calls) const;
   // Every batch's MoE as model/moe.h groups it.
   void moe(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
-           float* router_probs) const;
+           float* router_probs, const int* forced_routes) const;
   int pick(const float* logits, int vocab, const PickInputs& in) const;
   void finish() const {}
   ExpertStore* prefetch_store() const { return experts && experts->prefetching() ? experts : nullptr; }

@@ -13,8 +13,8 @@ static_assert(Backend<CpuBackend>);
 static_assert(GroupedMoe<CpuBackend>);
 
 void CpuBackend::moe(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
-                     float* router_probs) const {
-  grouped_moe(*this, cfg, w, x, T, out, routes, router_probs);
+                     float* router_probs, const int* forced_routes) const {
+  grouped_moe(*this, cfg, w, x, T, out, routes, router_probs, forced_routes);
 }
 
 void CpuBackend::mlps(const std::vector<MlpCall>& calls) const {

@@ -35,9 +35,9 @@ void CudaBackend::mlp(const MlpWeights& w, const float* x, int T, float* h, floa
 }
 
 void CudaBackend::moe(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
-                      float* router_probs) const {
-  if (T == 1 && w.store_layer >= 0 && experts) return moe_decode(cfg, w, x, out, routes, router_probs);
-  grouped_moe(*this, cfg, w, x, T, out, routes, router_probs);
+                      float* router_probs, const int* forced_routes) const {
+  if (T == 1 && w.store_layer >= 0 && experts && !forced_routes) return moe_decode(cfg, w, x, out, routes, router_probs);
+  grouped_moe(*this, cfg, w, x, T, out, routes, router_probs, forced_routes);
 }
 
 int CudaBackend::pick(const float* logits, int vocab, const PickInputs& in) const {

@@ -131,7 +131,7 @@ struct CudaBackend {
   // A MoE layer: a decode token's over an engine directory's experts as moe_decode runs it, any
   // other as model/moe.h groups it.
   void moe(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
-           float* router_probs) const;
+           float* router_probs, const int* forced_routes) const;
   // The token cuda::pick makes from logits [vocab] in device memory, in the state's workspace.
   int pick(const float* logits, int vocab, const PickInputs& in) const;
   // Copies what moe_decode left for the host: state.route_ids and route_probs in one copy each.

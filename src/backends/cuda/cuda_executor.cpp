@@ -59,7 +59,7 @@ class CudaExecutor final : public Executor {
   ForwardResult forward(const int* ids, int T, State& state, const ForwardOptions& opt) const override {
     if (opt.verify) fail("speculative decoding does not run on the GPU yet: use --speculative off with --device cuda");
     const CudaBackend be = backend(state);
-    if (T == 1 && graphs_ && opt.logits) return forward_captured(be, ids[0], state.position(), opt);
+    if (T == 1 && graphs_ && opt.logits && !opt.routes_from) return forward_captured(be, ids[0], state.position(), opt);
     return Forward(cfg_, w_, be).run(ids, T, state.position(), opt);
   }
 

@@ -104,7 +104,7 @@ void reference(const std::vector<float>& x, int T, const QuantMat& W, std::vecto
       const float* xt = x.data() + size_t(t) * W.cols;
       double acc = 0, mag = 0, split = 0;
       for (int u = 0; u < units; ++u) {
-        const double s = W.scale(size_t(r) * units + size_t(u)), b = W.bias(size_t(r) * units + size_t(u));
+        const double b = W.bias(size_t(r) * units + size_t(u));
         double mx = 0, sq = 0;
         for (int c = u * W.group; c < (u + 1) * W.group; ++c) {
           acc += double(xt[c]) * w[size_t(c)];
