@@ -73,6 +73,24 @@ SimResult simulate_policy(const RouteTraces& t, int slots, PolicyKind policy) {
   return r;
 }
 
+RoutingCurve routing_curve(const RouteTraces& t) {
+  RoutingCurve c;
+  if (t.routes.empty() || t.n_layers == 0) return c;
+  for (int i = 0; i < 4; ++i)
+    c.hit[i] = simulate_policy(t, std::max(t.top_k, t.n_experts / kCurveFractions[i]), PolicyKind::LRU).total_hit_rate();
+  uint64_t reused = 0, routed = 0;
+  std::vector<char> before(size_t(t.n_experts));
+  for (const auto& doc : t.routes)
+    for (const auto& layer : doc)
+      for (size_t s = 1; s < layer.size(); ++s) {
+        for (int e : layer[s - 1]) before[size_t(e)] = 1;
+        for (int e : layer[s]) reused += uint64_t(before[size_t(e)]), ++routed;
+        for (int e : layer[s - 1]) before[size_t(e)] = 0;
+      }
+  c.reuse = routed ? double(reused) / double(routed) : 0.0;
+  return c;
+}
+
 SimResult simulate_belady(const RouteTraces& t, int slots) {
   check_slots(t, slots);
   constexpr size_t kNever = std::numeric_limits<size_t>::max();

@@ -1,7 +1,6 @@
 #include "runtime/workload.h"
 
 #include <algorithm>
-#include <set>
 
 #include "experts/simulate.h"
 #include "runtime/sampler.h"
@@ -61,7 +60,7 @@ void run_workload(const Model& m, State& state, const Workload& w, int n, unsign
   if (w.kind == WorkloadKind::Replay && w.routes.empty()) fail("the replay workload has no routes");
   const int vocab = m.config().vocab;
   SamplingParams p;
-  p.temperature = w.kind == WorkloadKind::Uniform || w.kind == WorkloadKind::Replay ? 1.f : 0.f;
+  p.temperature = w.kind == WorkloadKind::Uniform ? 1.f : 0.f;
   p.seed = seed;
   Sampler sampler(p);
   std::vector<int> seen;  // no penalties: the sampler reads none of it
@@ -85,8 +84,7 @@ void run_workload(const Model& m, State& state, const Workload& w, int n, unsign
 }
 
 RoutingCurve routing_curve(const std::vector<std::vector<std::vector<int>>>& routes, int n_experts, int top_k) {
-  RoutingCurve c;
-  if (routes.empty() || routes[0].empty()) return c;
+  if (routes.empty() || routes[0].empty()) return {};
   RouteTraces t;
   t.n_layers = int(routes[0].size());
   t.top_k = top_k;
@@ -95,16 +93,7 @@ RoutingCurve routing_curve(const std::vector<std::vector<std::vector<int>>>& rou
   t.routes[0].assign(size_t(t.n_layers), {});
   for (const auto& step : routes)
     for (size_t l = 0; l < step.size() && l < size_t(t.n_layers); ++l) t.routes[0][l].push_back(step[l]);
-  for (int i = 0; i < 4; ++i)
-    c.hit[i] = simulate_policy(t, std::max(top_k, n_experts / kCurveFractions[i]), PolicyKind::LRU).total_hit_rate();
-  uint64_t reused = 0, routed = 0;
-  for (size_t s = 1; s < routes.size(); ++s)
-    for (size_t l = 0; l < routes[s].size() && l < routes[s - 1].size(); ++l) {
-      const std::set<int> before(routes[s - 1][l].begin(), routes[s - 1][l].end());
-      for (int e : routes[s][l]) reused += before.count(e), ++routed;
-    }
-  c.reuse = routed ? double(reused) / double(routed) : 0.0;
-  return c;
+  return routing_curve(t);
 }
 
 }  // namespace ms

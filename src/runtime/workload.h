@@ -39,21 +39,14 @@ std::vector<std::vector<std::vector<int>>> replay_steps(const RouteTraces& t, co
 
 // n decode steps of w from `state` (after its last token), each a one-token forward whose pick
 // runs as a decode step's does; Text feeds w.text[(offset + i) % size], the others their pick
-// (Replay: sampled as Uniform's, with w.routes[(offset + i) % size] as the routes).
+// (Replay: greedy picks, whose tokens then do not matter, with w.routes[(offset + i) % size] as
+// the routes).
 // on_step(i) after step i; routes (where given) gets each step's routed experts [layer][top_k].
 void run_workload(const Model& m, State& state, const Workload& w, int n, unsigned seed,
                   const std::function<void(int)>& on_step = {},
                   std::vector<std::vector<std::vector<int>>>* routes = nullptr);
 
-// What a workload's routing shows a per-layer LRU pool (counted as experts/simulate.h counts):
-// the hit rate at 1/16, 1/8, 1/4 and 1/2 of a layer's experts, and the share of a layer's routed
-// experts that the step before routed too. Real 512-expert top-10 models: ~0.67 at 1/8, ~0.81 at
-// 1/4, ~0.45 reused (DESIGN.md).
-struct RoutingCurve {
-  double hit[4] = {};
-  double reuse = 0;
-};
-inline constexpr int kCurveFractions[4] = {16, 8, 4, 2};  // a layer's experts divided by these
+// experts/simulate.h's routing curve of a workload's routes ([step][MoE layer][top_k]).
 RoutingCurve routing_curve(const std::vector<std::vector<std::vector<int>>>& routes, int n_experts, int top_k);
 
 }  // namespace ms

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -86,11 +87,44 @@ class ReplayTest : public ::testing::Test {
   std::unique_ptr<Model> model_;
 };
 
+// A forward given the router's own routes (ForwardOptions::routes_from) gives the logits of the
+// forward that chose them, bit for bit: the router's probabilities weight forced ids as they
+// weight its top-k. Another route changes them.
+TEST_F(ReplayTest, ForcedRoutesWeighAsTheRoutersOwn) {
+  const std::vector<int> ids{11, 402, 77, 1900, 5, 63};
+  State state = model_->new_state();
+  const State::Checkpoint start = state.checkpoint();
+  ForwardOptions fo;
+  fo.routes = true;
+  fo.all_logits = true;
+  const ForwardResult natural = model_->forward(ids.data(), int(ids.size()), state, fo);
+  state.restore(start);
+  ForwardOptions forced;
+  forced.all_logits = true;
+  forced.routes_from = &natural.routes;
+  EXPECT_EQ(model_->forward(ids.data(), int(ids.size()), state, forced).logits, natural.logits);
+  std::vector<std::vector<int>> other = natural.routes;
+  for (auto& layer : other)
+    if (!layer.empty()) std::swap(layer[0], layer[1]);  // the same experts, another order: the same sums
+  state.restore(start);
+  forced.routes_from = &other;
+  EXPECT_EQ(model_->forward(ids.data(), int(ids.size()), state, forced).logits, natural.logits);
+  const int K = model_->config().top_k;
+  for (auto& layer : other)
+    for (size_t t = 0; t < layer.size(); t += size_t(K)) {  // each token's first slot: an expert it did not route to
+      int e = 0;
+      while (std::find(layer.begin() + long(t), layer.begin() + long(t) + K, e) != layer.begin() + long(t) + K) ++e;
+      layer[t] = e;
+    }
+  state.restore(start);
+  EXPECT_NE(model_->forward(ids.data(), int(ids.size()), state, forced).logits, natural.logits);
+}
+
 // The router's own routes replayed take the same steps: the same routes, so the same weights,
-// logits and sampled tokens (each step's recorded routes are the next step's input).
+// logits and greedy tokens (each step's routes depend on the tokens before).
 TEST_F(ReplayTest, ItsOwnRoutesReplayedRouteTheSame) {
   constexpr int kSteps = 10;
-  const Steps natural = run({WorkloadKind::Uniform, {}, {}}, kSteps);
+  const Steps natural = run({WorkloadKind::Greedy, {}, {}}, kSteps);
   ASSERT_EQ(natural.size(), size_t(kSteps));
   const Steps replayed = run(replay(write_trace(natural, "replay-same")), kSteps);
   EXPECT_EQ(replayed, natural);
