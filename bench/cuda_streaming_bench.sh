@@ -3,6 +3,8 @@
 # stall share with the VRAM expert pool capped, the host tier off (staging only) and on, for
 #  - a synthetic Qwen3-Next-80B-A3B-shaped model (random weights, 4-bit experts, 8-bit dense),
 #    LAYERS layers, at --vram 4G, 8G, 16G;
+#  - the same model's decode workloads (bench: uniform, text, a replayed trace calibrated to real
+#    models' routing, and greedy as an upper bound) at each budget with the host tier on;
 #  - the embedded pycoder-moe-q4 with every expert in VRAM and with 8 and 16 VRAM slots a layer;
 # next to the machine's own limits measured in the same run: the device-to-device copy
 # bandwidth (bench_cuda_matvec), and the disk's O_DIRECT read rate at the record size (dd).
@@ -83,6 +85,19 @@ for vram in $VRAMS; do
     run_case "80b-vram$vram-host$HOST_CACHE-pf$pf" "$MODEL" "$IDS" --vram "$vram" --host-cache "$HOST_CACHE" --prefetch "$pf"
   done
 done
+# Workload rows (bench): uniform (sampled), text (teacher-forced) and replay (a trace calibrated
+# to real models' routing, synth-routes) at each budget with the host tier on; greedy labelled
+# as the upper bound it is on random weights (one expert set repeats).
+TRACE=$WORK/routes-80b-$LAYERS.safetensors
+[[ -f $TRACE ]] || "$BIN" synth-routes --like 80b-a3b --layers "$LAYERS" --tokens 4096 --out "$TRACE" >&2
+WORKLOADS=()
+for vram in $VRAMS; do
+  drop_caches
+  while read -r row; do WORKLOADS+=("$(printf '%-10s %s' "$vram" "$row")"); done < <(
+    "$BIN" bench --device cuda --model "$MODEL" --vram "$vram" --host-cache "$HOST_CACHE" --prompt 0 \
+      --tokens "$TOKENS" --repeat 3 --workload uniform,text,replay,greedy --text "$ROOT/docs/ARCHITECTURE.md" \
+      --routes-from "$TRACE" 2> "$WORK/bench-$vram.log" | grep -E '^tg' | sed 's/-greedy /-greedy(upper bound) /')
+done
 if [[ ${PYCODER_CASES:-1} == 1 ]]; then
   run_case "pycoder-all-in-vram" "$PYCODER" "$PY_IDS"
   for slots in 8 16; do
@@ -101,3 +116,6 @@ echo "stall_sh: time waiting on expert reads+copies over prefill+decode; ssd_GBs
 echo "recall: host-tier misses avoided by prefetch (pf on)"
 printf '%-28s %4s %9s %7s %7s %8s %8s %8s %7s\n' case exit "decode/s" vram_hit host_hit stall_sh ssd_GBs h2d_GBs recall
 printf '%s\n' "${RESULTS[@]}"
+echo
+echo "workloads (bench --host-cache $HOST_CACHE, medians of 3): vram, test, tok/s, GB/s, of read; replay routes by $TRACE"
+printf '%s\n' "${WORKLOADS[@]}"

@@ -133,7 +133,8 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
   const bool batched = T * K <= kBatchedExpertRows;
   const size_t rows = size_t(batched ? T * K : T) * size_t(H);
   typename B::Buf partial = be.alloc(size_t(T) * size_t(K) * size_t(H));
-  typename B::Buf xb = be.alloc(rows), yb = be.alloc(rows);
+  typename B::Buf xb, yb;  // taken for the first expert that runs alone (none when all run together)
+  bool have_rows = false;
   std::vector<MlpCall> calls;
   std::vector<int> experts;        // calls[i] runs experts[i] (-1: `first`)
   std::vector<ExpertCall> together;  // TogetherExperts: run from x into partial at the flush
@@ -157,6 +158,7 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
     if constexpr (TogetherExperts<B>) {
       if (be.runs_together(mlp, T)) return together.push_back({e, mlp});
     }
+    if (!have_rows) xb = be.alloc(rows), yb = be.alloc(rows), have_rows = true;
     const int n = int(users[size_t(e)].size());
     be.gather_users(groups, e, x, H, xb.data() + at);
     calls.push_back({mlp, xb.data() + at, n, yb.data() + at});
