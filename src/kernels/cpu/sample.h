@@ -1,5 +1,6 @@
 #pragma once
 // The CPU's token pick: the reference cuda::sample is tested against.
+#include <cstdint>
 #include <vector>
 
 #include "kernels/sampling.h"
@@ -9,7 +10,8 @@ namespace ms::cpu {
 // Reused between picks so that a pick does not allocate.
 struct SampleScratch {
   std::vector<float> work;
-  std::vector<int> order;
+  std::vector<int> order, order_tmp;
+  std::vector<uint32_t> keys, keys_tmp;
   std::vector<double> probs;
 };
 

@@ -69,5 +69,27 @@ TEST(Sample, DrawsMatchTheNaiveReference) {
     }
 }
 
+// Large candidate lists take the radix order (no top-k, or a top-k of 256 or more): ties broken
+// by the lower id, -0 beside +0, masked ids (-inf) last, as the comparison sort has them.
+TEST(Sample, LargeVocabulariesDrawAsTheReference) {
+  SampleScratch s;
+  const int vocab = 20000;
+  auto l = randn(size_t(vocab), 7, 1.f);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = std::round(l[i] * 8.f) / 8.f;  // many ties
+  l[10] = -0.f, l[11] = 0.f, l[12] = -0.f;
+  for (size_t i = 100; i < l.size(); i += 97) l[i] = -INFINITY;
+  int n = 0;
+  for (const SampleArgs a : {SampleArgs{.temperature = 1.f}, SampleArgs{.temperature = 0.5f, .top_k = 300},
+                             SampleArgs{.temperature = 2.f, .top_p = 0.9f}, SampleArgs{.temperature = 1.f, .top_k = 255}})
+    for (int d = 0; d < 25; ++d, ++n) {
+      const PickInputs in{.args = a, .r = (d + 0.37) / 25.0};
+      ASSERT_EQ(sample(l.data(), vocab, in, s), sample_ref(l, in)) << "case " << n;
+    }
+  // Every value at zero: the draw walks ids in order.
+  const std::vector<float> zeros(size_t(vocab), 0.f);
+  const PickInputs in{.args = {.temperature = 1.f}, .r = 0.5};
+  EXPECT_EQ(sample(zeros.data(), vocab, in, s), sample_ref(zeros, in));
+}
+
 }  // namespace
 }  // namespace ms::cpu
