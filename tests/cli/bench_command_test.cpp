@@ -1,10 +1,9 @@
 // bench through the built binary: the bound, each test's row, and bad flags refused.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <regex>
 
-#include "format/safetensors.h"
+#include "experts/route_synth.h"
 #include "test_support.h"
 
 namespace ms {
@@ -56,14 +55,16 @@ TEST(BenchCommand, WorkloadsReportTheirRoutingCurves) {
 // trace needs replay, and no other command takes one.
 TEST(BenchCommand, ReplayTakesItsRoutesFromATrace) {
   constexpr int kLayers = 8, kSteps = 16, kTopK = 8;  // pycoder-moe-q4's MoE layers and top-k
-  std::vector<int16_t> ids;
+  RouteTraces t;
+  t.n_layers = kLayers, t.top_k = kTopK, t.n_experts = 128;
+  auto& doc = t.routes.emplace_back(size_t(kLayers));
   for (int l = 0; l < kLayers; ++l)
-    for (int t = 0; t < kSteps; ++t)
-      for (int k = 0; k < kTopK; ++k) ids.push_back(int16_t(3 * k + l));
-  TensorData d{"doc0.routes", DType::I16, {kLayers, kSteps, kTopK}, std::vector<uint8_t>(ids.size() * 2)};
-  std::memcpy(d.bytes.data(), ids.data(), d.bytes.size());
+    for (int s = 0; s < kSteps; ++s) {
+      std::vector<int>& ids = doc[size_t(l)].emplace_back();
+      for (int k = 0; k < kTopK; ++k) ids.push_back(3 * k + l);
+    }
   const std::string trace = test::scratch_dir("bench-replay") + "/routes.safetensors";
-  write_safetensors(trace, {d});
+  write_route_traces(trace, t);
   const std::string model = "bench --model " MOESTREAM_SOURCE_DIR "/models/pycoder-moe-q4 --prompt 0 --tokens 8 --repeat 1 ";
   std::string out, err;
   ASSERT_EQ(test::run_cli(model + "--workload replay --routes-from " + trace, &out, &err), 0) << err;

@@ -6,12 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <memory>
 
 #include "backends/load.h"
-#include "format/safetensors.h"
+#include "experts/route_synth.h"
 #include "test_support.h"
 
 namespace ms {
@@ -65,17 +64,15 @@ class ReplayTest : public ::testing::Test {
     run_workload(*model_, state, w, n, 1, {}, &routes);
     return routes;
   }
-  // A trace file of one document: routes [MoE layers, T, top_k] as int16.
+  // A trace file of one document of these steps (write_route_traces).
   std::string write_trace(const Steps& steps, const std::string& tag) const {
-    const size_t L = steps[0].size(), T = steps.size(), K = steps[0][0].size();
-    std::vector<int16_t> v;
-    for (size_t l = 0; l < L; ++l)
-      for (size_t t = 0; t < T; ++t)
-        for (size_t k = 0; k < K; ++k) v.push_back(int16_t(steps[t][l][k]));
-    TensorData d{"doc0.routes", DType::I16, {int64_t(L), int64_t(T), int64_t(K)}, std::vector<uint8_t>(v.size() * 2)};
-    std::memcpy(d.bytes.data(), v.data(), d.bytes.size());
+    RouteTraces t;
+    t.n_layers = int(steps[0].size()), t.top_k = int(steps[0][0].size()), t.n_experts = model_->config().n_experts;
+    auto& doc = t.routes.emplace_back(steps[0].size());
+    for (const auto& step : steps)
+      for (size_t l = 0; l < step.size(); ++l) doc[l].push_back(step[l]);
     const std::string path = test::scratch_dir(tag) + "/routes.safetensors";
-    write_safetensors(path, {d});
+    write_route_traces(path, t);
     return path;
   }
   // The replay workload of a trace file, its steps rotated so that seed 1's first step is step 0.

@@ -106,7 +106,7 @@ __device__ __forceinline__ uint2 row_codes(const uint8_t* row, int ch, int t) {
   }
 }
 
-// The MMAs of chunk ch of the unit into c: A from the lane's rows, B from its tokens' split rows.
+// Chunk ch's operands: A from the lane's rows, B from its tokens' split rows.
 template <int BITS, int MT, int NT>
 __device__ __forceinline__ void load_chunk(const uint8_t* const (&arow)[MT][2], const uint8_t* const (&brow)[NT], int ch,
                                            int t, uint2 (&A)[MT][2], uint4 (&B)[NT][2]) {
@@ -121,6 +121,7 @@ __device__ __forceinline__ void load_chunk(const uint8_t* const (&arow)[MT][2], 
   }
 }
 
+// The MMAs of one chunk's operands into c.
 template <int MT, int NT>
 __device__ __forceinline__ void mma_chunk(int (&c)[MT][NT][int_dot::kParts][4], const uint2 (&A)[MT][2],
                                           const uint4 (&B)[NT][2]) {
@@ -168,7 +169,6 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_kernel(GemmArgs a) {
       const int r = min(row0 + mt * 16 + g + 8 * h, a.rows - 1);
       arow[mt][h] = W.q + size_t(r) * row_bytes, grow[mt][h] = uint32_t(r) * uint32_t(a.units);
     }
-  const int chunks_per_unit = CPU > 0 ? CPU : a.group / int_dot::kChunk;
   float acc[MT][NT][4] = {};
   for (int u = 0; u < a.units; ++u) {
     int c[MT][NT][int_dot::kParts][4] = {};
@@ -180,6 +180,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_kernel(GemmArgs a) {
 #pragma unroll
       for (int s = 0; s < CPU; ++s) mma_chunk<MT, NT>(c, A[s], B[s]);
     } else {
+      const int chunks_per_unit = a.group / int_dot::kChunk;
       for (int s = 0; s < chunks_per_unit; ++s) {
         uint2 A[MT][2];
         uint4 B[NT][2];
