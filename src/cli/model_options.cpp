@@ -321,6 +321,31 @@ void print_prefetch_stats(const Model& model, std::FILE* out) {
              p.wasted, p.no_buffer, r.summary.recall, r.summary.waste, r.summary.demand_misses);
 }
 
+// " (measured at start 55.1 GB/s)" where a rate was measured.
+std::string measured(double gb_s) { return gb_s > 0 ? fmt::format(" (measured at start {:.2f} GB/s)", gb_s) : std::string(); }
+
+// A VRAM pool over a host tier: what the VRAM's load held, both stages of a miss against the
+// rates measured at start, the copies' overlap with compute, and the VRAM prefetch.
+void print_vram_tiers(const TierSummary& v, const TierSummary& h, std::FILE* out) {
+  const TierLoad& l = v.load;
+  if (l.whole) fmt::print(out, "VRAM at load: every expert ({:.1f} MiB in {:.2f} s)\n", double(l.bytes) / (1 << 20), l.seconds);
+  else if (l.warmed > 0)
+    fmt::print(out, "VRAM at load: warm start copied {} hot experts ({} pinned) in {:.2f} s\n", l.warmed, l.pinned, l.seconds);
+  fmt::print(out,
+             "stages: ssd->host {:.2f} GB/s ({:.1f} MiB in {:.3f} s){}, host->vram {:.2f} GB/s ({:.1f} MiB in {:.3f} s){}; "
+             "stall {:.3f} s ({:.0f} % of the copies' time hidden behind compute)\n",
+             h.gb_s(), double(h.pool.bytes_read) / (1 << 20), h.pool.read_s, measured(h.measured_gb_s), v.gb_s(),
+             double(v.pool.bytes_read) / (1 << 20), v.pool.read_s, measured(v.measured_gb_s), v.pool.stall_s,
+             100.0 * v.overlap());
+  if (v.prefetch.predicted == 0) return;
+  const PrefetchStats& p = v.prefetch;
+  fmt::print(out,
+             "VRAM prefetch: predicted {}, copied ahead {}, used {}, wasted {}; recall {:.3f}, waste {:.3f}, demand misses "
+             "left {}\n",
+             p.predicted, p.issued, p.used, p.wasted, v.prefetch_summary.recall, v.prefetch_summary.waste,
+             v.prefetch_summary.demand_misses);
+}
+
 }  // namespace
 
 void print_expert_stats(const Model& model, std::FILE* out) {
@@ -338,11 +363,7 @@ void print_expert_stats(const Model& model, std::FILE* out) {
     totals.push_back(print_pool(t.layers, t.moves, out));
   }
   if (tiers.size() == 2) {  // a VRAM pool over a host tier: both stages of a miss
-    const PoolStats &v = totals[0], &h = totals[1];
-    fmt::print(out, "stages: ssd->host {:.2f} GB/s ({:.1f} MiB in {:.3f} s), host->vram {:.2f} GB/s ({:.1f} MiB in {:.3f} s); "
-               "stall {:.3f} s\n",
-               gb_per_s(h.bytes_read, h.read_s), double(h.bytes_read) / (1 << 20), h.read_s, gb_per_s(v.bytes_read, v.read_s),
-               double(v.bytes_read) / (1 << 20), v.read_s, v.stall_s);
+    print_vram_tiers(summarize_tier(tiers[0]), summarize_tier(tiers[1]), out);
     print_prefetch_stats(model, out);
     return;
   }

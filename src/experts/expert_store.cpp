@@ -62,6 +62,19 @@ ExpertStore::~ExpertStore() {
   });
 }
 
+PrefetchSchedule prefetch_schedule(const EngineIndex& index, const PrefetchOptions& p) {
+  PrefetchSchedule s;
+  for (size_t i = 0; i < index.layers.size(); ++i) {
+    const int layer = model_layer_of(index.layers[i].name);
+    const int source = layer - p.ahead_of(layer);
+    if (layer < 0 || source < 0) continue;  // the MTP head's, or a layer with none before it
+    if (size_t(source) >= s.targets.size()) s.targets.resize(size_t(source) + 1);
+    s.targets[size_t(source)].push_back(int(i));
+    ++s.n_targets;
+  }
+  return s;
+}
+
 void ExpertStore::setup_prefetch() {
   const PrefetchOptions& p = opt_.prefetch;
   prefetch_stats_.assign(pools_.size(), {});
@@ -70,14 +83,7 @@ void ExpertStore::setup_prefetch() {
   const bool on = p.mode == PrefetchMode::On || (p.mode == PrefetchMode::Auto && streams && opt_.cache);
   if (!on || pools_.empty()) return;
   staging_ = std::make_unique<Staging>(ms::staging_buffers(p, opt_.top_k), index().widest_stride());
-  for (size_t i = 0; i < pools_.size(); ++i) {
-    const int layer = model_layer_of(index().layers[i].name);
-    const int source = layer - p.ahead_of(layer);
-    if (layer < 0 || source < 0) continue;  // the MTP head's, or a layer with none before it
-    if (size_t(source) >= targets_.size()) targets_.resize(size_t(source) + 1);
-    targets_[size_t(source)].push_back(int(i));
-    ++n_targets_;
-  }
+  schedule_ = prefetch_schedule(index(), p);
   const int w = p.width > 0 ? p.width : opt_.top_k;
   width_ = p.width > 0 ? std::make_unique<WidthController>(w, w, w)
                        : std::make_unique<WidthController>(w, min_prefetch_width(opt_.top_k), max_prefetch_width(opt_.top_k));
@@ -240,6 +246,12 @@ std::vector<const uint8_t*> ExpertStore::acquire(int layer, const std::vector<in
 
 void ExpertStore::release(int layer) { pools_[size_t(layer)]->release(); }
 
+const uint8_t* ExpertStore::resident_record(int layer, int expert) const {
+  const ExpertPool& pool = *pools_[size_t(layer)];
+  const int slot = pool.slot_of(expert);
+  return slot >= 0 ? pool.slot_data(slot) : nullptr;
+}
+
 void ExpertStore::pin(int layer, const std::vector<int>& experts) {
   ExpertPool& pool = *pools_[size_t(layer)];
   // At least one token's worth of slots must stay free for the experts that are not pinned.
@@ -308,7 +320,7 @@ ExpertStore::Early ExpertStore::early() const {
 
 const std::vector<int>& ExpertStore::prefetch_targets(int source) const {
   static const std::vector<int> none;
-  return source >= 0 && size_t(source) < targets_.size() ? targets_[size_t(source)] : none;
+  return source >= 0 && size_t(source) < schedule_.targets.size() ? schedule_.targets[size_t(source)] : none;
 }
 
 int ExpertStore::prefetch_width() const {
@@ -347,7 +359,7 @@ void ExpertStore::prefetch(int layer, const std::vector<int>& experts, int token
       ++st.issued;
       st.bytes += l.stride;
     }
-    if (++predictions_ >= n_targets_) adapt_width_locked();
+    if (++predictions_ >= schedule_.n_targets) adapt_width_locked();
   }
   files_.engine().submit(reads.data(), reads.size());
 }

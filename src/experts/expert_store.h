@@ -45,6 +45,29 @@ struct LayerStats {
 
 class ExpertStore;
 
+// What model/predict.h drives: a store of expert pools that reads the experts a later layer's
+// router is predicted to ask for ahead of it (ExpertStore from disk into host staging; the CUDA
+// backend's VRAM pools from the host tier into VRAM staging).
+class ExpertPrefetcher {
+ public:
+  virtual ~ExpertPrefetcher() = default;
+  virtual const EngineIndex& index() const = 0;
+  // Expert layers whose experts are predicted from the residual stream after model layer `source`.
+  virtual const std::vector<int>& prefetch_targets(int source) const = 0;
+  virtual int prefetch_width() const = 0;  // experts a prediction names per token
+  // Reads ahead the first experts named (best first, at most the width for each of `tokens`
+  // tokens) that are not resident yet, in the background.
+  virtual void prefetch(int layer, const std::vector<int>& experts, int tokens) = 0;
+};
+
+// Which expert layers each model layer's output predicts under `p` (layer L from L − a), and how
+// many expert layers have a source at all (a window of the width's adaptation).
+struct PrefetchSchedule {
+  std::vector<std::vector<int>> targets;  // [model layer]: expert layers
+  size_t n_targets = 0;
+};
+PrefetchSchedule prefetch_schedule(const EngineIndex& index, const PrefetchOptions& p);
+
 // The experts of one ExpertStore::start_acquire: each one's record in its pool slot, usable once
 // next() has returned its index. Hits come first, then misses in the order their reads complete.
 class Acquired {
@@ -84,14 +107,14 @@ class Acquired {
   std::chrono::steady_clock::time_point submitted_;
 };
 
-class ExpertStore {
+class ExpertStore final : public ExpertPrefetcher {
  public:
   ExpertStore(const std::string& dir, const EngineIndex& index, const StoreOptions& opt);
   ~ExpertStore();
   ExpertStore(const ExpertStore&) = delete;
   ExpertStore& operator=(const ExpertStore&) = delete;
 
-  const EngineIndex& index() const { return files_.index(); }
+  const EngineIndex& index() const override { return files_.index(); }
   int layer_of(const std::string& name) const;  // index into index().layers; throws if absent
   int capacity(int layer) const { return pools_[size_t(layer)]->capacity(); }
   // Slots not pinned: the most distinct unpinned experts one acquire() can take.
@@ -105,6 +128,9 @@ class ExpertStore {
   // layer, expert and file; the pool stays consistent.
   std::vector<const uint8_t*> acquire(int layer, const std::vector<int>& experts);
   void release(int layer);
+  // The record of `expert` where it is resident in its pool now, else null: no read, no use
+  // counted. Valid until this store's next acquire or prefetch.
+  const uint8_t* resident_record(int layer, int expert) const;
   // Reads `experts` of `layer` now and keeps them resident for good.
   void pin(int layer, const std::vector<int>& experts);
 
@@ -131,12 +157,13 @@ class ExpertStore {
   // Prefetch (options().prefetch). Whether it runs: On, or Auto where some pool streams.
   bool prefetching() const { return staging_ != nullptr; }
   // Expert layers whose experts are predicted from the residual stream after model layer `source`.
-  const std::vector<int>& prefetch_targets(int source) const;
-  int prefetch_width() const;
+  const std::vector<int>& prefetch_targets(int source) const override;
+  int prefetch_width() const override;
   // Reads the first experts named (best first, at most the width for each of `tokens` tokens)
   // that are neither resident nor staged into staging, in the background, behind every demand
   // read. Adapts the width once every prefetch target has had a prediction.
-  void prefetch(int layer, const std::vector<int>& experts, int tokens = 1);
+  void prefetch(int layer, const std::vector<int>& experts, int tokens) override;
+  void prefetch(int layer, const std::vector<int>& experts) { prefetch(layer, experts, 1); }
 
   std::vector<LayerStats> stats() const;
   void reset_stats();
@@ -168,10 +195,9 @@ class ExpertStore {
   // Prefetch: null staging_ = off.
   std::unique_ptr<Staging> staging_;
   mutable std::mutex prefetch_mu_;  // staging_, the counters below, the width
-  std::vector<std::vector<int>> targets_;  // [model layer]: expert layers predicted from it
+  PrefetchSchedule schedule_;
   std::vector<PrefetchStats> prefetch_stats_;  // [expert layer]
   std::unique_ptr<WidthController> width_;
-  size_t n_targets_ = 0;  // expert layers with a prediction: a window of the width's adaptation
   size_t predictions_ = 0;  // since the last adaptation
   PrefetchStats window_start_;
   uint64_t window_misses_ = 0;  // demand reads since the last adaptation

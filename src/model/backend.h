@@ -56,8 +56,8 @@ concept Backend = requires(const B& be, const Mat& m, const MlpWeights& mlp, con
   // (ForwardOptions::routes_from).
   be.mlp(mlp, x, n, y);
   be.moe(cfg, ffn, x, n, y, static_cast<int*>(nullptr), static_cast<float*>(nullptr), static_cast<const int*>(nullptr));
-  // The host's expert store where it prefetches (model/predict.h), else null.
-  { be.prefetch_store() } -> std::same_as<ExpertStore*>;
+  // The expert store that reads predicted experts ahead (model/predict.h), else null.
+  { be.prefetch_store() } -> std::same_as<ExpertPrefetcher*>;
   // The next token from logits [vocab] where they are; all queued work done.
   { be.pick(x, n, pick) } -> std::same_as<int>;
   be.finish();

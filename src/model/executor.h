@@ -52,12 +52,27 @@ struct DecodeOptions {
   bool greedy = false;
   bool routes = false;  // each step's routed ids (ForwardResult::routes; router_probs may stay empty)
 };
-// One tier of a backend's expert pools, for --stats: a title naming it, its layers' statistics,
-// and what their byte and time columns count ("read" from disk, "copy" to VRAM).
+// What a tier's load put in it: every expert, or warm start's hottest (--warm-start).
+struct TierLoad {
+  bool whole = false;
+  int warmed = 0, pinned = 0;  // experts warm start read in, and of them pinned
+  uint64_t bytes = 0;          // read (or copied) by the load
+  double seconds = 0;
+  double gb_s() const { return seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0; }
+  // The disk's rate as the load measured it, where it read enough to tell (256 MiB), else 0.
+  double measured_read_gb_s() const { return bytes >= (uint64_t(256) << 20) ? gb_s() : 0.0; }
+};
+
+// One tier of a backend's expert pools, for --stats, /api/stats and /metrics: a title naming
+// it, its layers' statistics, what their byte and time columns count ("read" from disk, "copy"
+// to VRAM), the rate of that link measured at start (0 where not measured) and its load.
 struct PoolTier {
   std::string title;
   std::vector<LayerStats> layers;
   const char* moves = "read";
+  const char* name = "ram";  // "vram", "host" (the GPU's host tier) or "ram" (the CPU's pools)
+  double measured_gb_s = 0;
+  TierLoad load;
 };
 
 // Gets each step's result (its token picked) in turn; returns whether to run another step.

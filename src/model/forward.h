@@ -156,7 +156,7 @@ class Forward {
     be_.add_rmsnorm(x, y.data(), T, cfg_.hidden, be_.vec(lw.post_attention_norm), offset, cfg_.rms_eps, h);
     ffn_block(be_, cfg_, lw.ffn, lw.moe, h, T, y.data(), routes, router_probs, forced_routes);
     be_.add_rmsnorm(x, y.data(), T, cfg_.hidden, be_.vec(next_norm), offset, cfg_.rms_eps, h);
-    if (ExpertStore* store = be_.prefetch_store(); store && layer >= 0) predict_experts(be_, cfg_, w_, *store, layer, x, T);
+    if (ExpertPrefetcher* store = be_.prefetch_store(); store && layer >= 0) predict_experts(be_, cfg_, w_, *store, layer, x, T);
   }
 
   const ModelConfig& cfg_;

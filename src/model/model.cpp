@@ -78,13 +78,24 @@ namespace {
 
 // Each pool's share that warm start fills: `fraction` of the slots routing may use, less, when
 // pinning, a token's experts (ExpertStore::pin keeps those free).
-int warm_slots(const ExpertStore& s, int layer, double fraction, int top_k, bool pin) {
-  int n = int(fraction * s.free_capacity(layer));
-  if (pin) n = std::min(n, s.free_capacity(layer) - top_k);
+int warm_slots(int free_capacity, double fraction, int top_k, bool pin) {
+  int n = int(fraction * free_capacity);
+  if (pin) n = std::min(n, free_capacity - top_k);
   return std::max(0, n);
 }
 
 }  // namespace
+
+std::vector<std::vector<int>> Model::warm_set(const std::function<int(int layer)>& free_capacity,
+                                              const ModelOptions& opt) const {
+  const size_t layers = experts_ ? experts_->index().layers.size() : 0;
+  std::vector<std::vector<int>> hot(layers);
+  if (opt.warm_start == WarmStart::Off || usage_base_.empty()) return hot;
+  const bool pin = opt.warm_start == WarmStart::Pin;
+  for (size_t l = 0; l < layers; ++l)
+    hot[l] = usage_base_.hottest(l, warm_slots(free_capacity(int(l)), opt.warm_fraction, cfg_.top_k, pin));
+  return hot;
+}
 
 void Model::check_dense(const std::string& dir, const SafetensorsFile& dense, const EngineIndex& index) {
   if (index.version >= 2) return verify_dense(dense, index);
@@ -136,6 +147,7 @@ bool Model::load_whole(const ModelOptions& opt) {
                              double(slot_bytes) / (1 << 30), double(avail) / (1 << 30));
     return false;
   }
+  warm_.bytes = read_bytes;
   Progress progress(read_bytes, opt.progress);
   s.load_all([&](size_t bytes) { progress.add(bytes); });
   progress.finish();
@@ -147,12 +159,10 @@ void Model::warm_from_usage(const ModelOptions& opt) {
   ExpertStore& s = *experts_;
   const EngineIndex& index = s.index();
   const bool pin = opt.warm_start == WarmStart::Pin;
-  std::vector<std::vector<int>> hot(index.layers.size());
+  const std::vector<std::vector<int>> hot = warm_set([&](int l) { return s.free_capacity(l); }, opt);
   size_t bytes = 0;
-  for (size_t l = 0; l < index.layers.size(); ++l) {
-    hot[l] = usage_base_.hottest(l, warm_slots(s, int(l), opt.warm_fraction, cfg_.top_k, pin));
-    bytes += hot[l].size() * index.layers[l].record_bytes;
-  }
+  for (size_t l = 0; l < index.layers.size(); ++l) bytes += hot[l].size() * index.layers[l].record_bytes;
+  warm_.bytes = bytes;
   Progress progress(bytes, opt.progress);
   for (size_t l = 0; l < index.layers.size(); ++l) {
     if (hot[l].empty()) continue;

@@ -2,6 +2,7 @@
 // A loaded model (Qwen3-MoE or Qwen3-Next): its config, weights and streamed experts, and the
 // Executor that runs it on a device. backends/load.h loads one; what is the same on every
 // device (prompts in chunks, id checks) is here, in front of the executor.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ struct WarmReport {
   int warmed = 0;                   // experts warm start read in (pinned ones included) ...
   int pinned = 0;                   // ... of them pinned
   double seconds = 0;               // the load's expert reads
+  uint64_t bytes = 0;               // ... and their bytes
+  // As a tier's load (the host's pools: the CPU's, or the GPU's host tier).
+  TierLoad tier_load() const { return {loaded_whole, warmed, pinned, bytes, seconds}; }
 };
 
 // "pools at load: loaded whole in 3.2 s; usage history usage.json; pool profile none" and the like.
@@ -83,6 +87,12 @@ class Model {
   // merged into the history read at load (decayed) and written back atomically (save_usage;
   // nothing where --usage off, nothing streams, or nothing was routed). Throws naming the file.
   const WarmReport& warm_report() const { return warm_; }
+  // The experts warm start reads into each expert layer's pool, hottest first, from the usage
+  // history read at load: --warm-fraction of its free slots (less a token's experts where
+  // pinning); empty lists with --warm-start off or no history. The CUDA backend's VRAM pools
+  // take it too.
+  std::vector<std::vector<int>> warm_set(const std::function<int(int layer)>& free_capacity,
+                                         const ModelOptions& opt) const;
   void save_usage() const;
 
   // The streaming expert store of an engine directory (on Cuda: the host tier below the VRAM

@@ -46,13 +46,13 @@ uint64_t activation_floats_per_token(const ModelConfig& c, const KvFormat& kv) {
 }
 
 // Splits a budget (`what`: "memory budget", "VRAM budget"): dense weights, KV and recurrent
-// state for `context` tokens, activations of a prefill chunk, with host_staging the host's
-// prefetch staging, and the rest as equal pools. A model without routed experts (an empty
+// state for `context` tokens, activations of a prefill chunk, with `staging` the prefetch staging
+// (in the budget's memory: host RAM, or VRAM), and the rest as equal pools. A model without routed experts (an empty
 // index) needs only the first three.
 // Everything of plan_memory but the pools and the floor's check: the plan's fixed parts and
 // its floor (*floor: the fixed parts and one token's experts in every layer).
 MemoryPlan plan_fixed(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, uint64_t budget,
-                      const ModelOptions& opt, bool host_staging, uint64_t process, uint64_t* floor) {
+                      const ModelOptions& opt, bool staging, uint64_t process, uint64_t* floor) {
   const int context = opt.context;
   MemoryPlan p;
   p.context = context;
@@ -74,7 +74,7 @@ MemoryPlan plan_fixed(const ModelConfig& cfg, const EngineIndex& index, uint64_t
   const uint64_t per_slot = per_slot_row(index);
   // Staging where prefetch will run: always with On; with Auto where the pools stream, which
   // they do unless the budget holds every expert beside the staging too.
-  if (const PrefetchOptions& pf = opt.experts.prefetch; host_staging && pf.mode != PrefetchMode::Off && per_slot > 0) {
+  if (const PrefetchOptions& pf = opt.experts.prefetch; staging && pf.mode != PrefetchMode::Off && per_slot > 0) {
     const uint64_t all = p.fixed() + per_slot * uint64_t(cfg.n_experts);
     if (pf.mode == PrefetchMode::On || budget < all) {
       const uint64_t widest = index.widest_stride();
@@ -91,9 +91,9 @@ MemoryPlan plan_fixed(const ModelConfig& cfg, const EngineIndex& index, uint64_t
 }
 
 MemoryPlan plan_memory(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, uint64_t budget,
-                       const ModelOptions& opt, const char* what, bool host_staging = false, uint64_t process = 0) {
+                       const ModelOptions& opt, const char* what, bool staging = false, uint64_t process = 0) {
   uint64_t floor = 0;
-  MemoryPlan p = plan_fixed(cfg, index, dense_bytes, budget, opt, host_staging, process, &floor);
+  MemoryPlan p = plan_fixed(cfg, index, dense_bytes, budget, opt, staging, process, &floor);
   const uint64_t per_slot = per_slot_row(index);
   if (budget < floor) {
     const std::string pools =
@@ -339,13 +339,19 @@ StoreOptions vram_store_options(const std::string& dir, const ModelConfig& cfg, 
                                 uint64_t dense_bytes, uint64_t free_vram, const ModelOptions& opt, MemoryPlan& plan) {
   StoreOptions vram = opt.experts;
   vram.top_k = cfg.top_k;
+  // VRAM staging for predicted experts comes out of the budget where the pools stream; pools
+  // sized by --expert-slots or a profile take it beside them.
+  vram.prefetch.staging = 0;
   if (opt.vram_budget) {
-    plan = plan_memory(cfg, index, dense_bytes, opt.vram_budget, opt, "VRAM budget");
+    plan = plan_memory(cfg, index, dense_bytes, opt.vram_budget, opt, "VRAM budget", true);
     vram.slots = plan.slots;
     vram.layer_caps.clear();
+    vram.prefetch.staging = plan.staging_buffers;
   } else if (vram.slots == 0 && vram.layer_caps.empty()) {
-    const MemoryPlan p = plan_memory(cfg, index, dense_bytes, dense_bytes + free_vram, opt, "free VRAM");
-    if (p.slots < cfg.n_experts) plan = p, vram.slots = p.slots;
+    const MemoryPlan p = plan_memory(cfg, index, dense_bytes, dense_bytes + free_vram, opt, "free VRAM", true);
+    if (p.slots < cfg.n_experts) plan = p, vram.slots = p.slots, vram.prefetch.staging = p.staging_buffers;
+  } else if (opt.experts.prefetch.mode != PrefetchMode::Off) {
+    vram.prefetch.staging = staging_buffers(opt.experts.prefetch, cfg.top_k);
   }
   check_floor(dir, vram, index, cfg.top_k, "VRAM ");
   return vram;

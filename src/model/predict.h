@@ -39,7 +39,7 @@ inline std::vector<int> predicted_experts(const std::vector<float>& logits, int 
 // activations), the experts of every layer the store predicts from `source`, and has the store
 // read them ahead. Each target's router sees x as the target's own FFN norm makes it.
 template <Backend B>
-void predict_experts(const B& be, const ModelConfig& cfg, const ModelWeights& w, ExpertStore& store, int source,
+void predict_experts(const B& be, const ModelConfig& cfg, const ModelWeights& w, ExpertPrefetcher& store, int source,
                      const float* x, int T) {
   if (T > kPredictMaxTokens) return;
   const std::vector<int>& targets = store.prefetch_targets(source);

@@ -77,12 +77,25 @@ StatsSnapshot EngineStats::snapshot() const {
   out.recent.assign(recent_.begin(), recent_.end());
   if (model_ && model_->experts()) {
     out.pool = model_->pool_stats();
+    for (const PoolTier& t : model_->executor().pool_tiers()) out.tiers.push_back(summarize_tier(t));
     out.resident.experts = model_->pool_bytes();
     out.prefetch = prefetch_report(*model_);
     out.warm = model_->warm_report();
     out.early = model_->experts()->early();
   }
   return out;
+}
+
+TierSummary summarize_tier(const PoolTier& t) {
+  TierSummary r{.name = t.name, .moves = t.moves, .measured_gb_s = t.measured_gb_s, .load = t.load};
+  for (const LayerStats& l : t.layers) {
+    r.slots += l.capacity;
+    r.resident += l.resident;
+    r.pool += l.pool;
+    r.prefetch += l.prefetch;
+  }
+  r.prefetch_summary = summarize(r.prefetch, r.pool.misses);
+  return r;
 }
 
 PrefetchReport prefetch_report(const Model& model) {
@@ -107,6 +120,41 @@ PrefetchReport prefetch_report(const Model& model) {
 }
 
 namespace {
+ojson tiers_json(const std::vector<TierSummary>& tiers) {
+  ojson out = ojson::array();
+  for (const TierSummary& t : tiers) {
+    const PoolStats& p = t.pool;
+    out.push_back({{"tier", t.name},
+                   {"moves", t.moves},
+                   {"slots", t.slots},
+                   {"resident", t.resident},
+                   {"hits", p.hits},
+                   {"misses", p.misses},
+                   {"hit_rate", p.hit_rate()},
+                   {"bytes", p.bytes_read},
+                   {"seconds", p.read_s},
+                   {"gb_s", t.gb_s()},
+                   {"measured_gb_s", t.measured_gb_s},
+                   {"stall_s", p.stall_s},
+                   {"overlap", t.overlap()},
+                   {"prefetch",
+                    {{"predicted", t.prefetch.predicted},
+                     {"moved_ahead", t.prefetch.issued},
+                     {"used", t.prefetch.used},
+                     {"wasted", t.prefetch.wasted},
+                     {"recall", t.prefetch_summary.recall},
+                     {"waste", t.prefetch_summary.waste}}},
+                   {"load",
+                    {{"whole", t.load.whole},
+                     {"warmed", t.load.warmed},
+                     {"pinned", t.load.pinned},
+                     {"bytes", t.load.bytes},
+                     {"seconds", t.load.seconds},
+                     {"gb_s", t.load.gb_s()}}}});
+  }
+  return out;
+}
+
 ojson speculative_json(const SpeculativeOptions& o, const SpeculativeStats& s) {
   return {{"default", describe(o)},
           {"verifies", s.verifies},
@@ -203,6 +251,7 @@ ojson to_json(const StatsSnapshot& s) {
             {"read_s", total.read_s},
             {"stall_s", total.stall_s},
             {"disk_load_ratio", all_miss_bytes ? double(total.bytes_read) / double(all_miss_bytes) : 0.0}}},
+          {"tiers", tiers_json(s.tiers)},
           {"prefetch", prefetch_json(s.prefetch)},
           {"speculative", speculative_json(s.speculative_default, s.speculative)},
           {"kv_cache",

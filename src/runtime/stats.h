@@ -5,6 +5,7 @@
 //
 // A streamed model's pool numbers (occupancy, hits, misses, bytes read, stall time) come from
 // its expert pool (Model::pool_stats: the VRAM pool on CUDA), the same numbers `--stats` prints.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -62,6 +63,22 @@ struct PrefetchReport {
 // The prefetch report of a model's host store (off where there is none, or it does not prefetch).
 PrefetchReport prefetch_report(const Model& model);
 
+// One tier of the expert pools (Executor::pool_tiers), summed over its layers: VRAM (copies from
+// the host tier), the GPU's host tier or the CPU's pools (reads from disk).
+struct TierSummary {
+  std::string name, moves;      // PoolTier's
+  int slots = 0, resident = 0;  // over layers
+  PoolStats pool;
+  PrefetchStats prefetch;          // predicted experts moved ahead into this tier's staging
+  PrefetchSummary prefetch_summary;
+  double measured_gb_s = 0;  // the link's rate measured at start; 0 where not measured
+  TierLoad load;
+  double gb_s() const { return pool.read_s > 0 ? double(pool.bytes_read) / pool.read_s / 1e9 : 0.0; }
+  // The share of the moves' time the compute did not wait for (1: hidden behind compute).
+  double overlap() const { return pool.read_s > 0 ? std::max(0.0, 1.0 - pool.stall_s / pool.read_s) : 0.0; }
+};
+TierSummary summarize_tier(const PoolTier& t);
+
 struct StatsSnapshot {
   double uptime_s = 0;
   uint64_t requests_served = 0;  // finished, whatever the reason
@@ -70,6 +87,7 @@ struct StatsSnapshot {
   ResidentBytes resident;
   std::vector<LayerUsage> layers;
   std::vector<LayerStats> pool;  // per MoE block of a streamed model; empty otherwise
+  std::vector<TierSummary> tiers;  // VRAM over the host tier (CUDA), or the pools (CPU)
   PrefetchReport prefetch;
   KvReport kv;
   WarmReport warm;             // what the load put in the pools

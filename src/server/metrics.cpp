@@ -34,6 +34,41 @@ double mean(const std::vector<RequestRecord>& recent, double RequestRecord::*fie
   return recent.empty() ? 0 : sum / double(recent.size());
 }
 
+// Per tier of the expert pools (label tier="vram", "host" or "ram"): what moved in and how fast.
+void tier_metrics(Writer& w, const std::vector<TierSummary>& tiers) {
+  if (tiers.empty()) return;
+  struct Family {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*value)(const TierSummary&);
+  };
+  static const Family families[] = {
+      {"tier_hits_total", "counter", "Routed experts found resident in the tier.",
+       [](const TierSummary& t) { return double(t.pool.hits); }},
+      {"tier_misses_total", "counter", "Routed experts the tier had to move in.",
+       [](const TierSummary& t) { return double(t.pool.misses); }},
+      {"tier_bytes_total", "counter", "Expert bytes moved into the tier (copies to VRAM, reads from disk).",
+       [](const TierSummary& t) { return double(t.pool.bytes_read); }},
+      {"tier_move_seconds_total", "counter", "Time the tier's copies or reads were in flight.",
+       [](const TierSummary& t) { return t.pool.read_s; }},
+      {"tier_stall_seconds_total", "counter", "Time the compute waited for the tier's copies or reads.",
+       [](const TierSummary& t) { return t.pool.stall_s; }},
+      {"tier_measured_gbps", "gauge", "The tier's link rate measured at start, GB/s (0: not measured).",
+       [](const TierSummary& t) { return t.measured_gb_s; }},
+      {"tier_prefetch_used_total", "counter", "Predicted experts moved ahead into the tier that routing asked for.",
+       [](const TierSummary& t) { return double(t.prefetch.used); }},
+      {"tier_prefetch_wasted_total", "counter", "Predicted experts moved ahead into the tier and dropped unused.",
+       [](const TierSummary& t) { return double(t.prefetch.wasted); }},
+      {"tier_load_seconds", "gauge", "Seconds the load took to fill the tier (every expert, or warm start).",
+       [](const TierSummary& t) { return t.load.seconds; }},
+  };
+  for (const Family& f : families) {
+    w.family(f.name, f.type, f.help);
+    for (const TierSummary& t : tiers) w.sample(f.name, f.value(t), fmt::format("tier=\"{}\"", t.name));
+  }
+}
+
 }  // namespace
 
 std::string prometheus_text(const StatsSnapshot& s, const QueueState& q, const HttpCounters& http) {
@@ -104,6 +139,7 @@ std::string prometheus_text(const StatsSnapshot& s, const QueueState& q, const H
   for (const LayerStats& l : s.pool) w.sample("pool_bytes_read_total", double(l.pool.bytes_read), fmt::format("layer=\"{}\"", l.name));
   w.family("pool_stall_seconds_total", "counter", "Time the compute waited for expert reads.");
   for (const LayerStats& l : s.pool) w.sample("pool_stall_seconds_total", l.pool.stall_s, fmt::format("layer=\"{}\"", l.name));
+  tier_metrics(w, s.tiers);
   if (const PrefetchReport& p = s.prefetch; p.on) {
     w.metric("prefetch_width", "gauge", "Experts a prediction names now.", double(p.width));
     w.metric("prefetch_staging_bytes", "gauge", "Bytes of the staging area prefetch reads land in.", double(p.staging_bytes));

@@ -727,6 +727,19 @@ TEST(ServerPool, StatsReportTheStreamingPool) {
   EXPECT_GT(w["first_tokens"]["misses"].get<uint64_t>(), 0u);
   EXPECT_NE(metrics.find("moestream_first_tokens_hit_rate "), std::string::npos);
   EXPECT_NE(metrics.find("moestream_loaded_whole 0"), std::string::npos);
+  // The same pool as the CPU's one tier: its sums, and per tier in /metrics.
+  const json& tiers = stats["tiers"];
+  ASSERT_EQ(tiers.size(), 1u) << tiers.dump();
+  EXPECT_EQ(tiers[0]["tier"], "ram");
+  EXPECT_EQ(tiers[0]["moves"], "read");
+  EXPECT_EQ(tiers[0]["slots"], 9 * 12);
+  EXPECT_EQ(tiers[0]["hits"], pool["hits"]);
+  EXPECT_EQ(tiers[0]["misses"], pool["misses"]);
+  EXPECT_EQ(tiers[0]["bytes"], pool["bytes_read"]);
+  EXPECT_FALSE(tiers[0]["load"]["whole"].get<bool>());
+  EXPECT_NE(metrics.find("moestream_tier_misses_total{tier=\"ram\"} " + std::to_string(pool["misses"].get<uint64_t>())),
+            std::string::npos)
+      << metrics;
 }
 
 // A corrupt expert record (checked by default) fails the request that reads it with an error
@@ -796,6 +809,10 @@ TEST(ServerPool, AModelThatFitsIsLoadedWhole) {
   const json w = json::parse(c.Get("/api/stats")->body)["warm_start"];
   EXPECT_TRUE(w["loaded_whole"].get<bool>()) << w.dump();
   EXPECT_NE(c.Get("/metrics")->body.find("moestream_loaded_whole 1"), std::string::npos);
+  const json tier = json::parse(c.Get("/api/stats")->body)["tiers"][0];
+  EXPECT_TRUE(tier["load"]["whole"].get<bool>()) << tier.dump();
+  EXPECT_GT(tier["load"]["bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(tier["misses"], 0);
 }
 
 // Prefetch on (auto: the pools stream): /api/stats and /metrics report what it predicted, read

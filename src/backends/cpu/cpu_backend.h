@@ -119,7 +119,7 @@ struct CpuBackend {
            float* router_probs, const int* forced_routes) const;
   int pick(const float* logits, int vocab, const PickInputs& in) const;
   void finish() const {}
-  ExpertStore* prefetch_store() const { return experts && experts->prefetching() ? experts : nullptr; }
+  ExpertPrefetcher* prefetch_store() const { return experts && experts->prefetching() ? experts : nullptr; }
 
   // model/moe.h's primitives.
   void softmax(float* x, int rows, int n) const { cpu::softmax(x, rows, n); }

@@ -79,8 +79,9 @@ class CpuExecutor final : public Executor {
   std::vector<PoolTier> pool_tiers() const override {
     const ExpertStore* store = m_.experts();
     if (!store) return {};
+    const TierLoad load = m_.warm_report().tier_load();
     return {{fmt::format("expert pool ({}, {} MiB resident)", store->io_description(), store->resident_bytes() >> 20),
-             store->stats(), "read"}};
+             store->stats(), "read", "ram", load.measured_read_gb_s(), load}};
   }
 
  private:

@@ -136,10 +136,13 @@ struct CudaBackend {
   int pick(const float* logits, int vocab, const PickInputs& in) const;
   // Copies what moe_decode left for the host: state.route_ids and route_probs in one copy each.
   void finish() const;
-  // The host tier prefetches from SSD into its staging (model/predict.h) where the VRAM pools
-  // stream: a step whose experts are all in VRAM never asks the host tier (and is a graph).
-  ExpertStore* prefetch_store() const {
-    return experts && experts->streams() && experts->host_store().prefetching() ? &experts->host_store() : nullptr;
+  // Where the VRAM pools stream: they prefetch predicted experts into VRAM staging (those the host
+  // tier lacks go on to its prefetch from disk), or without VRAM staging the host tier alone
+  // prefetches from disk. A step whose experts are all in VRAM predicts nothing (and is a graph).
+  ExpertPrefetcher* prefetch_store() const {
+    if (!experts || !experts->streams()) return nullptr;
+    if (experts->prefetching()) return experts;
+    return experts->host_store().prefetching() ? &experts->host_store() : nullptr;
   }
   struct PendingRoutes {
     int* ids;      // host, top_k of them, or null

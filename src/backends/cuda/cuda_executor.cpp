@@ -41,6 +41,9 @@ class CudaExecutor final : public Executor {
           vram_store_options(dir, cfg_, host->index(), weights_->bytes(), usable_free_vram(), opt, plan);
       m.set_memory_plan(plan);
       pool_ = std::make_unique<DeviceExpertStore>(*host, vram);
+      // The pools that stream start from the usage history's hottest experts (--warm-start).
+      if (pool_->streams())
+        pool_->warm(m.warm_set([&](int l) { return pool_->free_capacity(l); }, opt), opt.warm_start == WarmStart::Pin);
     } else if (opt.vram_budget) {
       m.set_memory_plan(plan_checkpoint(dir, cfg_, weights_->bytes(), opt.vram_budget, opt, "VRAM budget"));
     }
@@ -79,12 +82,13 @@ class CudaExecutor final : public Executor {
   std::vector<PoolTier> pool_tiers() const override {
     const ExpertStore* host = m_.experts();
     if (!pool_ || !host) return {};
+    const TierLoad host_load = m_.warm_report().tier_load();
     return {{fmt::format("VRAM expert pool ({} MiB; misses come from the host tier by the copy stream)",
                          pool_->resident_bytes() >> 20),
-             pool_->stats(), "copy"},
+             pool_->stats(), "copy", "vram", pool_->measured_h2d_gb_s(), pool_->load()},
             {fmt::format("host tier ({}, {} MiB of pinned slots, {})", host->io_description(), host->resident_bytes() >> 20,
                          host->caches() ? "a cache" : "staging only"),
-             host->stats(), "read"}};
+             host->stats(), "read", "host", host_load.measured_read_gb_s(), host_load}};
   }
 
   const DeviceExpertStore* vram_pool() const { return pool_.get(); }

@@ -4,21 +4,36 @@
 // with --host-cache a cache in host RAM with its own policy, without it staging slots that keep
 // nothing. Either way its slots are registered with the driver, reads land there by io_uring +
 // O_DIRECT and go on to VRAM with cudaMemcpyAsync on a copy stream.
+//
+// Where the pools stream and prefetch is on, experts predicted for a later layer (model/predict.h,
+// on the GPU) that the host tier holds are copied into VRAM staging ahead of the router, and a
+// staged expert is promoted into its pool (a copy on the device) only when routing asks for it;
+// predicted experts the host tier lacks are handed to its own prefetch from disk.
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "experts/expert_store.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_memory.h"
+#include "model/executor.h"
 
 namespace ms {
 
-class DeviceExpertStore {
+class DeviceExpertStore final : public ExpertPrefetcher {
  public:
-  // `vram`: slots, caps, pins and policy of the VRAM pools (io options are the host tier's).
-  // Layers whose pool holds every expert are filled now. `host` must outlive this store.
-  // Statistics (this store's and the host tier's) count from the end of the load.
+  // `vram`: slots, caps, pins, policy and prefetch of the VRAM pools (io options are the host
+  // tier's); vram.prefetch.staging is the number of VRAM staging buffers (0: no prefetch). Layers
+  // whose pool holds every expert are filled now. `host` must outlive this store. Statistics
+  // (this store's and the host tier's) count from the end of the load.
   DeviceExpertStore(ExpertStore& host, const StoreOptions& vram);
+  ~DeviceExpertStore() override;
+
+  // Warm start: reads `hot[layer]` (best first) into the pools of the layers that stream, pinned
+  // where `pin`. Statistics count from its end.
+  void warm(const std::vector<std::vector<int>>& hot, bool pin);
+  // What the load put in VRAM: the layers held whole (whole: every layer), pins, warm start.
+  const TierLoad& load() const { return load_; }
 
   int capacity(int layer) const { return pools_[size_t(layer)]->capacity(); }
   int free_capacity(int layer) const { return capacity(layer) - pools_[size_t(layer)]->pinned(); }
@@ -32,8 +47,23 @@ class DeviceExpertStore {
   // Null for a layer that streams.
   const uint8_t* const* resident_table(int layer) const { return tables_[size_t(layer)].data(); }
 
-  std::vector<LayerStats> stats() const;  // the VRAM pools; bytes_read/read_s count the copies
+  // ExpertPrefetcher: VRAM staging, where prefetching().
+  const EngineIndex& index() const override { return host_.index(); }
+  const std::vector<int>& prefetch_targets(int source) const override;
+  int prefetch_width() const override { return width_ ? width_->width() : 0; }
+  void prefetch(int layer, const std::vector<int>& experts, int tokens) override;
+  bool prefetching() const { return !staged_.empty(); }
+  int staging_buffers() const { return int(staged_.size()); }
+  size_t staging_bytes() const { return staging_.bytes(); }
+  double mean_prefetch_width() const { return width_ ? width_->mean() : 0.0; }
+
+  // The VRAM pools; bytes_read/read_s count the copies (demand and promotions; the times of the
+  // last batch once the next is queued), stall_s the compute stream's wait for them, prefetch the
+  // VRAM staging's counters.
+  std::vector<LayerStats> stats() const;
   size_t resident_bytes() const;  // VRAM slots
+  // Host-to-VRAM copy rate (pinned, one large copy) measured when the store was made, GB/s.
+  double measured_h2d_gb_s() const { return h2d_gb_s_; }
   const ExpertStore& host() const { return host_; }
   ExpertStore& host_store() const { return host_; }
   // Whether some layer's VRAM pool holds fewer than all its experts (reads them as routed).
@@ -44,14 +74,34 @@ class DeviceExpertStore {
   }
 
  private:
+  struct Staged {
+    int layer = -1, expert = -1;  // layer -1: free
+    uint64_t stamp = 0;           // when it was staged: the oldest is dropped first
+  };
   void pin(int layer, const std::vector<int>& experts, int top_k);
   void load_whole_layer(int layer);
   void fill(int layer, const std::vector<ExpertPool::Miss>& misses);
+  void copy_from_host(int layer, const std::vector<ExpertPool::Miss>& misses);
+  void settle_batch();
+  void settle_prefetch();
+  void setup_prefetch(const StoreOptions& vram);
+  void adapt_width();
+  void reset_stats();
+  std::vector<PoolStats> layer_pool_stats() const;
+  void measure_h2d();
+  int find_staged(int layer, int expert) const;
+  int take_staging(int* dropped_layer);
+  uint8_t* staging_data(int buffer) const { return staging_.data() + size_t(buffer) * staging_stride_; }
   uint8_t* slot_data(int layer, int slot) const {
     return slots_[size_t(layer)].data() + size_t(slot) * host_.index().layers[size_t(layer)].stride;
   }
 
   ExpertStore& host_;
+  int top_k_ = 1;
+  // Whether a host record's memory stays put until this store's copies of it are done: the host
+  // tier holds every expert and reads nothing ahead, so no read overwrites a slot. Then copies
+  // are not waited for on the host (the compute stream waits for them), else each batch is.
+  bool host_fixed_ = false;
   std::vector<cuda::HostRegistration> pinned_host_;
   std::vector<std::unique_ptr<ExpertPool>> pools_;  // bookkeeping; the bytes are in slots_
   // Taken with DeviceAlloc::Now: the copy stream fills the slots, the compute stream reads them.
@@ -60,6 +110,24 @@ class DeviceExpertStore {
   // Per layer, the compute that used its slots, marked at release(): what a refill waits for.
   std::vector<cuda::ComputeMark> released_;
   cuda::CopyStream copy_;
+  // The layer of the batch whose copies the host did not wait for (its times are counted when
+  // settled, its bytes when queued), or -1.
+  int unsettled_layer_ = -1;
+  // Prefetch: VRAM staging buffers and what each holds, the schedule, the counters and width.
+  cuda::DeviceArray<uint8_t> staging_;
+  size_t staging_stride_ = 0;
+  std::vector<Staged> staged_;
+  uint64_t clock_ = 0;
+  bool prefetch_in_flight_ = false;  // copies queued since the last mark() was seen done
+  PrefetchSchedule schedule_;
+  mutable std::mutex stats_mu_;  // prefetch_stats_, which stats() reads from other threads
+  std::vector<PrefetchStats> prefetch_stats_;  // [expert layer]
+  std::unique_ptr<WidthController> width_;
+  size_t predictions_ = 0;
+  PrefetchStats window_start_;
+  uint64_t window_misses_ = 0, window_behind_ = 0, behind_ = 0;  // demand batches queued behind prefetch copies
+  TierLoad load_;
+  double h2d_gb_s_ = 0;
 };
 
 }  // namespace ms

@@ -170,15 +170,16 @@ CopyStream::CopyStream() {
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   stream_ = s;
-  cudaEvent_t e[2];
-  CUDA_CHECK(cudaEventCreate(&e[0]));
-  CUDA_CHECK(cudaEventCreate(&e[1]));
-  start_ = e[0], stop_ = e[1];
+  for (void** e : {&start_, &stop_, &ready_, &marked_}) {
+    cudaEvent_t ev;
+    CUDA_CHECK(cudaEventCreate(&ev));
+    *e = ev;
+  }
 }
 
 CopyStream::~CopyStream() {
   cudaStreamSynchronize(as_stream(stream_));
-  for (void* e : {start_, stop_}) cudaEventDestroy(as_event(e));
+  for (void* e : {start_, stop_, ready_, marked_}) cudaEventDestroy(as_event(e));
   cudaStreamDestroy(as_stream(stream_));
 }
 
@@ -191,16 +192,34 @@ void CopyStream::copy(void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream_)));
 }
 
+void CopyStream::copy_on_device(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_stream(stream_)));
+}
+
 void CopyStream::end() {
+  CUDA_CHECK(cudaEventRecord(as_event(ready_), compute_stream()));
   CUDA_CHECK(cudaEventRecord(as_event(stop_), as_stream(stream_)));
   CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), as_event(stop_), 0));
 }
 
-double CopyStream::finish() {
+CopyStream::Times CopyStream::finish() {
   CUDA_CHECK(cudaEventSynchronize(as_event(stop_)));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, as_event(start_), as_event(stop_)));
-  return double(ms) / 1e3;
+  CUDA_CHECK(cudaEventSynchronize(as_event(ready_)));
+  float copy_ms = 0, wait_ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&copy_ms, as_event(start_), as_event(stop_)));
+  CUDA_CHECK(cudaEventElapsedTime(&wait_ms, as_event(ready_), as_event(stop_)));
+  return {double(copy_ms) / 1e3, double(std::max(0.f, wait_ms)) / 1e3};
 }
+
+void CopyStream::mark() { CUDA_CHECK(cudaEventRecord(as_event(marked_), as_stream(stream_))); }
+
+bool CopyStream::marked_done() const {
+  const cudaError_t e = cudaEventQuery(as_event(marked_));
+  if (e == cudaErrorNotReady) return false;
+  CUDA_CHECK(e);
+  return true;
+}
+
+void CopyStream::wait_marked() const { CUDA_CHECK(cudaEventSynchronize(as_event(marked_))); }
 
 }  // namespace ms::cuda

@@ -87,11 +87,13 @@ class Graph {
   void* exec_ = nullptr;  // cudaGraphExec_t
 };
 
-// Host-to-device copies on their own stream, beside the compute stream. One batch at a time:
+// Copies to VRAM on their own stream, beside the compute stream. One batch at a time:
 // begin(after) orders the batch after the compute marked by `after` (which may still read the
 // slots being overwritten) and nothing else, so the copies overlap the compute queued since;
-// copy() queues; end() makes later compute wait for the batch; finish() waits on the host and
-// returns the seconds the batch's copies took on the GPU.
+// copy() and copy_on_device() queue; end() makes later compute wait for the batch; finish() waits
+// on the host and returns how long the batch's copies took on the GPU and how long the compute
+// stream waited for them there. Copies queued outside a batch (a prefetch's) are ordered before
+// every later batch, and mark() lets the host wait for them alone (wait_marked()).
 class CopyStream {
  public:
   CopyStream();
@@ -100,13 +102,22 @@ class CopyStream {
   CopyStream& operator=(const CopyStream&) = delete;
 
   void begin(const ComputeMark& after);
-  void copy(void* dst, const void* src, size_t bytes);
+  void copy(void* dst, const void* src, size_t bytes);             // host to device
+  void copy_on_device(void* dst, const void* src, size_t bytes);  // device to device
   void end();
-  double finish();
+  struct Times {
+    double copy_s = 0;   // the batch's copies, begin() to end() on the copy stream
+    double stall_s = 0;  // the compute stream's wait at end() for them
+  };
+  Times finish();
+  // Marks the copies queued so far; marked_done() says whether they are done, wait_marked() waits.
+  void mark();
+  bool marked_done() const;
+  void wait_marked() const;
 
  private:
   void* stream_ = nullptr;  // cudaStream_t
-  void* start_ = nullptr, *stop_ = nullptr;  // cudaEvent_t
+  void* start_ = nullptr, *stop_ = nullptr, *ready_ = nullptr, *marked_ = nullptr;  // cudaEvent_t
 };
 
 }  // namespace ms::cuda

@@ -28,6 +28,7 @@ namespace {
 
 struct RunResult : test::RunResult {
   std::vector<LayerStats> vram, host;
+  TierLoad vram_load;
 };
 
 ModelOptions on_gpu(int vram_slots = 0, uint64_t host_cache = 0) {
@@ -38,12 +39,29 @@ ModelOptions on_gpu(int vram_slots = 0, uint64_t host_cache = 0) {
   return o;
 }
 
-RunResult run_model(const std::string& dir, const ModelOptions& opt, const std::vector<int>& prompt, int n_new) {
+// `save_usage`: the run's routing goes to the usage history (opt.usage) for a later warm start.
+RunResult run_model(const std::string& dir, const ModelOptions& opt, const std::vector<int>& prompt, int n_new,
+                    bool save_usage = false) {
   auto model = load_model(dir, opt);
   RunResult r{test::run_prompt(*model, prompt, n_new)};
   r.vram = vram_pool(*model)->stats();
   r.host = model->experts()->stats();
+  r.vram_load = vram_pool(*model)->load();
+  if (save_usage) model->save_usage();
   return r;
+}
+
+void expect_same_run(const RunResult& got, const RunResult& want, const std::string& what) {
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  ASSERT_EQ(std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * sizeof(float)), 0)
+      << "logits differ at " << what;
+  ASSERT_EQ(got.tokens, want.tokens) << what;
+}
+
+PrefetchStats prefetch_total(const std::vector<LayerStats>& layers) {
+  PrefetchStats p;
+  for (const LayerStats& l : layers) p += l.prefetch;
+  return p;
 }
 
 std::vector<int> prompt_of(int n, int vocab) {
@@ -81,23 +99,23 @@ void check_vram_streaming_is_exact(const std::string& dir, const std::vector<int
         for (PrefetchMode prefetch : {PrefetchMode::Off, PrefetchMode::On}) {
           ModelOptions opt = on_gpu(slots, host_cache);
           opt.experts.policy = policy;
-          // Prefetch into the host tier's staging changes timing only (model/predict.h).
+          // Prefetch (into VRAM staging from the host tier, and into the host tier's staging from
+          // disk) changes timing only (model/predict.h).
           opt.experts.prefetch.mode = prefetch;
           const RunResult got = run_model(dir, opt, prompt, n_new);
           const std::string what = std::to_string(slots) + " VRAM slots, policy " + policy_name(policy) +
                                    ", host cache " + std::to_string(host_cache / row) + " rows, prefetch " +
                                    (prefetch == PrefetchMode::On ? "on" : "off");
-          ASSERT_EQ(got.logits.size(), want.logits.size());
-          ASSERT_EQ(std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * sizeof(float)), 0)
-              << "logits differ at " << what;
-          ASSERT_EQ(got.tokens, want.tokens) << what;
+          expect_same_run(got, want, what);
           const PoolStats v = total(got.vram), h = total(got.host);
+          const PrefetchStats vp = prefetch_total(got.vram), hp = prefetch_total(got.host);
           EXPECT_GT(v.misses, uint64_t(0)) << what;
-          // Every VRAM miss came up from the host tier: one record copied, one host acquire.
+          // Every VRAM miss was copied once: promoted from VRAM staging, or up from the host tier.
           uint64_t copied = 0;
           for (const LayerStats& l : got.vram) copied += l.pool.misses * l.slot_bytes;
           EXPECT_EQ(v.bytes_read, copied) << what;
-          EXPECT_EQ(h.hits + h.misses, v.misses) << what;
+          EXPECT_EQ(h.hits + h.misses + vp.used, v.misses) << what;
+          EXPECT_LE(vp.used + vp.wasted, vp.issued) << what;
           if (host_cache == 0) {
             EXPECT_EQ(h.hits, uint64_t(0)) << "staging keeps nothing: " << what;
           }
@@ -105,12 +123,35 @@ void check_vram_streaming_is_exact(const std::string& dir, const std::vector<int
           if (host_cache == row * uint64_t(cfg.n_experts) && prefetch == PrefetchMode::Off) {
             for (const LayerStats& l : got.host) EXPECT_LE(l.pool.misses, uint64_t(cfg.n_experts)) << l.name << ", " << what;
           }
-          PrefetchStats p;
-          for (const LayerStats& l : got.host) p += l.prefetch;
           // The decode steps predict where the VRAM pools stream; a forward of the prompt does not.
-          if (prefetch == PrefetchMode::On) EXPECT_GT(p.predicted, uint64_t(0)) << what;
-          else EXPECT_EQ(p.predicted, uint64_t(0)) << what;
+          // Experts the host tier holds are copied ahead into VRAM staging, the others handed to
+          // the host tier's prefetch.
+          if (prefetch == PrefetchMode::On) {
+            EXPECT_GT(vp.predicted, uint64_t(0)) << what;
+            if (host_cache == row * uint64_t(cfg.n_experts)) {
+              EXPECT_GT(vp.issued, uint64_t(0)) << what;
+            }
+          } else {
+            EXPECT_EQ(vp.predicted + hp.predicted, uint64_t(0)) << what;
+          }
         }
+  // Warm start from the usage history of a run (auto and pin): the VRAM pools begin with the
+  // hottest experts, and the answer is the same.
+  const std::string usage = test::scratch_dir("cuda-stream-usage") + "/usage.json";
+  ModelOptions record = on_gpu((cfg.top_k + cfg.n_experts) / 2);
+  record.usage = usage;
+  record.warm_start = WarmStart::Off;
+  expect_same_run(run_model(dir, record, prompt, n_new, true), want, "recording the usage history");
+  for (WarmStart warm : {WarmStart::Auto, WarmStart::Pin}) {
+    ModelOptions opt = record;
+    opt.warm_start = warm;
+    const RunResult got = run_model(dir, opt, prompt, n_new);
+    const std::string what = std::string("warm start ") + warm_start_name(warm);
+    expect_same_run(got, want, what);
+    EXPECT_GT(got.vram_load.warmed, 0) << what;
+    EXPECT_EQ(got.vram_load.pinned > 0, warm == WarmStart::Pin) << what;
+    EXPECT_GT(got.vram_load.bytes, uint64_t(0)) << what;
+  }
 }
 
 TEST(CudaStreaming, Qwen3NextTinyBf16RecordsAreBitIdenticalToAllResident) {
