@@ -22,6 +22,7 @@
 #include "kernels/cpu/quant_matmul.h"
 #include "model/model.h"
 #include "runtime/generate.h"
+#include "runtime/stats.h"
 #include "runtime/workload.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -120,6 +121,44 @@ std::vector<std::vector<std::vector<int>>> replay_routes(const Model& m, const s
 }
 
 // Seconds of n decode steps of workload w after its first, from `state`.
+// The first tier of the expert pools (VRAM on the GPU, the pools on the CPU) summed over layers;
+// its hits, misses and stall time between two calls make a decode row's pool columns.
+PoolStats first_tier(const Model& m) {
+  const std::vector<PoolTier> tiers = m.executor().pool_tiers();
+  return tiers.empty() ? PoolStats{} : summarize_tier(tiers[0]).pool;
+}
+
+// Whether the first tier holds fewer slots than its layers have experts (decode streams them).
+bool first_tier_streams(const Model& m) {
+  const std::vector<PoolTier> tiers = m.executor().pool_tiers();
+  return !tiers.empty() && size_t(summarize_tier(tiers[0]).slots) < tiers[0].layers.size() * size_t(m.config().n_experts);
+}
+
+// "  hit 0.62, stall 41 %": the first tier's hit rate and the share of `seconds` the compute
+// waited on it, from `before` to now; empty where nothing was routed to a pool.
+std::string pool_columns(const Model& m, const PoolStats& before, double seconds) {
+  const PoolStats now = first_tier(m);
+  const uint64_t hits = now.hits - before.hits, misses = now.misses - before.misses;
+  if (hits + misses == 0) return {};
+  return fmt::format("  hit {:.2f}, stall {:.0f} %", double(hits) / double(hits + misses),
+                     seconds > 0 ? 100.0 * (now.stall_s - before.stall_s) / seconds : 0.0);
+}
+
+// One line per tier of a model's expert pools: its slots, what the load put there, the link's
+// measured rate.
+void print_tiers(const Model& m) {
+  for (const PoolTier& t : m.executor().pool_tiers()) {
+    const TierSummary s = summarize_tier(t);
+    const std::string load = s.load.whole    ? "every expert loaded"
+                             : s.load.warmed ? fmt::format("{} experts warm-started", s.load.warmed)
+                                             : std::string("filled as routed");
+    const std::string link = s.measured_gb_s > 0 ? fmt::format(", link measured at {:.1f} GB/s", s.measured_gb_s) : "";
+    const size_t experts = t.layers.size() * size_t(m.config().n_experts);
+    fmt::print("tier {}: {} slots for {} experts over {} layers{}, {}{}\n", s.name, s.slots, experts, t.layers.size(),
+               size_t(s.slots) < experts ? " (decode streams them)" : "", load, link);
+  }
+}
+
 double time_workload(const Model& m, State& state, const Workload& w, int n, unsigned seed) {
   Clock::time_point first;
   run_workload(m, state, w, n + 1, seed, [&](int i) {
@@ -195,8 +234,7 @@ void add_bench(CLI::App& app) {
                 bw.read_gbs, bw.threads, bw.prefetch, bw.copy_gbs);
     if (const WarmReport& w = m.warm_report(); w.loaded_whole)
       std::printf("every routed expert read into its pool at load: %.1f s\n", w.seconds);
-    else if (m.experts() && !m.experts()->holds_everything())
-      std::printf("the pools cannot hold every expert: decode streams them\n");
+    print_tiers(m);
     std::vector<Workload> workloads;
     for (const WorkloadKind k : parse_workloads(a->workloads)) {
       // The default text is in the source tree: an installed binary without it skips the workload.
@@ -239,6 +277,7 @@ void add_bench(CLI::App& app) {
         const State::Checkpoint start = context.checkpoint();
         for (const Workload& w : workloads) {
           std::vector<double> t;
+          const PoolStats before = first_tier(m);
           for (int r = 0; r < a->repeat; ++r) {
             context.restore(start);
             t.push_back(w.kind == WorkloadKind::Greedy
@@ -248,7 +287,10 @@ void add_bench(CLI::App& app) {
           const double tps = double(a->tokens) / median(t);
           const double gbs = tps * (step_bytes + double(depth) * kv_position) / 1e9;
           const std::string name = fmt::format("tg{}{}-{}", a->tokens, depth > 0 ? fmt::format("@d{}", depth) : "", w.name());
-          std::printf("%-16s %10.2f %10.2f %8.2f\n", name.c_str(), tps, gbs, gbs / bw.read_gbs);
+          double total = 0;
+          for (double x : t) total += x;
+          std::printf("%-16s %10.2f %10.2f %8.2f%s\n", name.c_str(), tps, gbs, gbs / bw.read_gbs,
+                      first_tier_streams(m) ? pool_columns(m, before, total).c_str() : "");
         }
       }
       for (const Workload& w : workloads) print_routing_curve(m, w, a->tokens);

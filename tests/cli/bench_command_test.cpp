@@ -91,8 +91,14 @@ TEST(BenchCommand, StreamingPoolsAreSaidToStream) {
                           &out, &err),
             0)
       << err;
-  EXPECT_NE(out.find("the pools cannot hold every expert: decode streams them"), std::string::npos) << out;
+  // pycoder: 8 MoE layers and the MTP head's, 128 experts each.
+  EXPECT_NE(out.find("tier ram: 144 slots for 1152 experts over 9 layers (decode streams them), filled as routed"),
+            std::string::npos)
+      << out;
   EXPECT_EQ(out.find("\npp"), std::string::npos) << out;
+  // Each decode row gives the pools' hit rate and stall share over its runs.
+  EXPECT_NE(out.find("  hit 0."), std::string::npos) << out;
+  EXPECT_NE(out.find(" %\n"), std::string::npos) << out;
 }
 
 TEST(BenchCommand, BadFlagsAreRefused) {
