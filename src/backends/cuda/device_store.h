@@ -109,12 +109,13 @@ class DeviceExpertStore final : public ExpertPrefetcher {
   std::vector<cuda::DeviceArray<const uint8_t*>> tables_;  // resident_table per layer, empty for a streamed one
   // Per layer, the compute that used its slots, marked at release(): what a refill waits for.
   std::vector<cuda::ComputeMark> released_;
+  cuda::DeviceArray<uint8_t> staging_;  // VRAM staging for prefetch
+  // Declared after every buffer it copies into: destroyed (waiting for its copies) first.
   cuda::CopyStream copy_;
   // The layer of the batch whose copies the host did not wait for (its times are counted when
   // settled, its bytes when queued), or -1.
   int unsettled_layer_ = -1;
-  // Prefetch: VRAM staging buffers and what each holds, the schedule, the counters and width.
-  cuda::DeviceArray<uint8_t> staging_;
+  // Prefetch: what each VRAM staging buffer holds, the schedule, the counters and width.
   size_t staging_stride_ = 0;
   std::vector<Staged> staged_;
   uint64_t clock_ = 0;
