@@ -219,6 +219,36 @@ bool ToolCallAcceptor::feed(std::string_view s) {
   return true;
 }
 
+namespace {
+constexpr std::string_view kToolCallOpen = "<tool_call>";
+}  // namespace
+
+AutoToolAcceptor::AutoToolAcceptor(std::vector<std::string> names, std::vector<std::shared_ptr<const JsonSchema>> schemas)
+    : fresh_(std::make_shared<const ToolCallAcceptor>(std::move(names), std::move(schemas))) {}
+
+bool AutoToolAcceptor::feed(char c) {
+  if (call_) {
+    if (!call_->feed(c)) return false;
+    if (call_->complete()) call_.reset(), marker_ = 0;
+    return true;
+  }
+  // No proper prefix of "<tool_call>" is also its suffix: a mismatch starts over at '<'.
+  marker_ = c == kToolCallOpen[marker_] ? marker_ + 1 : c == kToolCallOpen[0] ? 1 : 0;
+  if (marker_ == kToolCallOpen.size()) {
+    call_.emplace(*fresh_);
+    call_->feed(kToolCallOpen);
+  }
+  return true;
+}
+
+bool AutoToolAcceptor::feed(std::string_view s) {
+  for (char c : s)
+    if (!feed(c)) return false;
+  return true;
+}
+
+std::string AutoToolAcceptor::key() const { return call_ ? "C" + call_->key() : "F" + std::to_string(marker_); }
+
 template <class Acceptor>
 TokenConstraint<Acceptor>::TokenConstraint(const Tokenizer& tok, std::vector<int> eos_ids, Acceptor acceptor)
     : tok_(tok), eos_(std::move(eos_ids)), acceptor_(std::move(acceptor)), by_first_byte_(256),
@@ -238,10 +268,12 @@ const std::vector<uint8_t>& TokenConstraint<Acceptor>::allowed() {
   if (masks_.size() >= kCachedMasks) masks_.clear();
   std::vector<uint8_t>& mask = masks_[std::move(key)];
   const bool done = acceptor_.complete();
+  bool closed = done;  // nothing may follow
+  if constexpr (requires { Acceptor::kGoesOnWhenComplete; }) closed = false;
   const int vocab = tok_.vocab_size();
   mask.assign(size_t(vocab), 0);
   const bool in_string = acceptor_.in_string();
-  for (int b = 0; b < 256 && !done; ++b) {
+  for (int b = 0; b < 256 && !closed; ++b) {
     if (by_first_byte_[size_t(b)].empty()) continue;
     if (Acceptor first = acceptor_; !first.feed(char(b))) continue;
     for (int id : by_first_byte_[size_t(b)]) {
@@ -266,6 +298,7 @@ void TokenConstraint<Acceptor>::accept(int id) {
 
 template class TokenConstraint<JsonAcceptor>;
 template class TokenConstraint<ToolCallAcceptor>;
+template class TokenConstraint<AutoToolAcceptor>;
 template class TokenConstraint<SchemaAcceptor>;
 
 }  // namespace ms

@@ -1,6 +1,7 @@
 #pragma once
 // Constrained decoding: acceptors of the answer's text fed byte by byte (one JSON object, RFC
-// 8259, for response_format {"type": "json_object"}; one tool call for a forced tool_choice), and
+// 8259, for response_format {"type": "json_object"}; one tool call for a forced tool_choice; free
+// text whose tool calls are held to their form and strict tools' schemas), and
 // the tokens that may come next, those whose bytes keep the text a prefix of what the acceptor
 // takes; end-of-sequence only once it is complete, and nothing else after it.
 #include <cstdint>
@@ -90,6 +91,26 @@ class ToolCallAcceptor {
   std::optional<SchemaAcceptor> strict_;  // the arguments of a tool with a schema
 };
 
+// Free text (tool_choice "auto") in which each tool call the model opens with "<tool_call>" is
+// held to ToolCallAcceptor's form: one of `names`, a strict tool's arguments validating against
+// its schema (`schemas`, by name; null: any JSON object). Outside a call any byte goes; the text
+// is complete (end-of-sequence allowed) anywhere outside a call.
+class AutoToolAcceptor {
+ public:
+  AutoToolAcceptor(std::vector<std::string> names, std::vector<std::shared_ptr<const JsonSchema>> schemas);
+  bool feed(char c);
+  bool feed(std::string_view s);
+  bool complete() const { return !call_; }
+  static constexpr bool kGoesOnWhenComplete = true;  // complete text may still go on
+  std::string key() const;
+  bool in_string() const { return call_ && call_->in_string(); }
+
+ private:
+  std::shared_ptr<const ToolCallAcceptor> fresh_;  // a call's acceptor before its first byte
+  std::optional<ToolCallAcceptor> call_;           // inside a call
+  size_t marker_ = 0;  // bytes of "<tool_call>" that end the free text so far
+};
+
 // What a pick may make next under a constraint on the answer's text ([vocab] mask), and the
 // tokens it made.
 class PickConstraint {
@@ -99,9 +120,10 @@ class PickConstraint {
   virtual void accept(int id) = 0;
 };
 
-// The tokens an acceptor of bytes (JsonAcceptor, ToolCallAcceptor) takes next: allowed[id] = 1
-// for each token whose bytes it takes, the end-of-sequence ids only once its text is complete
-// (and then nothing else); special tokens never otherwise. Masks are kept by the acceptor's
+// The tokens an acceptor of bytes (JsonAcceptor, ToolCallAcceptor, ...) takes next: allowed[id] =
+// 1 for each token whose bytes it takes, the end-of-sequence ids only once its text is complete
+// (and then nothing else, but where the acceptor's kGoesOnWhenComplete says complete text may go
+// on); special tokens never otherwise. Masks are kept by the acceptor's
 // key() (a JSON answer's states recur: inside a string, after a value at the same depth), at
 // most kCachedMasks of them; a new one tries only the tokens whose first byte the acceptor takes,
 // and inside a string takes the tokens of plain string bytes without trying them.
@@ -126,6 +148,7 @@ class TokenConstraint final : public PickConstraint {
 
 using JsonConstraint = TokenConstraint<JsonAcceptor>;
 using ToolCallConstraint = TokenConstraint<ToolCallAcceptor>;
+using AutoToolConstraint = TokenConstraint<AutoToolAcceptor>;
 using SchemaConstraint = TokenConstraint<SchemaAcceptor>;  // chat/json_schema.h
 
 }  // namespace ms

@@ -108,7 +108,8 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   for (const auto& s : req.stop)
     if (s.empty()) fail("a stop string is empty");
   Sampler sampler(req.sampling);
-  // Constrained decoding (chat/json_constraint.h): a forced tool call, a JSON schema or JSON mode.
+  // Constrained decoding (chat/json_constraint.h): a forced tool call, a JSON schema, JSON mode, or
+  // free text whose tool calls are held to the strict tools' schemas.
   const Tokenizer& tok = engine_.tokenizer();
   std::unique_ptr<PickConstraint> constraint;
   if (!req.forced_tools.empty())
@@ -118,6 +119,9 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
     constraint = std::make_unique<SchemaConstraint>(tok, engine_.eos_ids(), SchemaAcceptor(req.json_schema));
   else if (req.json_object)
     constraint = std::make_unique<JsonConstraint>(tok, engine_.eos_ids(), JsonAcceptor());
+  else if (!req.auto_tools.empty())
+    constraint = std::make_unique<AutoToolConstraint>(tok, engine_.eos_ids(),
+                                                      AutoToolAcceptor(req.auto_tools, req.auto_tool_schemas));
   if (constraint) sampler.constrain([&constraint] { return constraint->allowed().data(); });
   const SpeculativeOptions spec_opt =
       resolve_speculative(engine_.model(), req.speculative.value_or(engine_.speculative()), engine_.dir());

@@ -38,6 +38,10 @@ struct GenerationRequest {
   // the <tool_call> form chat/tool_calls.h parses, to one of these, its arguments a JSON object.
   std::vector<std::string> forced_tools;
   std::vector<std::shared_ptr<const JsonSchema>> forced_tool_schemas;  // by forced_tools: a strict tool's parameters
+  // tool_choice "auto" with strict tools: every tool's name, and by name a strict tool's
+  // parameters (null for the others); the tool calls the answer makes are held to them.
+  std::vector<std::string> auto_tools;
+  std::vector<std::shared_ptr<const JsonSchema>> auto_tool_schemas;
   // Constrained decoding to a JSON text that validates against this schema (chat/json_schema.h).
   std::shared_ptr<const JsonSchema> json_schema;
 };

@@ -281,27 +281,47 @@ std::shared_ptr<const JsonSchema> compiled_schema(const ojson& format, const std
 // tool_choice's forced call into o: every tool (`name` empty: "required", "any") or the one
 // named, which must be among the tools (`param` names the member of the name); a strict tool's
 // parameters compiled, so that its arguments validate.
+// Tool i's parameters compiled where it is strict, else null; a keyword outside the subset is a
+// 400 naming it.
+std::shared_ptr<const JsonSchema> strict_parameters(const ojson& tools, size_t i) {
+  const ojson& f = tools[i]["function"];
+  if (!(f.contains("strict") && f["strict"] == true && f.contains("parameters"))) return nullptr;
+  try {
+    return JsonSchema::compile(f["parameters"]);
+  } catch (const SchemaError& e) {
+    invalid_param(fmt::format("tools[{}].function.parameters", i) + (e.path.empty() ? "" : "." + e.path), e.what(),
+                  "unsupported_value");
+  }
+}
+
 void force_tools(const ojson& tools, const std::string& name, const std::string& param, CompletionOptions& o) {
   if (tools.is_null()) invalid_param(param, "forcing a tool call needs tools");
   bool found = name.empty();
   for (size_t i = 0; i < tools.size(); ++i) {
-    const ojson& f = tools[i]["function"];
-    const std::string n = f["name"].get<std::string>();
+    const std::string n = tools[i]["function"]["name"].get<std::string>();
     found |= n == name;
     if (!name.empty() && n != name) continue;
-    std::shared_ptr<const JsonSchema> schema;
-    if (f.contains("strict") && f["strict"] == true && f.contains("parameters")) {
-      const std::string p = fmt::format("tools[{}].function.parameters", i);
-      try {
-        schema = JsonSchema::compile(f["parameters"]);
-      } catch (const SchemaError& e) {
-        invalid_param(p + (e.path.empty() ? "" : "." + e.path), e.what(), "unsupported_value");
-      }
-    }
     o.forced_tools.push_back(n);
-    o.forced_tool_schemas.push_back(std::move(schema));
+    o.forced_tool_schemas.push_back(strict_parameters(tools, i));
   }
   if (!found) invalid_param(param, fmt::format("{} '{}' is not among the tools", param, name.substr(0, 128)));
+}
+
+// tool_choice "auto" (nothing forced) where some tool is strict: the calls the answer makes are
+// held to the tools' names and the strict ones' parameters.
+void hold_auto_tools(const ojson& tools, CompletionOptions& o) {
+  if (tools.is_null() || !o.forced_tools.empty()) return;
+  std::vector<std::string> names;
+  std::vector<std::shared_ptr<const JsonSchema>> schemas;
+  bool strict = false;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    names.push_back(tools[i]["function"]["name"].get<std::string>());
+    schemas.push_back(strict_parameters(tools, i));
+    strict |= schemas.back() != nullptr;
+  }
+  if (!strict) return;
+  o.auto_tools = std::move(names);
+  o.auto_tool_schemas = std::move(schemas);
 }
 
 // tool_choice as a string, as the chat and Responses APIs share it: "auto", "none" or "required".
@@ -570,6 +590,7 @@ ChatRequest parse_chat_request(const ojson& body) {
       force_tools(r.tools, string(*name, "tool_choice.function.name"), "tool_choice.function.name", r.options);
     }
   }
+  hold_auto_tools(r.tools, r.options);
   if (const ojson* v = member(body, "parallel_tool_calls")) boolean(*v, "parallel_tool_calls");
   if (const ojson* v = member(body, "logprobs"); v && boolean(*v, "logprobs"))
     invalid_param("logprobs", "logprobs are not supported", "unsupported_value");
@@ -759,6 +780,7 @@ ChatRequest parse_responses_request(const ojson& body) {
       force_tools(r.tools, string(*name, "tool_choice.name"), "tool_choice.name", o);
     }
   }
+  hold_auto_tools(r.tools, o);
   return r;
 }
 

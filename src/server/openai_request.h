@@ -32,6 +32,9 @@ struct CompletionOptions {
   bool json_object = false;    // response_format {"type": "json_object"}: constrained to one JSON object
   std::vector<std::string> forced_tools;  // tool_choice "required" or a function: one call to one of these
   std::vector<std::shared_ptr<const JsonSchema>> forced_tool_schemas;  // by forced_tools: strict tools' parameters
+  // tool_choice "auto" where some tool is strict: every tool, and by tool a strict one's parameters.
+  std::vector<std::string> auto_tools;
+  std::vector<std::shared_ptr<const JsonSchema>> auto_tool_schemas;
   std::shared_ptr<const JsonSchema> json_schema;  // response_format json_schema: constrained to validate
   // Extension: MTP speculation for this request ("off", "mtp" or {"mode", "draft"}); unset: the server's.
   std::optional<SpeculativeOptions> speculative;

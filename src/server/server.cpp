@@ -723,6 +723,8 @@ GenerationRequest HttpServer::generation_request(std::vector<int> prompt, const 
   g.json_object = o.json_object;
   g.forced_tools = o.forced_tools;
   g.forced_tool_schemas = o.forced_tool_schemas;
+  g.auto_tools = o.auto_tools;
+  g.auto_tool_schemas = o.auto_tool_schemas;
   g.json_schema = o.json_schema;
   g.speculative = o.speculative;
   g.deadline = Clock::now() + std::chrono::milliseconds(int64_t(opts_.request_timeout_s * 1000));

@@ -116,6 +116,62 @@ TEST(ToolCallAcceptor, HoldsAStrictToolsArgumentsToItsSchema) {
   EXPECT_TRUE(takes("list", R"({"file": "a.txt", "n": 1})"));
 }
 
+// tool_choice "auto" with a strict tool: free text, and each call held to its form and schema.
+TEST(AutoToolAcceptor, HoldsTheCallsInFreeText) {
+  const auto path = JsonSchema::compile(nlohmann::ordered_json::parse(
+      R"({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": false})"));
+  auto call = [](const std::string& name, const std::string& args) {
+    return "<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": " + args + "}\n</tool_call>";
+  };
+  auto takes = [&](const std::string& text, bool* complete = nullptr) {
+    AutoToolAcceptor a({"read", "list"}, {path, nullptr});
+    const bool fed = a.feed(text);
+    if (complete) *complete = a.complete();
+    return fed;
+  };
+  bool done = false;
+  EXPECT_TRUE(takes("Any text, <tool or < tool_call> even {\"json\"", &done));
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(takes("Reading it.\n" + call("read", R"({"path": "a.txt"})") + "\n" + call("list", R"({"n": 1})") + " done",
+                    &done));
+  EXPECT_TRUE(done);
+  EXPECT_FALSE(takes(call("read", R"({"path": 1})")));
+  EXPECT_FALSE(takes(call("read", R"({"file": "a.txt"})")));
+  EXPECT_FALSE(takes(call("write", R"({"path": "a.txt"})")));
+  EXPECT_FALSE(takes("x <<tool_call>{"));  // a call's opening, then not its form
+  EXPECT_TRUE(takes("x <<tool_call>\n{\"name\": \"re", &done));
+  EXPECT_FALSE(done) << "the answer may not end inside a call";
+}
+
+TEST(AutoToolConstraint, MasksOnlyWhatBreaksACall) {
+  MS_REQUIRE_SHARED("models/pycoder-moe", dir);
+  const Tokenizer tok = Tokenizer::load(dir + "/tokenizer.json");
+  const int eos = 0;  // <|endoftext|>
+  const auto path = JsonSchema::compile(nlohmann::ordered_json::parse(
+      R"({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": false})"));
+  const AutoToolAcceptor fresh({"read"}, {path});
+  AutoToolConstraint c(tok, {eos}, fresh);
+  std::string text;
+  auto check = [&] {
+    const std::vector<uint8_t>& allowed = c.allowed();
+    AutoToolAcceptor now = fresh;
+    ASSERT_TRUE(now.feed(text));
+    EXPECT_EQ(allowed[eos], now.complete() ? 1 : 0) << text;
+    for (int id = 1; id < tok.vocab_size(); ++id) {
+      AutoToolAcceptor a = now;
+      const bool want = !tok.is_special(id) && !tok.token_text(id).empty() && a.feed(tok.token_text(id));
+      EXPECT_EQ(allowed[size_t(id)], want ? 1 : 0) << text << " + '" << tok.token_text(id) << "'";
+    }
+  };
+  for (const std::string piece : {"Let me look.", " <tool_", "call>\n{\"name\": \"read\", \"arguments\": {\"pa",
+                                  "th\": \"a\"}}\n</tool_call>"}) {
+    for (int id : tok.encode(piece)) c.accept(id);
+    text += piece;
+    check();
+  }
+  EXPECT_TRUE(c.complete());
+}
+
 TEST(JsonConstraint, MasksTheTokensThatBreakTheObject) {
   MS_REQUIRE_SHARED("models/pycoder-moe", dir);
   const Tokenizer tok = Tokenizer::load(dir + "/tokenizer.json");

@@ -191,6 +191,18 @@ await withServer(binary, modelDir, 'node-test-key', async (port) => {
       console.log('strict tool call:', calls[0].function.arguments);
     }
   }
+  // tool_choice "auto" with a strict tool: the answer is free, and any call it makes is held to
+  // the tool's parameters; a strict tool's schema is checked even where nothing is forced.
+  const free = await client.chat.completions.create({
+    model, tools: strictTools, max_tokens: 48, messages: [{ role: 'user', content: 'What does data.txt hold?' }],
+  });
+  for (const call of free.choices[0].message.tool_calls ?? [])
+    assert.deepEqual(Object.keys(JSON.parse(call.function.arguments)), ['path'], call.function.arguments);
+  await assert.rejects(client.chat.completions.create({
+    model, max_tokens: 4, messages: [{ role: 'user', content: 'hi' }],
+    tools: [{ type: 'function', function: { ...strictTools[0].function,
+      parameters: { ...strictTools[0].function.parameters, properties: { path: { type: 'string', pattern: 'a+' } } } } }],
+  }), (e) => e instanceof OpenAI.BadRequestError && e.param === 'tools[0].function.parameters.properties.path.pattern');
 
   // A text completion.
   const completion = await client.completions.create({ model, prompt: 'def add(a, b):', max_tokens: 4 });
