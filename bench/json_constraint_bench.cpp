@@ -56,6 +56,10 @@ int main(int argc, char** argv) {
       "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"src/main.cpp\", \"lines\": [1, 20]}}\n</tool_call>";
   for (const std::string& f : files) {
     const Tokenizer tok = Tokenizer::load(f);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::shared_ptr<const TokenTries> tries = token_tries(tok);  // built once, kept by the session
+    std::printf("%s: the vocabulary's tries built in %.1f ms\n", f.c_str(),
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     JsonConstraint j(tok, {}, JsonAcceptor());
     ToolCallConstraint t(tok, {}, ToolCallAcceptor({"list_dir", "read_file"}));
     const auto [jm, ja] = mask_us(j, tok, json);

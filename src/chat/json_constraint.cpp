@@ -1,6 +1,8 @@
 #include "chat/json_constraint.h"
 
 #include <algorithm>
+#include <mutex>
+#include <unordered_map>
 
 #include "chat/json_schema.h"
 #include "tokenizer/tokenizer.h"
@@ -249,15 +251,80 @@ bool AutoToolAcceptor::feed(std::string_view s) {
 
 std::string AutoToolAcceptor::key() const { return call_ ? "C" + call_->key() : "F" + std::to_string(marker_); }
 
+namespace {
+
+// The trie of `ids` (sorted by their bytes, so that a node's children come in order and tokens of
+// equal bytes together).
+TokenTries::Trie build_trie(const Tokenizer& tok, std::vector<int> ids) {
+  std::sort(ids.begin(), ids.end(), [&](int a, int b) { return tok.token_text(a) < tok.token_text(b); });
+  TokenTries::Trie t;
+  t.nodes.emplace_back();
+  std::vector<int> last_child(1, -1);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    int node = 0;
+    for (char ch : tok.token_text(ids[i])) {
+      const uint8_t b = uint8_t(ch);
+      const int last = last_child[size_t(node)];
+      if (last >= 0 && t.nodes[size_t(last)].byte == b) {
+        node = last;
+        continue;
+      }
+      const int child = int(t.nodes.size());
+      t.nodes.push_back({.byte = b});
+      last_child.push_back(-1);
+      if (last >= 0) t.nodes[size_t(last)].next_sibling = child;
+      else t.nodes[size_t(node)].first_child = child;
+      last_child[size_t(node)] = child;
+      node = child;
+    }
+    TokenTries::Node& n = t.nodes[size_t(node)];
+    if (n.tokens_end == 0) n.tokens_begin = int(i);
+    n.tokens_end = int(i) + 1;
+  }
+  t.ids = std::move(ids);
+  return t;
+}
+
+}  // namespace
+
+std::shared_ptr<const TokenTries> token_tries(const Tokenizer& tok) {
+  // By tokenizer: an entry lives while a constraint holds it, and a constraint does not outlive
+  // its tokenizer, so an address is not reused while its entry lives.
+  static std::mutex mu;
+  static std::unordered_map<const Tokenizer*, std::weak_ptr<const TokenTries>> cache;
+  std::lock_guard lk(mu);
+  if (auto t = cache[&tok].lock()) return t;
+  auto t = std::make_shared<TokenTries>();
+  std::vector<int> all, strings;
+  t->plain.assign(size_t(tok.vocab_size()), 0);
+  for (int id = 0; id < tok.vocab_size(); ++id) {
+    const std::string& bytes = tok.token_text(id);
+    if (tok.is_special(id) || bytes.empty()) continue;
+    all.push_back(id);
+    const bool plain = std::none_of(bytes.begin(), bytes.end(), [](char c) { return c == '"' || c == '\\' || uint8_t(c) < 0x20; });
+    t->plain[size_t(id)] = plain;
+    if (!plain) strings.push_back(id);
+  }
+  t->all = build_trie(tok, std::move(all));
+  t->strings = build_trie(tok, std::move(strings));
+  cache[&tok] = t;
+  return t;
+}
+
 template <class Acceptor>
 TokenConstraint<Acceptor>::TokenConstraint(const Tokenizer& tok, std::vector<int> eos_ids, Acceptor acceptor)
-    : tok_(tok), eos_(std::move(eos_ids)), acceptor_(std::move(acceptor)), by_first_byte_(256),
-      plain_(size_t(tok.vocab_size()), 0) {
-  for (int id = 0; id < tok_.vocab_size(); ++id) {
-    const std::string& bytes = tok_.token_text(id);
-    if (tok_.is_special(id) || bytes.empty()) continue;
-    by_first_byte_[uint8_t(bytes[0])].push_back(id);
-    plain_[size_t(id)] = std::none_of(bytes.begin(), bytes.end(), [](char c) { return c == '"' || c == '\\' || uint8_t(c) < 0x20; });
+    : tok_(tok), eos_(std::move(eos_ids)), acceptor_(std::move(acceptor)), tries_(token_tries(tok)) {}
+
+template <class Acceptor>
+void TokenConstraint<Acceptor>::walk(const TokenTries::Trie& trie, int node, size_t depth, std::vector<uint8_t>& mask) {
+  if (stack_.size() <= depth + 1) stack_.resize(depth + 2);
+  for (int c = trie.nodes[size_t(node)].first_child; c >= 0; c = trie.nodes[size_t(c)].next_sibling) {
+    const TokenTries::Node& n = trie.nodes[size_t(c)];
+    std::optional<Acceptor>& next = stack_[depth + 1];
+    next = stack_[depth];  // assigned: the buffers of the last walk at this depth are reused
+    if (!next->feed(char(n.byte))) continue;
+    for (int i = n.tokens_begin; i < n.tokens_end; ++i) mask[size_t(trie.ids[size_t(i)])] = 1;
+    walk(trie, c, depth + 1, mask);
   }
 }
 
@@ -272,18 +339,12 @@ const std::vector<uint8_t>& TokenConstraint<Acceptor>::allowed() {
   if constexpr (requires { Acceptor::kGoesOnWhenComplete; }) closed = false;
   const int vocab = tok_.vocab_size();
   mask.assign(size_t(vocab), 0);
-  const bool in_string = acceptor_.in_string();
-  for (int b = 0; b < 256 && !closed; ++b) {
-    if (by_first_byte_[size_t(b)].empty()) continue;
-    if (Acceptor first = acceptor_; !first.feed(char(b))) continue;
-    for (int id : by_first_byte_[size_t(b)]) {
-      if (in_string && plain_[size_t(id)]) {
-        mask[size_t(id)] = 1;
-        continue;
-      }
-      Acceptor a = acceptor_;
-      mask[size_t(id)] = a.feed(tok_.token_text(id)) ? 1 : 0;
-    }
+  if (!closed) {
+    const bool in_string = acceptor_.in_string();
+    if (in_string) mask = tries_->plain;
+    if (stack_.empty()) stack_.resize(1);
+    stack_[0] = acceptor_;
+    walk(in_string ? tries_->strings : tries_->all, 0, 0, mask);
   }
   for (int id : eos_)
     if (id >= 0 && id < vocab) mask[size_t(id)] = done ? 1 : 0;

@@ -120,13 +120,33 @@ class PickConstraint {
   virtual void accept(int id) = 0;
 };
 
+// The tokens a pick may make (not special, not empty) as tries of their bytes, built once per
+// tokenizer and shared (token_tries): a mask walks a trie with the acceptor, feeding each shared
+// prefix once and leaving a branch at the first byte the acceptor refuses. `strings` holds only
+// the tokens with a '"', '\\' or control byte: the others (`plain`) are taken untried inside a
+// string.
+struct TokenTries {
+  struct Node {
+    int first_child = -1, next_sibling = -1;
+    int tokens_begin = 0, tokens_end = 0;  // into ids: the tokens whose bytes end here
+    uint8_t byte = 0;
+  };
+  struct Trie {
+    std::vector<Node> nodes;  // [0]: the root (no bytes)
+    std::vector<int> ids;
+  };
+  Trie all, strings;
+  std::vector<uint8_t> plain;  // [vocab]
+};
+std::shared_ptr<const TokenTries> token_tries(const Tokenizer& tok);
+
 // The tokens an acceptor of bytes (JsonAcceptor, ToolCallAcceptor, ...) takes next: allowed[id] =
 // 1 for each token whose bytes it takes, the end-of-sequence ids only once its text is complete
 // (and then nothing else, but where the acceptor's kGoesOnWhenComplete says complete text may go
 // on); special tokens never otherwise. Masks are kept by the acceptor's
 // key() (a JSON answer's states recur: inside a string, after a value at the same depth), at
-// most kCachedMasks of them; a new one tries only the tokens whose first byte the acceptor takes,
-// and inside a string takes the tokens of plain string bytes without trying them.
+// most kCachedMasks of them; a new one walks the vocabulary's trie (TokenTries), and inside a
+// string takes the tokens of plain string bytes without trying them.
 template <class Acceptor>
 class TokenConstraint final : public PickConstraint {
  public:
@@ -138,12 +158,14 @@ class TokenConstraint final : public PickConstraint {
 
  private:
   static constexpr size_t kCachedMasks = 64;
+  // Sets mask[id] for the tokens below `node` of `trie` that the acceptor at stack_[depth] takes.
+  void walk(const TokenTries::Trie& trie, int node, size_t depth, std::vector<uint8_t>& mask);
   const Tokenizer& tok_;
   std::vector<int> eos_;
   Acceptor acceptor_;
   std::unordered_map<std::string, std::vector<uint8_t>> masks_;
-  std::vector<std::vector<int>> by_first_byte_;  // [256]: the tokens a pick may make, by first byte
-  std::vector<uint8_t> plain_;                   // [vocab]: no '"', '\\' or control byte in the token
+  std::shared_ptr<const TokenTries> tries_;
+  std::vector<std::optional<Acceptor>> stack_;  // a walk's acceptor at each depth, reused
 };
 
 using JsonConstraint = TokenConstraint<JsonAcceptor>;

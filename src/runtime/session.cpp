@@ -122,7 +122,10 @@ GenerationResult Session::generate(const GenerationRequest& req, const std::func
   else if (!req.auto_tools.empty())
     constraint = std::make_unique<AutoToolConstraint>(tok, engine_.eos_ids(),
                                                       AutoToolAcceptor(req.auto_tools, req.auto_tool_schemas));
-  if (constraint) sampler.constrain([&constraint] { return constraint->allowed().data(); });
+  if (constraint) {
+    tries_ = token_tries(tok);  // kept: the next constrained request walks the same tries
+    sampler.constrain([&constraint] { return constraint->allowed().data(); });
+  }
   const SpeculativeOptions spec_opt =
       resolve_speculative(engine_.model(), req.speculative.value_or(engine_.speculative()), engine_.dir());
   std::optional<Speculator> spec;

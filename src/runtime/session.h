@@ -16,6 +16,8 @@
 
 namespace ms {
 
+struct TokenTries;  // chat/json_constraint.h
+
 class JsonSchema;
 
 struct GenerationRequest {
@@ -92,6 +94,7 @@ class Session {
   State::Checkpoint prompt_end_;     // state right after the last prompt was processed
   std::vector<int> last_prompt_;
   DraftTuner tuner_;  // what --draft auto measured in earlier generations
+  std::shared_ptr<const TokenTries> tries_;  // the vocabulary's, once a request was constrained
   std::chrono::steady_clock::time_point usage_saved_ = std::chrono::steady_clock::now();
 };
 
