@@ -120,7 +120,6 @@ std::vector<std::vector<std::vector<int>>> replay_routes(const Model& m, const s
   return steps;
 }
 
-// Seconds of n decode steps of workload w after its first, from `state`.
 // The first tier of the expert pools (VRAM on the GPU, the pools on the CPU) summed over layers;
 // its hits, misses and stall time between two calls make a decode row's pool columns.
 PoolStats first_tier(const Model& m) {
@@ -159,6 +158,7 @@ void print_tiers(const Model& m) {
   }
 }
 
+// Seconds of n decode steps of workload w after its first, from `state`.
 double time_workload(const Model& m, State& state, const Workload& w, int n, unsigned seed) {
   Clock::time_point first;
   run_workload(m, state, w, n + 1, seed, [&](int i) {

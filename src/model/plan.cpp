@@ -46,9 +46,9 @@ uint64_t activation_floats_per_token(const ModelConfig& c, const KvFormat& kv) {
 }
 
 // Splits a budget (`what`: "memory budget", "VRAM budget"): dense weights, KV and recurrent
-// state for `context` tokens, activations of a prefill chunk, with `staging` the prefetch staging
-// (in the budget's memory: host RAM, or VRAM), and the rest as equal pools. A model without routed experts (an empty
-// index) needs only the first three.
+// state for `context` tokens, activations of a prefill chunk, with `staging` the prefetch
+// staging (in the budget's memory: host RAM, or VRAM), and the rest as equal pools. A model
+// without routed experts (an empty index) needs only the first three.
 // Everything of plan_memory but the pools and the floor's check: the plan's fixed parts and
 // its floor (*floor: the fixed parts and one token's experts in every layer).
 MemoryPlan plan_fixed(const ModelConfig& cfg, const EngineIndex& index, uint64_t dense_bytes, uint64_t budget,

@@ -174,13 +174,13 @@ void DeviceExpertStore::fill(int layer, const std::vector<ExpertPool::Miss>& mis
   size_t bytes = 0;
   copy_.begin(released_[size_t(layer)]);
   for (const ExpertPool::Miss& m : misses) {
-    const int b = find_staged(layer, m.expert);
-    if (b < 0) {
+    const int buffer = find_staged(layer, m.expert);
+    if (buffer < 0) {
       demand.push_back(m);
       continue;
     }
-    copy_.copy_on_device(slot_data(layer, m.slot), staging_data(b), stride);
-    staged_[size_t(b)] = {};
+    copy_.copy_on_device(slot_data(layer, m.slot), staging_data(buffer), stride);
+    staged_[size_t(buffer)] = {};
     std::lock_guard lk(stats_mu_);
     ++prefetch_stats_[size_t(layer)].used;
     bytes += stride;
