@@ -301,7 +301,7 @@ std::shared_ptr<const TokenTries> token_tries(const Tokenizer& tok) {
     const std::string& bytes = tok.token_text(id);
     if (tok.is_special(id) || bytes.empty()) continue;
     all.push_back(id);
-    const bool plain = std::none_of(bytes.begin(), bytes.end(), [](char c) { return c == '"' || c == '\\' || uint8_t(c) < 0x20; });
+    const bool plain = std::all_of(bytes.begin(), bytes.end(), json_text::plain_string_byte);
     t->plain[size_t(id)] = plain;
     if (!plain) strings.push_back(id);
   }

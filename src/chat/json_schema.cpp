@@ -332,7 +332,7 @@ void SchemaAcceptor::step(const Reading& in, char c, std::vector<Reading>& out) 
 
 bool SchemaAcceptor::feed(char c) {
   // A plain byte inside string values changes no reading: the common case, without copying them.
-  if (in_string() && c != '"' && c != '\\' && uint8_t(c) >= 0x20) return true;
+  if (in_string() && json_text::plain_string_byte(c)) return true;
   std::vector<Reading> out;
   for (const Reading& r : readings_) step(r, c, out);
   if (out.empty()) return false;

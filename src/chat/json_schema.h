@@ -38,6 +38,8 @@ namespace json_text {
 inline bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 inline bool hex_digit(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 inline bool escape(char c) { return std::string_view("\"\\/bfnrt").find(c) != std::string_view::npos; }  // after '\\'
+// A byte a string takes as itself: not '"', '\\' or a control character.
+inline bool plain_string_byte(char c) { return c != '"' && c != '\\' && uint8_t(c) >= 0x20; }
 
 // A number's grammar states: after '-', '0', digits, '.', fraction digits, 'e', the exponent's
 // sign, its digits. A number may end in the final ones.

@@ -271,6 +271,7 @@ void add_bench(CLI::App& app) {
       const double kv_position = double(m.kv_bytes_per_position());
       std::printf("KV cache %s: %.0f B a position; at depth D a decode step reads D x that beside the weights\n",
                   m.kv_format().describe().c_str(), kv_position);
+      const bool streams = first_tier_streams(m);  // the decode rows get the pool's columns
       for (const int depth : a->depths) {
         State context = m.new_state();
         if (depth > 0) m.forward(random_ids(depth, m.config().vocab, 7).data(), depth, context, {});
@@ -290,7 +291,7 @@ void add_bench(CLI::App& app) {
           double total = 0;
           for (double x : t) total += x;
           std::printf("%-16s %10.2f %10.2f %8.2f%s\n", name.c_str(), tps, gbs, gbs / bw.read_gbs,
-                      first_tier_streams(m) ? pool_columns(m, before, total).c_str() : "");
+                      streams ? pool_columns(m, before, total).c_str() : "");
         }
       }
       for (const Workload& w : workloads) print_routing_curve(m, w, a->tokens);

@@ -62,6 +62,11 @@ ExpertStore::~ExpertStore() {
   });
 }
 
+const std::vector<int>& PrefetchSchedule::targets_of(int source) const {
+  static const std::vector<int> none;
+  return source >= 0 && size_t(source) < targets.size() ? targets[size_t(source)] : none;
+}
+
 PrefetchSchedule prefetch_schedule(const EngineIndex& index, const PrefetchOptions& p) {
   PrefetchSchedule s;
   for (size_t i = 0; i < index.layers.size(); ++i) {
@@ -84,9 +89,7 @@ void ExpertStore::setup_prefetch() {
   if (!on || pools_.empty()) return;
   staging_ = std::make_unique<Staging>(ms::staging_buffers(p, opt_.top_k), index().widest_stride());
   schedule_ = prefetch_schedule(index(), p);
-  const int w = p.width > 0 ? p.width : opt_.top_k;
-  width_ = p.width > 0 ? std::make_unique<WidthController>(w, w, w)
-                       : std::make_unique<WidthController>(w, min_prefetch_width(opt_.top_k), max_prefetch_width(opt_.top_k));
+  width_ = make_width_controller(p, opt_.top_k);
 }
 
 int ExpertStore::layer_of(const std::string& name) const {
@@ -318,10 +321,7 @@ ExpertStore::Early ExpertStore::early() const {
   return e;
 }
 
-const std::vector<int>& ExpertStore::prefetch_targets(int source) const {
-  static const std::vector<int> none;
-  return source >= 0 && size_t(source) < schedule_.targets.size() ? schedule_.targets[size_t(source)] : none;
-}
+const std::vector<int>& ExpertStore::prefetch_targets(int source) const { return schedule_.targets_of(source); }
 
 int ExpertStore::prefetch_width() const {
   std::lock_guard lk(prefetch_mu_);

@@ -65,6 +65,8 @@ class ExpertPrefetcher {
 struct PrefetchSchedule {
   std::vector<std::vector<int>> targets;  // [model layer]: expert layers
   size_t n_targets = 0;
+  // The expert layers predicted from model layer `source` (none for a source out of range).
+  const std::vector<int>& targets_of(int source) const;
 };
 PrefetchSchedule prefetch_schedule(const EngineIndex& index, const PrefetchOptions& p);
 

@@ -54,6 +54,11 @@ int parse_prefetch_width(const std::string& s) {
   return v;
 }
 
+std::unique_ptr<WidthController> make_width_controller(const PrefetchOptions& o, int top_k) {
+  if (o.width > 0) return std::make_unique<WidthController>(o.width, o.width, o.width);
+  return std::make_unique<WidthController>(top_k, min_prefetch_width(top_k), max_prefetch_width(top_k));
+}
+
 int min_prefetch_width(int top_k) { return std::max(1, top_k / 2); }
 int max_prefetch_width(int top_k) { return 2 * top_k; }
 

@@ -77,6 +77,10 @@ class WidthController {
   uint64_t windows_ = 0;
 };
 
+// The width controller `o` asks for: fixed at o.width, or adaptive from top_k between
+// min_prefetch_width and max_prefetch_width.
+std::unique_ptr<WidthController> make_width_controller(const PrefetchOptions& o, int top_k);
+
 // Where prefetch reads land: a fixed set of buffers, each holding the record of one predicted
 // (layer, expert) that is not resident. Routing that asks for a staged expert claims it
 // (ExpertStore copies it into a pool slot); one never asked for is dropped, oldest first, when

@@ -40,7 +40,7 @@ DeviceExpertStore::DeviceExpertStore(ExpertStore& host, const StoreOptions& vram
   settle_batch();
   load_.whole = !streams();
   load_.seconds = seconds_since(start);
-  for (const PoolStats& p : layer_pool_stats()) load_.bytes += p.bytes_read;
+  load_.bytes = bytes_copied();
   setup_prefetch(vram);
   reset_stats();
 }
@@ -79,9 +79,7 @@ void DeviceExpertStore::setup_prefetch(const StoreOptions& vram) {
   staging_stride_ = index().widest_stride();
   staging_ = cuda::DeviceArray<uint8_t>(size_t(p.staging) * staging_stride_, cuda::DeviceAlloc::Now);
   staged_.assign(size_t(p.staging), {});
-  const int w = p.width > 0 ? p.width : vram.top_k;
-  width_ = p.width > 0 ? std::make_unique<WidthController>(w, w, w)
-                       : std::make_unique<WidthController>(w, min_prefetch_width(vram.top_k), max_prefetch_width(vram.top_k));
+  width_ = make_width_controller(p, vram.top_k);
 }
 
 void DeviceExpertStore::reset_stats() {
@@ -109,14 +107,14 @@ void DeviceExpertStore::warm(const std::vector<std::vector<int>>& hot, bool pin_
   }
   settle_batch();
   load_.seconds += seconds_since(start);
-  for (const PoolStats& p : layer_pool_stats()) load_.bytes += p.bytes_read;
+  load_.bytes += bytes_copied();  // since the load's statistics were reset
   reset_stats();
 }
 
-std::vector<PoolStats> DeviceExpertStore::layer_pool_stats() const {
-  std::vector<PoolStats> r;
-  for (const auto& p : pools_) r.push_back(p->stats());
-  return r;
+uint64_t DeviceExpertStore::bytes_copied() const {
+  uint64_t b = 0;
+  for (const auto& p : pools_) b += p->stats().bytes_read;
+  return b;
 }
 
 void DeviceExpertStore::pin(int layer, const std::vector<int>& experts, int top_k) {
@@ -243,11 +241,6 @@ void DeviceExpertStore::settle_prefetch() {
 void DeviceExpertStore::release(int layer) {
   released_[size_t(layer)].record();
   pools_[size_t(layer)]->release();
-}
-
-const std::vector<int>& DeviceExpertStore::prefetch_targets(int source) const {
-  static const std::vector<int> none;
-  return source >= 0 && size_t(source) < schedule_.targets.size() ? schedule_.targets[size_t(source)] : none;
 }
 
 int DeviceExpertStore::find_staged(int layer, int expert) const {

@@ -49,7 +49,7 @@ class DeviceExpertStore final : public ExpertPrefetcher {
 
   // ExpertPrefetcher: VRAM staging, where prefetching().
   const EngineIndex& index() const override { return host_.index(); }
-  const std::vector<int>& prefetch_targets(int source) const override;
+  const std::vector<int>& prefetch_targets(int source) const override { return schedule_.targets_of(source); }
   int prefetch_width() const override { return width_ ? width_->width() : 0; }
   void prefetch(int layer, const std::vector<int>& experts, int tokens) override;
   bool prefetching() const { return !staged_.empty(); }
@@ -81,13 +81,12 @@ class DeviceExpertStore final : public ExpertPrefetcher {
   void pin(int layer, const std::vector<int>& experts, int top_k);
   void load_whole_layer(int layer);
   void fill(int layer, const std::vector<ExpertPool::Miss>& misses);
-  void copy_from_host(int layer, const std::vector<ExpertPool::Miss>& misses);
   void settle_batch();
   void settle_prefetch();
   void setup_prefetch(const StoreOptions& vram);
   void adapt_width();
   void reset_stats();
-  std::vector<PoolStats> layer_pool_stats() const;
+  uint64_t bytes_copied() const;  // into the pools so far
   void measure_h2d();
   int find_staged(int layer, int expert) const;
   int take_staging(int* dropped_layer);
