@@ -97,6 +97,7 @@ void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const 
     if (!table) {
       std::vector<int> host_ids(static_cast<size_t>(K));
       cuda::copy_to_host(host_ids.data(), ids, host_ids.size() * sizeof(int));
+      experts->count_routes(layer, host_ids.data(), K);  // the usage history's counts
       const std::vector<const uint8_t*> acquired = experts->acquire(layer, host_ids);
       cuda::copy_to_device(records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
     }

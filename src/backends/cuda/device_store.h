@@ -42,6 +42,9 @@ class DeviceExpertStore final : public ExpertPrefetcher {
   // its copy is ordered before all later work of the compute stream.
   std::vector<const uint8_t*> acquire(int layer, const std::vector<int>& experts);
   void release(int layer);
+  // The routed ids of a forward of `layer`: counted by the host tier for the usage history, so
+  // that a GPU run warm-starts the next one as a CPU run does (ExpertStore::count_routes).
+  void count_routes(int layer, const int* ids, int n) { host_.count_routes(layer, ids, n); }
   // For a layer whose pool holds every expert (filled at load, never evicted): a device array
   // of n_experts record addresses, so that the GPU finds routed experts without the host.
   // Null for a layer that streams.

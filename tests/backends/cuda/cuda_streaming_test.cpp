@@ -125,10 +125,13 @@ void check_vram_streaming_is_exact(const std::string& dir, const std::vector<int
           }
           // The decode steps predict where the VRAM pools stream; a forward of the prompt does not.
           // Experts the host tier holds are copied ahead into VRAM staging, the others handed to
-          // the host tier's prefetch.
+          // the host tier's prefetch. Where the VRAM pools hold a token's experts and little more,
+          // the host tier (a cache of every expert) holds nearly all that were ever routed, so
+          // some predictions are copied from it; larger pools may hold every prediction the host
+          // tier has (it holds only what VRAM missed).
           if (prefetch == PrefetchMode::On) {
             EXPECT_GT(vp.predicted, uint64_t(0)) << what;
-            if (host_cache == row * uint64_t(cfg.n_experts)) {
+            if (host_cache == row * uint64_t(cfg.n_experts) && slots <= cfg.top_k + 1) {
               EXPECT_GT(vp.issued, uint64_t(0)) << what;
             }
           } else {
