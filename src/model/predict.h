@@ -21,10 +21,10 @@ constexpr int kPredictMaxTokens = 8;
 
 // The experts each row of logits [T, E] ranks highest, `width` a row, merged rank by rank
 // (every row's best, then every row's second, ...), each expert once.
-inline std::vector<int> predicted_experts(const std::vector<float>& logits, int T, int E, int width) {
+inline std::vector<int> predicted_experts(const float* logits, int T, int E, int width) {
   width = std::min(width, E);
   std::vector<int> top(size_t(T) * size_t(width)), out;
-  for (int t = 0; t < T; ++t) cpu::top_k(logits.data() + size_t(t) * size_t(E), E, width, top.data() + size_t(t) * size_t(width));
+  for (int t = 0; t < T; ++t) cpu::top_k(logits + size_t(t) * size_t(E), E, width, top.data() + size_t(t) * size_t(width));
   std::vector<char> seen(size_t(E), 0);
   for (int r = 0; r < width; ++r)
     for (int t = 0; t < T; ++t)
@@ -34,6 +34,13 @@ inline std::vector<int> predicted_experts(const std::vector<float>& logits, int 
       }
   return out;
 }
+
+// A backend whose router logits come back to the host later, without a wait of their own
+// (CudaBackend::to_host_later: at the forward's next routing on the host).
+template <class B>
+concept DefersToHost = requires(const B& be, const typename B::Buf& b) {
+  be.to_host_later(b, 0, [](const float*) {});
+};
 
 // Predicts, from x [T, hidden] (the residual stream after model layer `source`, where B keeps
 // activations), the experts of every layer the store predicts from `source`, and has the store
@@ -53,7 +60,13 @@ void predict_experts(const B& be, const ModelConfig& cfg, const ModelWeights& w,
     be.rmsnorm(x, T, H, be.vec(lw.post_attention_norm), offset, cfg.rms_eps, h.data());
     typename B::Buf logits = be.alloc(size_t(T) * size_t(E));
     be.matmul(h.data(), T, be.mat(lw.ffn.router), logits.data());
-    store.prefetch(target, predicted_experts(be.to_host(std::move(logits)), T, E, width), T);
+    auto hand = [&store, target, T, E, width](const float* l) { store.prefetch(target, predicted_experts(l, T, E, width), T); };
+    if constexpr (DefersToHost<B>) {
+      be.to_host_later(logits, target, hand);
+    } else {
+      const std::vector<float> l = be.to_host(std::move(logits));
+      hand(l.data());
+    }
   }
 }
 

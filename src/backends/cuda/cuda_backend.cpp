@@ -37,6 +37,7 @@ void CudaBackend::mlp(const MlpWeights& w, const float* x, int T, float* h, floa
 void CudaBackend::moe(const ModelConfig& cfg, const FfnWeights& w, const float* x, int T, float* out, int* routes,
                       float* router_probs, const int* forced_routes) const {
   if (T == 1 && w.store_layer >= 0 && experts && !forced_routes) return moe_decode(cfg, w, x, out, routes, router_probs);
+  if (w.store_layer >= 0) hand_over_predictions(w.store_layer);
   grouped_moe(*this, cfg, w, x, T, out, routes, router_probs, forced_routes);
 }
 
@@ -96,6 +97,7 @@ void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const 
     cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs, ids, weights.data(), table, records.data());
     if (!table) {
       std::vector<int> host_ids(static_cast<size_t>(K));
+      hand_over_predictions(layer);
       cuda::copy_to_host(host_ids.data(), ids, host_ids.size() * sizeof(int));
       experts->count_routes(layer, host_ids.data(), K);  // the usage history's counts
       const std::vector<const uint8_t*> acquired = experts->acquire(layer, host_ids);
@@ -108,6 +110,21 @@ void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const 
   // Slots held until the kernels are queued: the copy stream orders any refill after them.
   if (!table) experts->release(layer);
   if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});
+}
+
+void CudaBackend::to_host_later(const Buf& b, int target, std::function<void(const float*)> then) const {
+  PredictionSlots& slots = state.prediction_slots();
+  const int slot = slots.put(b.data(), b.size());
+  std::erase_if(pending_predictions, [&](const PendingPrediction& p) { return p.slot == slot; });  // wrapped round
+  pending_predictions.push_back({target, slot, std::move(then)});
+}
+
+void CudaBackend::hand_over_predictions(int layer) const {
+  if (pending_predictions.empty()) return;
+  const PredictionSlots& slots = state.prediction_slots();
+  for (const PendingPrediction& p : pending_predictions)
+    if (p.target >= layer) p.then(slots.take(p.slot));
+  pending_predictions.clear();
 }
 
 void CudaBackend::finish() const {

@@ -5,6 +5,7 @@
 // probabilities of each MoE layer out (the routed ids group tokens by expert) and the grouping
 // back in, the results out; a decode token's MoE routes on the GPU instead (moe).
 #include <cstddef>
+#include <functional>
 #include <initializer_list>
 #include <vector>
 
@@ -150,6 +151,19 @@ struct CudaBackend {
     int layer;     // of the expert store
   };
   mutable std::vector<PendingRoutes> pending_routes;
+  // model/predict.h's: a prediction's router logits on their way to the host without a wait
+  // (DeviceState::prediction_slots). `then` gets them at the forward's next routing on the host
+  // (which waits for the device anyway) if that is not past `target`, an expert-store layer;
+  // else, or if the forward routes nothing more on the host, they are dropped.
+  void to_host_later(const Buf& b, int target, std::function<void(const float*)> then) const;
+  struct PendingPrediction {
+    int target, slot;
+    std::function<void(const float*)> then;
+  };
+  mutable std::vector<PendingPrediction> pending_predictions;
+  // Before the host waits for the routing of expert-store layer `layer`: the predictions for it
+  // and later layers go to their store (which copies ahead while the router runs), the rest are dropped.
+  void hand_over_predictions(int layer) const;
 
   // model/moe.h's primitives. The users of every expert, concatenated in expert order, uploaded
   // in one copy.

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "model/predict.h"
+#include "util/error.h"
+
 namespace ms {
 
 DeviceRotation::DeviceRotation(const KvRotator& r)
@@ -47,6 +50,32 @@ DeviceState::DeviceState(const ModelConfig& cfg, int planned_positions, const Kv
     route_ids = cuda::DeviceArray<int>(size_t(cfg.n_layers + 1) * size_t(cfg.top_k));
     route_probs = cuda::DeviceArray<float>(size_t(cfg.n_layers + 1) * size_t(cfg.n_experts));
   }
+}
+
+PredictionSlots::PredictionSlots(size_t floats_per_slot, int slots)
+    : per_slot_(floats_per_slot), host_(floats_per_slot * size_t(slots)), pin_(host_.data(), host_.size() * sizeof(float)),
+      marks_(size_t(slots)) {}
+
+int PredictionSlots::put(const float* device, size_t n) {
+  if (n > per_slot_) fail("a prediction of {} logits does not fit a slot of {}", n, per_slot_);
+  const int slot = next_;
+  next_ = (next_ + 1) % size();
+  cuda::copy_to_host_async(host_.data() + size_t(slot) * per_slot_, device, n * sizeof(float));
+  marks_[size_t(slot)].record();
+  return slot;
+}
+
+const float* PredictionSlots::take(int slot) const {
+  marks_[size_t(slot)].wait();
+  return host_.data() + size_t(slot) * per_slot_;
+}
+
+PredictionSlots& DeviceState::prediction_slots() {
+  // Slots for the predictions of a few layers that route nothing on the host in between.
+  constexpr int kSlots = 16;
+  if (!prediction_slots_)
+    prediction_slots_ = std::make_unique<PredictionSlots>(size_t(kPredictMaxTokens) * size_t(n_experts), kSlots);
+  return *prediction_slots_;
 }
 
 DeviceState& DeviceState::of(State& state, const ModelConfig& cfg) {

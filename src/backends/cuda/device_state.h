@@ -71,6 +71,27 @@ struct DecodeGraph {
   bool fits(StepKind k, const std::vector<const void*>& kv) const { return kind == k && kv_at_capture == kv; }
 };
 
+// Pinned host memory that a forward's expert predictions (model/predict.h) come back to without
+// the host waiting: each put() queues a device-to-host copy into the next slot on the compute
+// stream and marks it; the host reads a slot once its mark is done. A slot is reused in turn
+// (later copies into it are ordered after earlier ones on the same stream).
+class PredictionSlots {
+ public:
+  PredictionSlots(size_t floats_per_slot, int slots);
+  // Queues the copy of n floats (n <= floats_per_slot) from device memory; returns the slot.
+  int put(const float* device, size_t n);
+  // The slot's floats, once its copy is done (waits for it).
+  const float* take(int slot) const;
+  int size() const { return int(marks_.size()); }
+
+ private:
+  size_t per_slot_;
+  std::vector<float> host_;
+  cuda::HostRegistration pin_;
+  std::vector<cuda::ComputeMark> marks_;
+  int next_ = 0;
+};
+
 // A State's caches on the GPU; State holds one once the sequence has run there.
 struct DeviceState final : DeviceCaches {
   DeviceState(const ModelConfig& cfg, int planned_positions, const KvFormat& kv = {});  // State's
@@ -95,6 +116,11 @@ struct DeviceState final : DeviceCaches {
   cuda::DeviceArray<float> route_probs;
   cuda::SamplerWorkspace sampler;  // CudaBackend::pick's
   int top_k = 0, n_experts = 0;
+  // Where predicted experts' router logits come back (CudaBackend::to_host_later), made at first use.
+  PredictionSlots& prediction_slots();
+
+ private:
+  std::unique_ptr<PredictionSlots> prediction_slots_;
 };
 
 }  // namespace ms

@@ -137,6 +137,10 @@ void copy_to_device_async(void* dst, const void* src, size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_stream()));
 }
 
+void copy_to_host_async(void* dst, const void* src, size_t bytes) {
+  if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, compute_stream()));
+}
+
 void copy_on_device(void* dst, const void* src, size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_stream()));
 }

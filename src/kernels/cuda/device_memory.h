@@ -24,6 +24,9 @@ void copy_to_host(void* dst, const void* src, size_t bytes);
 // Queued on the compute stream; src (host memory) may be reused once it returns.
 void copy_to_device_async(void* dst, const void* src, size_t bytes);
 void copy_on_device(void* dst, const void* src, size_t bytes);
+// Queued on the compute stream into dst, host memory (pinned, or the copy waits): read it once a
+// ComputeMark recorded after the call is done.
+void copy_to_host_async(void* dst, const void* src, size_t bytes);
 void zero_on_device(void* dst, size_t bytes);
 // Throws ms::Error: `op` of n elements at `at` does not fit in an array of `size`.
 [[noreturn]] void device_range_fail(const char* op, size_t n, size_t at, size_t size);
