@@ -1,0 +1,72 @@
+#pragma once
+// Where a layer's VRAM misses run when the GPU is short of VRAM (the hybrid GPU + CPU decode):
+// each routed expert that is not in VRAM is either copied there over PCIe and computed by the GPU,
+// or computed by the CPU cores from the host tier while the GPU works. A layer's GPU side takes
+// the longer of its resident experts' compute and the copies, then the copied experts' compute;
+// its CPU side, the round trip of the layer's input and partial sums, then its experts' compute.
+// place_misses balances the two sides from rates measured at start and kept current
+// (RateEstimate), so that neither waits for the other longer than it must.
+#include <string>
+#include <vector>
+
+namespace ms {
+
+// `--cpu-experts`: auto (each miss placed by cost), off (every miss copied), or N (the experts
+// of the first N MoE layers always on the CPU, as llama.cpp's --n-cpu-moe).
+struct CpuExperts {
+  enum class Mode { Auto, Off, Layers } mode = Mode::Auto;
+  int layers = 0;  // Mode::Layers
+  // Whether MoE layer `moe_index` (0-based among the MoE layers) computes every expert on the CPU.
+  bool static_cpu(int moe_index) const { return mode == Mode::Layers && moe_index < layers; }
+};
+// "auto", "off" or a count N >= 0 ("0" is off); fails naming the text.
+CpuExperts parse_cpu_experts(const std::string& s);
+std::string describe(const CpuExperts& c);
+
+// What a placement costs, in seconds or bytes per second; a zero rate stands for a side that is
+// absent (no CPU side: every miss copied).
+struct PlacementRates {
+  double h2d_bytes_per_s = 0;   // the copy stream's rate into VRAM
+  double gpu_expert_s = 0;      // one routed expert's compute on the GPU, its record in VRAM
+  double cpu_expert_s = 0;      // the same on the CPU from the host tier, at the run's threads
+  double cpu_round_trip_s = 0;  // the layer's input to the host and the CPU's partial sums back
+};
+
+// A layer's misses as the store sees them when its routing is known.
+struct LayerMisses {
+  std::vector<int> experts;   // routed, not in VRAM: those most worth keeping in VRAM first
+  int resident = 0;           // routed experts already in VRAM
+  size_t record_bytes = 0;    // of one expert
+  double copy_backlog_s = 0;  // copies queued on the copy stream before these (prefetch)
+};
+
+struct Placement {
+  std::vector<int> copy, cpu;   // experts copied into VRAM; experts the CPU computes
+  double gpu_s = 0, cpu_s = 0;  // each side's expected time for the layer
+  double expected_s() const { return gpu_s > cpu_s ? gpu_s : cpu_s; }
+};
+
+// The side each miss runs on: the first misses (most worth keeping) copied, the rest computed by
+// the CPU, split where the slower side is fastest; where two splits tie, the one copying more
+// (a copy also serves later tokens). Without a CPU side every miss is copied.
+Placement place_misses(const LayerMisses& m, const PlacementRates& r);
+
+// Each side's expected time for a given split (place_misses' model).
+Placement cost_of(const LayerMisses& m, const PlacementRates& r, int n_cpu);
+
+// A rate kept current from measurements: an exponential moving average (weight `alpha` on each
+// new sample) that starts from the value measured at start. Samples that are not positive finite
+// numbers (a timer that read nothing) are ignored.
+class RateEstimate {
+ public:
+  explicit RateEstimate(double start = 0, double alpha = 0.2) : value_(start), alpha_(alpha) {}
+  void add(double sample);
+  double value() const { return value_; }
+  long samples() const { return samples_; }
+
+ private:
+  double value_, alpha_;
+  long samples_ = 0;
+};
+
+}  // namespace ms
