@@ -4,7 +4,8 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libboost-dev libcpp-httplib-dev liburing-dev libpcre2-dev
       libutf8proc-dev libhwy-dev libfmt-dev libcli11-dev libxxhash-dev libgtest-dev libbenchmark-dev
       clang-14 libclang-rt-14-dev  # clang-14 and its libFuzzer runtime: the fuzz targets (scripts/fuzz.sh)
-      python3-numpy python3-yaml)  # the test data generators (tests/data; gguf-py imports yaml)
+      python3-numpy python3-yaml  # the test data generators (tests/data; gguf-py imports yaml)
+      chromium)  # the dashboard's browser test (tests/server/node/dashboard_browser.mjs)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -55,6 +55,10 @@ void add_serve(CLI::App& app) {
                   "On SIGTERM, seconds in-flight requests may take to finish before they are cancelled (0: at once)")
       ->capture_default_str()
       ->check(real_in(0.0, kLongestTimeout));
+  cmd->add_option_function<std::string>(
+         "--dashboard", [o](const std::string& v) { o->dashboard = v == "on"; },
+         "GET /dashboard: a live page of the expert tiers, and /api/dashboard, what it polls (on or off; default on)")
+      ->check(CLI::IsMember({"on", "off"}));
   HttpLimits& l = o->http;
   cmd->add_option("--max-body-bytes", l.max_body_bytes, "Largest request body accepted (after de-chunking); larger get 413")
       ->capture_default_str()

@@ -381,7 +381,7 @@ std::vector<LayerStats> ExpertStore::stats() const {
   std::lock_guard lk(prefetch_mu_);
   for (size_t i = 0; i < pools_.size(); ++i)
     r.push_back({index().layers[i].name, pools_[i]->capacity(), pools_[i]->resident(), pools_[i]->slot_bytes(),
-                 pools_[i]->stats(), prefetch_stats_[i]});
+                 pools_[i]->stats(), prefetch_stats_[i], pools_[i]->published()});
   return r;
 }
 

@@ -41,6 +41,7 @@ struct LayerStats {
   size_t slot_bytes = 0;
   PoolStats pool;
   PrefetchStats prefetch;
+  std::vector<uint8_t> present;  // [n_experts]: 1 where the expert is in the pool now
 };
 
 class ExpertStore;

@@ -129,6 +129,13 @@ int ExpertPool::pinned() const {
   return n;
 }
 
+std::vector<uint8_t> ExpertPool::published() const {
+  std::lock_guard lk(mu_);
+  std::vector<uint8_t> p(slot_of_.size());
+  for (size_t e = 0; e < p.size(); ++e) p[e] = slot_of_[e] >= 0;
+  return p;
+}
+
 int ExpertPool::slot_of(int expert) const {
   std::lock_guard lk(mu_);
   return slot_of_[size_t(expert)];

@@ -62,6 +62,7 @@ class ExpertPool {
   int slot_of(int expert) const;
   int held() const;
   int resident() const;  // published experts
+  std::vector<uint8_t> published() const;  // [n_experts]: 1 where the expert is published
 
   void add_io(uint64_t bytes, double read_s, double stall_s);
   PoolStats stats() const;

@@ -7,7 +7,7 @@ namespace ms {
 using ojson = nlohmann::ordered_json;
 
 EngineStats::EngineStats(const ModelConfig& cfg, ResidentBytes weights, const Model* model)
-    : start_(std::chrono::steady_clock::now()), model_(model) {
+    : start_(std::chrono::steady_clock::now()), model_(model), top_k_(std::max(1, cfg.top_k)) {
   s_.resident = weights;
   s_.layers.resize(size_t(cfg.n_layers));
   for (int l = 0; l < cfg.n_layers; ++l) {
@@ -26,6 +26,12 @@ EngineStats::EngineStats(const ModelConfig& cfg, ResidentBytes weights, const Mo
 
 void EngineStats::record_routes(const std::vector<std::vector<int>>& routes) {
   std::lock_guard lock(mu_);
+  for (const std::vector<int>& r : routes)
+    if (!r.empty()) {  // the first MoE layer's: the forward's tokens
+      const uint64_t T = r.size() / size_t(top_k_);
+      (T == 1 ? s_.forwarded_steps : s_.forwarded_prompt) += T;
+      break;
+    }
   for (size_t l = 0; l < routes.size() && l < s_.layers.size(); ++l) {
     LayerUsage& ls = s_.layers[l];
     for (int e : routes[l]) {
@@ -77,7 +83,8 @@ StatsSnapshot EngineStats::snapshot() const {
   out.recent.assign(recent_.begin(), recent_.end());
   if (model_ && model_->experts()) {
     out.pool = model_->pool_stats();
-    for (const PoolTier& t : model_->executor().pool_tiers()) out.tiers.push_back(summarize_tier(t));
+    out.pool_tiers = model_->executor().pool_tiers();
+    for (const PoolTier& t : out.pool_tiers) out.tiers.push_back(summarize_tier(t));
     out.resident.experts = model_->pool_bytes();
     out.prefetch = prefetch_report(*model_);
     out.warm = model_->warm_report();

@@ -84,10 +84,14 @@ struct StatsSnapshot {
   uint64_t requests_served = 0;  // finished, whatever the reason
   uint64_t requests_cancelled = 0, requests_timed_out = 0, requests_rejected = 0;
   uint64_t prompt_tokens = 0, reused_tokens = 0, completion_tokens = 0;
+  // Tokens of the forwards so far, counted as each one's routes are recorded (live, where the
+  // request totals above count at a request's end): prompt chunks, and single-token steps.
+  uint64_t forwarded_prompt = 0, forwarded_steps = 0;
   ResidentBytes resident;
   std::vector<LayerUsage> layers;
   std::vector<LayerStats> pool;  // per MoE block of a streamed model; empty otherwise
   std::vector<TierSummary> tiers;  // VRAM over the host tier (CUDA), or the pools (CPU)
+  std::vector<PoolTier> pool_tiers;  // the same tiers layer by layer, with where each expert is
   PrefetchReport prefetch;
   KvReport kv;
   WarmReport warm;             // what the load put in the pools
@@ -120,6 +124,7 @@ class EngineStats {
   StatsSnapshot s_;
   std::deque<RequestRecord> recent_;
   const Model* model_;
+  int top_k_;
 };
 
 nlohmann::ordered_json to_json(const StatsSnapshot& s);

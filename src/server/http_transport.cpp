@@ -294,6 +294,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void fill(Res& res, const HttpResponse& r, bool keep) const {
     res.set(http::field::content_type, r.content_type);
     res.set(http::field::server, "moestream");
+    for (const auto& [name, value] : r.headers) res.set(name, value);
     res.keep_alive(keep);
   }
 

@@ -69,6 +69,7 @@ struct HttpResponse {
   std::string body;
   std::shared_ptr<HttpStream> stream;  // set: a chunked response whose body comes from it
   bool close = false;                  // close the connection after this response
+  std::vector<std::pair<std::string, std::string>> headers;  // more header fields (a whole response's)
 };
 
 class HttpTransport {

@@ -14,6 +14,7 @@
 
 #include "server/api_error.h"
 #include "server/chat_output.h"
+#include "server/dashboard.h"
 #include "server/metrics.h"
 #include "util/error.h"
 
@@ -113,11 +114,37 @@ bool same_secret(const std::string& got, const std::string& want) {
   return diff == 0;
 }
 
-// The key as OpenAI clients send it (Authorization: Bearer) or Anthropic's (x-api-key).
+// The password of an 'Authorization: Basic' header (base64 of "user:password"), or "".
+std::string basic_password(const std::string& header) {
+  constexpr std::string_view kScheme = "Basic ";
+  if (header.compare(0, kScheme.size(), kScheme) != 0) return "";
+  std::string decoded;
+  unsigned bits = 0;
+  int have = 0;
+  for (char c : std::string_view(header).substr(kScheme.size())) {
+    int v;
+    if (c >= 'A' && c <= 'Z') v = c - 'A';
+    else if (c >= 'a' && c <= 'z') v = c - 'a' + 26;
+    else if (c >= '0' && c <= '9') v = c - '0' + 52;
+    else if (c == '+') v = 62;
+    else if (c == '/') v = 63;
+    else if (c == '=') break;
+    else return "";
+    bits = (bits << 6) | unsigned(v), have += 6;
+    if (have >= 8) decoded += char((bits >> (have -= 8)) & 0xFF);
+  }
+  const size_t colon = decoded.find(':');
+  return colon == std::string::npos ? "" : decoded.substr(colon + 1);
+}
+
+// The key as OpenAI clients send it (Authorization: Bearer), Anthropic's (x-api-key), or a
+// browser's (Authorization: Basic, the key as the password, any user name: the dashboard).
 bool authorized(const HttpRequest& req, const std::string& key) {
-  const bool bearer = same_secret(req.header("Authorization"), "Bearer " + key);
+  const std::string auth = req.header("Authorization");
+  const bool bearer = same_secret(auth, "Bearer " + key);
   const bool x_api_key = same_secret(req.header("x-api-key"), key);
-  return bearer || x_api_key;
+  const bool basic = same_secret(basic_password(auth), key);
+  return bearer || x_api_key || basic;
 }
 
 // A chat request's prompt: rendered by the model's template, and tokenized with the request's
@@ -638,9 +665,13 @@ void HttpServer::add_routes() {
   // Checked on a request's head, before its body is read.
   h.set_admission([this](const HttpRequest& req) -> std::optional<HttpResponse> {
     if (req.path == "/health") return std::nullopt;
-    if (!opts_.api_key.empty() && !authorized(req, opts_.api_key))
-      return error_response(ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
-                                     "invalid_request_error", "", "invalid_api_key"));
+    if (!opts_.api_key.empty() && !authorized(req, opts_.api_key)) {
+      HttpResponse r = error_response(ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+                                               "invalid_request_error", "", "invalid_api_key"));
+      // A browser asks for the key (as the password) where the dashboard's page is opened.
+      if (req.path == "/dashboard" && opts_.dashboard) r.headers.push_back({"WWW-Authenticate", "Basic realm=\"moestream\", charset=\"UTF-8\""});
+      return r;
+    }
     if (draining_ && req.method == "POST")
       return error_response(ApiError(503, "the server is shutting down", "server_error", "", "shutting_down"));
     return std::nullopt;
@@ -693,6 +724,15 @@ void HttpServer::add_routes() {
   }, Runs::OnIoThread);
   h.route("GET", "/api/stats", [this](const HttpRequest&) { return text_response(stats_json(), "application/json"); },
           Runs::OnIoThread);
+  if (opts_.dashboard) {
+    h.route("GET", "/dashboard", [](const HttpRequest&) {
+      return text_response(std::string(dashboard_page()), "text/html; charset=utf-8");
+    }, Runs::OnIoThread);
+    h.route("GET", "/api/dashboard", [this](const HttpRequest&) {
+      const QueueState q{queue_.waiting(), opts_.queue_limit, queue_.busy()};
+      return text_response(dashboard_json(stats_.snapshot(), engine_.model(), q).dump(), "application/json");
+    }, Runs::OnIoThread);
+  }
   h.route("GET", "/metrics", [this](const HttpRequest&) {
     QueueState q{queue_.waiting(), opts_.queue_limit, queue_.busy()};
     std::string text = prometheus_text(stats_.snapshot(), q, http_->counters());

@@ -27,6 +27,7 @@ struct ServerOptions {
   double request_timeout_s = 600;  // from arrival (queueing included) to the end of generation
   double drain_timeout_s = 10;  // on shutdown: how long in-flight requests may take to finish
   HttpLimits http;  // body and head sizes, read deadlines, connections per client
+  bool dashboard = true;  // GET /dashboard and /api/dashboard (server/dashboard.h)
 };
 
 class HttpServer {

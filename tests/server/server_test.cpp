@@ -645,6 +645,65 @@ TEST(ServerAuth, ApiKeyIsRequiredWhenSet) {
   auto gen = c.Post("/v1/completions", {{"Authorization", "Bearer sesame"}}, R"({"prompt": "x", "max_tokens": 1})", "application/json");
   EXPECT_EQ(gen->status, 200);
   EXPECT_EQ(c.Get("/health")->status, 200);  // for load balancers' probes
+  // A browser's Basic credentials: the key as the password, any user name. The dashboard's page
+  // asks for them (WWW-Authenticate); the API does not.
+  auto basic = [](const std::string& in) {
+    static const char* digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    for (size_t i = 0; i < in.size(); i += 3) {
+      const size_t n = std::min<size_t>(3, in.size() - i);
+      uint32_t v = 0;
+      for (size_t k = 0; k < 3; ++k) v = (v << 8) | (k < n ? uint8_t(in[i + k]) : 0u);
+      for (size_t k = 0; k < 4; ++k) out += k <= n ? digits[(v >> (18 - 6 * k)) & 63] : '=';
+    }
+    return "Basic " + out;
+  };
+  for (const char* user : {"u:sesame", ":sesame", "someone:sesame"}) {
+    auto r = c.Get("/api/dashboard", {{"Authorization", basic(user)}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << user;
+  }
+  for (const char* wrong : {"u:sesam", "sesame", "u:sesame2"}) expect_error(c.Get("/api/dashboard", {{"Authorization", basic(wrong)}}), 401, "invalid_api_key");
+  expect_error(c.Get("/api/dashboard", {{"Authorization", "Basic !!!"}}), 401, "invalid_api_key");
+  auto page = c.Get("/dashboard");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 401);
+  EXPECT_EQ(page->get_header_value("WWW-Authenticate"), "Basic realm=\"moestream\", charset=\"UTF-8\"");
+  EXPECT_EQ(c.Get("/v1/models")->get_header_value("WWW-Authenticate"), "");
+}
+
+// The dashboard: its page (self-contained: nothing it loads comes from elsewhere) and what it
+// polls, whose figures are /api/stats' at the same moment; `--dashboard off` removes both.
+TEST(ServerDashboard, PageAndPollAgreeWithTheStats) {
+  MS_REQUIRE_SHARED(kModel, dir);
+  ServerProcess server(dir, {});
+  ASSERT_GT(server.port(), 0);
+  auto c = server.client();
+  ASSERT_EQ(c.Post("/v1/completions", R"({"prompt": "def add(a, b):", "max_tokens": 8})", "application/json")->status, 200);
+  auto page = c.Get("/dashboard");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(page->body.find("/api/dashboard"), std::string::npos);
+  for (const char* outside : {"http://", "https://", "//cdn", "<script src", "<link rel=\"stylesheet"})
+    EXPECT_EQ(page->body.find(outside), std::string::npos) << outside;
+  const json d = json::parse(c.Get("/api/dashboard")->body);
+  const json s = json::parse(c.Get("/api/stats")->body);
+  EXPECT_EQ(d["n_experts"], 128);
+  ASSERT_EQ(d["layers"].size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(d["layers"][i]["routed"], s["layers"][i]["routed"]);
+    EXPECT_EQ(d["layers"][i]["where"].get<std::string>().size(), 128u);
+  }
+  EXPECT_DOUBLE_EQ(d["hit_rate"].get<double>(), s["expert_pool"]["hit_rate"].get<double>());
+  EXPECT_GT(d["tokens"]["steps"].get<uint64_t>(), 0u);
+  EXPECT_GT(d["tokens"]["prompt"].get<uint64_t>(), 0u);
+  ASSERT_FALSE(d["plans"].empty());
+
+  ServerProcess off(dir, {"--dashboard", "off"});
+  ASSERT_GT(off.port(), 0);
+  EXPECT_EQ(off.client().Get("/dashboard")->status, 404);
+  EXPECT_EQ(off.client().Get("/api/dashboard")->status, 404);
 }
 
 // SIGTERM: the running answer finishes, then the server exits 0.

@@ -320,7 +320,7 @@ std::vector<LayerStats> DeviceExpertStore::stats() const {
   std::vector<LayerStats> r;
   for (size_t i = 0; i < pools_.size(); ++i)
     r.push_back({host_.index().layers[i].name, pools_[i]->capacity(), pools_[i]->resident(), host_.index().layers[i].stride,
-                 pools_[i]->stats(), prefetch_stats_[i]});
+                 pools_[i]->stats(), prefetch_stats_[i], pools_[i]->published()});
   return r;
 }
 

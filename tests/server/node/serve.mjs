@@ -25,9 +25,10 @@ export function testSetup(pkg) {
   return { binary, modelDir };
 }
 
-// Starts the server on a free port; resolves with the process, its port and a promise of its exit.
-export function startServer(binary, modelDir, apiKey) {
-  const child = spawn(binary, ['serve', '--model', modelDir, '--port', '0', '--api-key', apiKey], {
+// Starts the server on a free port (with `extra` arguments); resolves with the process, its port
+// and a promise of its exit.
+export function startServer(binary, modelDir, apiKey, extra = []) {
+  const child = spawn(binary, ['serve', '--model', modelDir, '--port', '0', '--api-key', apiKey, ...extra], {
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
@@ -48,9 +49,9 @@ export function startServer(binary, modelDir, apiKey) {
 
 // Runs test(port) against a server started with `apiKey`, then stops it with SIGTERM, which it
 // must survive to exit 0; prints PASS, or FAIL and exits 1.
-export async function withServer(binary, modelDir, apiKey, test) {
+export async function withServer(binary, modelDir, apiKey, test, extra = []) {
   try {
-    const { child, port, exited } = await startServer(binary, modelDir, apiKey);
+    const { child, port, exited } = await startServer(binary, modelDir, apiKey, extra);
     try {
       await test(port);
     } finally {
