@@ -196,7 +196,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   cmd->add_option("--host-policy", a.host_policy, "cuda: eviction policy of the host cache")->check(CLI::IsMember({"lru", "lfu", "lrfu"}));
   cmd->add_option("--prefetch", a.prefetch,
                   "Read the experts that a later layer's router, applied to this layer's input, predicts, while this "
-                  "layer computes: on, off, or auto (on where the pools cannot hold every expert)")
+                  "layer computes: on, off, or auto (on where the pools cannot hold every expert; off for the VRAM pools)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--prefetch-ahead", a.prefetch_ahead,
                   "Layers ahead a prediction reaches: A, or E,A@C (E layers ahead below layer C, A from it)")

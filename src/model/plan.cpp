@@ -336,7 +336,11 @@ MemoryPlan plan_checkpoint(const std::string& dir, const ModelConfig& cfg, uint6
 }
 
 StoreOptions vram_store_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
-                                uint64_t dense_bytes, uint64_t free_vram, const ModelOptions& opt, MemoryPlan& plan) {
+                                uint64_t dense_bytes, uint64_t free_vram, const ModelOptions& asked, MemoryPlan& plan) {
+  // Under --prefetch auto the VRAM pools copy nothing ahead: on the H100 the copies ahead of the
+  // router cost more than they hid (docs/PERFORMANCE.md, "VRAM prefetch"); --prefetch on asks.
+  ModelOptions opt = asked;
+  if (opt.experts.prefetch.mode == PrefetchMode::Auto) opt.experts.prefetch.mode = PrefetchMode::Off;
   StoreOptions vram = opt.experts;
   vram.top_k = cfg.top_k;
   // VRAM staging for predicted experts comes out of the budget where the pools stream; pools

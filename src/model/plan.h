@@ -130,7 +130,7 @@ MemoryPlan plan_checkpoint(const std::string& dir, const ModelConfig& cfg, uint6
 
 // The VRAM pool's options over an engine directory's experts, and the plan of the VRAM: from
 // --vram, or (unsized) every expert where they fit in `free_vram`, else the pools get that.
-// dense_bytes: the dense weights in VRAM.
+// dense_bytes: the dense weights in VRAM. --prefetch auto is off for the VRAM pools (on asks).
 StoreOptions vram_store_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
                                 uint64_t dense_bytes, uint64_t free_vram, const ModelOptions& opt, MemoryPlan& plan);
 
