@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <random>
@@ -83,15 +84,26 @@ double time_prompt(const Model& m, int n, unsigned seed) {
   return seconds(start, Clock::now());
 }
 
-// Seconds of n decode steps after a one-token prompt, greedy, past any end-of-sequence token,
-// from `state` (a context prefilled once, restored for each run).
-double time_decode(const Model& m, State& state, int n, unsigned seed, const SpeculativeOptions& spec = {},
+// What a decode test times: n steps after `skip` untimed ones (and the first, which the prompt
+// makes); `at_start` runs as the timed steps begin.
+struct DecodeSpan {
+  int n = 0, skip = 0;
+  std::function<void()> at_start;
+};
+
+// Seconds of a span of decode steps after a one-token prompt, greedy, past any end-of-sequence
+// token, from `state` (a context prefilled once, restored for each run).
+double time_decode(const Model& m, State& state, const DecodeSpan& span, unsigned seed, const SpeculativeOptions& spec = {},
                    SpeculativeStats* spec_stats = nullptr, DraftTuner* tuner = nullptr) {
   Clock::time_point first;
+  int tokens = 0;
   generate_greedy(m, state, random_ids(1, m.config().vocab, seed),
-                  {.max_tokens = n + 1, .stop_at_eos = false, .speculative = spec, .speculative_stats = spec_stats, .tuner = tuner},
+                  {.max_tokens = span.skip + span.n + 1, .stop_at_eos = false, .speculative = spec,
+                   .speculative_stats = spec_stats, .tuner = tuner},
                   [&](int) {
-                    if (first == Clock::time_point{}) first = Clock::now();
+                    if (tokens++ != span.skip) return;
+                    if (span.at_start) span.at_start();
+                    first = Clock::now();
                   });
   return seconds(first, Clock::now());
 }
@@ -133,14 +145,19 @@ bool first_tier_streams(const Model& m) {
   return !tiers.empty() && size_t(summarize_tier(tiers[0]).slots) < tiers[0].layers.size() * size_t(m.config().n_experts);
 }
 
-// "  hit 0.62, stall 41 %": the first tier's hit rate and the share of `seconds` the compute
-// waited on it, from `before` to now; empty where nothing was routed to a pool.
-std::string pool_columns(const Model& m, const PoolStats& before, double seconds) {
-  const PoolStats now = first_tier(m);
-  const uint64_t hits = now.hits - before.hits, misses = now.misses - before.misses;
-  if (hits + misses == 0) return {};
-  return fmt::format("  hit {:.2f}, stall {:.0f} %", double(hits) / double(hits + misses),
-                     seconds > 0 ? 100.0 * (now.stall_s - before.stall_s) / seconds : 0.0);
+// What the first tier counted between `before` and `now`.
+PoolStats tier_moves(const PoolStats& now, const PoolStats& before) {
+  PoolStats d;
+  d.hits = now.hits - before.hits, d.misses = now.misses - before.misses;
+  d.bytes_read = now.bytes_read - before.bytes_read, d.stall_s = now.stall_s - before.stall_s;
+  return d;
+}
+
+// "  hit 0.62, stall 41 %": the first tier's hit rate over the timed steps and the share of
+// their `seconds` the compute waited on it; empty where nothing was routed to a pool.
+std::string pool_columns(const PoolStats& timed, double seconds) {
+  if (timed.hits + timed.misses == 0) return {};
+  return fmt::format("  hit {:.2f}, stall {:.0f} %", timed.hit_rate(), seconds > 0 ? 100.0 * timed.stall_s / seconds : 0.0);
 }
 
 // One line per tier of a model's expert pools: its slots, what the load put there, the link's
@@ -158,11 +175,13 @@ void print_tiers(const Model& m) {
   }
 }
 
-// Seconds of n decode steps of workload w after its first, from `state`.
-double time_workload(const Model& m, State& state, const Workload& w, int n, unsigned seed) {
+// Seconds of a span of decode steps of workload w, from `state`.
+double time_workload(const Model& m, State& state, const Workload& w, const DecodeSpan& span, unsigned seed) {
   Clock::time_point first;
-  run_workload(m, state, w, n + 1, seed, [&](int i) {
-    if (i == 0) first = Clock::now();
+  run_workload(m, state, w, span.skip + span.n + 1, seed, [&](int i) {
+    if (i != span.skip) return;
+    if (span.at_start) span.at_start();
+    first = Clock::now();
   });
   return seconds(first, Clock::now());
 }
@@ -185,7 +204,7 @@ void add_bench(CLI::App& app) {
   struct Args {
     ModelArgs m;
     std::vector<int> prompts{16, 128, 512}, depths{0};
-    int tokens = 64, repeat = 3;
+    int tokens = 64, skip = 0, repeat = 3;
     bool no_preload = false;
     std::string workloads = "uniform,text,greedy", text = kDefaultText, routes_from;
   };
@@ -201,6 +220,9 @@ void add_bench(CLI::App& app) {
                   "prefilled once, untimed")
       ->delimiter(',')
       ->check(int_in(0, 1 << 24));
+  cmd->add_option("--skip", a->skip,
+                  "Decode steps run untimed before the timed ones (tg<N>+<skip>): a steady state, the pools filled")
+      ->check(int_in(0, 1 << 20));
   cmd->add_option("--repeat", a->repeat, "Runs of each test; the median is reported")->check(int_in(1, 1000));
   cmd->add_option("--workload", a->workloads,
                   "What drives the decode test (tg<N>-<workload>), comma-separated: uniform (tokens sampled at "
@@ -257,7 +279,7 @@ void add_bench(CLI::App& app) {
     time_prompt(m, 16, 0);
     if (a->tokens > 0) {
       State warm = m.new_state();
-      time_decode(m, warm, 4, 0);
+      time_decode(m, warm, {.n = 4}, 0);
     }
     for (const int n : a->prompts) {
       if (n <= 0) continue;
@@ -278,20 +300,23 @@ void add_bench(CLI::App& app) {
         const State::Checkpoint start = context.checkpoint();
         for (const Workload& w : workloads) {
           std::vector<double> t;
-          const PoolStats before = first_tier(m);
+          PoolStats timed, at_start;
+          const DecodeSpan span{a->tokens, a->skip, [&] { at_start = first_tier(m); }};
           for (int r = 0; r < a->repeat; ++r) {
             context.restore(start);
             t.push_back(w.kind == WorkloadKind::Greedy
-                            ? time_decode(m, context, a->tokens, unsigned(r + 1), opt.speculative, &spec, &tuner)
-                            : time_workload(m, context, w, a->tokens, unsigned(r + 1)));
+                            ? time_decode(m, context, span, unsigned(r + 1), opt.speculative, &spec, &tuner)
+                            : time_workload(m, context, w, span, unsigned(r + 1)));
+            timed += tier_moves(first_tier(m), at_start);
           }
           const double tps = double(a->tokens) / median(t);
           const double gbs = tps * (step_bytes + double(depth) * kv_position) / 1e9;
-          const std::string name = fmt::format("tg{}{}-{}", a->tokens, depth > 0 ? fmt::format("@d{}", depth) : "", w.name());
+          const std::string name = fmt::format("tg{}{}{}-{}", a->tokens, a->skip > 0 ? fmt::format("+{}", a->skip) : "",
+                                               depth > 0 ? fmt::format("@d{}", depth) : "", w.name());
           double total = 0;
           for (double x : t) total += x;
           std::printf("%-16s %10.2f %10.2f %8.2f%s\n", name.c_str(), tps, gbs, gbs / bw.read_gbs,
-                      streams ? pool_columns(m, before, total).c_str() : "");
+                      streams ? pool_columns(timed, total).c_str() : "");
         }
       }
       for (const Workload& w : workloads) print_routing_curve(m, w, a->tokens);
