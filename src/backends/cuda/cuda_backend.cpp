@@ -101,7 +101,9 @@ void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const 
       cuda::copy_to_host(host_ids.data(), ids, host_ids.size() * sizeof(int));
       experts->count_routes(layer, host_ids.data(), K);  // the usage history's counts
       const std::vector<const uint8_t*> acquired = experts->acquire(layer, host_ids);
-      cuda::copy_to_device(records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
+      // Queued, not waited for: a synchronous copy would wait for the misses' copies the compute
+      // stream now waits on, and the GPU would idle while the host queued what follows.
+      cuda::copy_to_device_async(records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
     }
     if (side) side->join();
     cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data(), shared_out, logits.data() + E);
