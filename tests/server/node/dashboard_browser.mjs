@@ -49,7 +49,10 @@ await withServer(binary, modelDir, KEY, async (port) => {
     body: JSON.stringify({ prompt: 'def quicksort(items):', max_tokens: 20000, temperature: 1, ignore_eos: true, stream: true }),
   }).then((r) => r.body.pipeTo(new WritableStream())).catch(() => {});
 
-  const browser = await puppeteer.launch({ executablePath: chromium, headless: true, args: ['--no-sandbox'] });
+  // As root (CI) Chromium needs --no-sandbox; a container's small /dev/shm would crash its renderer.
+  const browser = await puppeteer.launch({
+    executablePath: chromium, headless: true, args: ['--no-sandbox', '--disable-dev-shm-usage', '--disable-gpu'],
+  });
   try {
     const page = await browser.newPage();
     const errors = [];
