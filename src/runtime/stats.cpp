@@ -82,8 +82,8 @@ StatsSnapshot EngineStats::snapshot() const {
   out.uptime_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   out.recent.assign(recent_.begin(), recent_.end());
   if (model_ && model_->experts()) {
-    out.pool = model_->pool_stats();
     out.pool_tiers = model_->executor().pool_tiers();
+    if (!out.pool_tiers.empty()) out.pool = out.pool_tiers.front().layers;  // Model::pool_stats()'s
     for (const PoolTier& t : out.pool_tiers) out.tiers.push_back(summarize_tier(t));
     out.resident.experts = model_->pool_bytes();
     out.prefetch = prefetch_report(*model_);

@@ -68,8 +68,7 @@ ojson layers_json(const StatsSnapshot& s, int n_experts) {
 }  // namespace
 
 ojson dashboard_json(const StatsSnapshot& s, const Model& model, const QueueState& q) {
-  PoolStats top;
-  for (const LayerStats& l : s.pool) top += l.pool;
+  const PoolStats top = s.tiers.empty() ? PoolStats{} : s.tiers.front().pool;
   ojson tiers = ojson::array();
   for (const TierSummary& t : s.tiers) tiers.push_back(tier_json(t));
   const bool cuda = model.device() == Device::Cuda;
