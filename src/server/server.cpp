@@ -660,6 +660,8 @@ std::string HttpServer::stats_json() const {
   return j.dump();
 }
 
+QueueState HttpServer::queue_state() const { return {queue_.waiting(), opts_.queue_limit, queue_.busy()}; }
+
 void HttpServer::add_routes() {
   HttpTransport& h = *http_;
   // Checked on a request's head, before its body is read.
@@ -729,13 +731,11 @@ void HttpServer::add_routes() {
       return text_response(std::string(dashboard_page()), "text/html; charset=utf-8");
     }, Runs::OnIoThread);
     h.route("GET", "/api/dashboard", [this](const HttpRequest&) {
-      const QueueState q{queue_.waiting(), opts_.queue_limit, queue_.busy()};
-      return text_response(dashboard_json(stats_.snapshot(), engine_.model(), q).dump(), "application/json");
+      return text_response(dashboard_json(stats_.snapshot(), engine_.model(), queue_state()).dump(), "application/json");
     }, Runs::OnIoThread);
   }
   h.route("GET", "/metrics", [this](const HttpRequest&) {
-    QueueState q{queue_.waiting(), opts_.queue_limit, queue_.busy()};
-    std::string text = prometheus_text(stats_.snapshot(), q, http_->counters());
+    std::string text = prometheus_text(stats_.snapshot(), queue_state(), http_->counters());
     text += "# HELP moestream_api_requests_total Requests received per API.\n# TYPE moestream_api_requests_total counter\n";
     for (size_t i = 0; i < kApis; ++i)
       text += fmt::format("moestream_api_requests_total{{api=\"{}\"}} {}\n", kApiNames[i], api_requests_[i].load());

@@ -18,6 +18,8 @@
 
 namespace ms {
 
+struct QueueState;  // server/metrics.h
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port
@@ -58,6 +60,7 @@ class HttpServer {
   GenerationRequest generation_request(std::vector<int> prompt, const CompletionOptions& o, const char* prompt_param) const;
   HttpResponse start_job(GenerationRequest g, std::shared_ptr<Formatter> f);
   std::string stats_json() const;
+  QueueState queue_state() const;  // for /metrics and /api/dashboard
   nlohmann::ordered_json model_object() const;  // the served model as /v1/models lists it
 
   // The APIs whose requests /api/stats and /metrics count, and their names there.
