@@ -15,6 +15,7 @@
 // Layouts: 4 or 8 bits, groups of 32, 64 or 128, bf16 or f16 scales (int_dot_layout). The bytes
 // of a chunk of 32 values are stored in the order the integer tensor cores take a chunk's codes
 // (slot_of), four parts interleaved: [chunk][quad of 4 slots][part][4 bytes], 128 bytes a chunk.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -81,6 +82,51 @@ MS_INT_DOT_FN float pow2(int e) {
 // The two normal halves of 2^-e (x·h1·h2 = x·2^-e, each product exact), e in [−149, 98].
 MS_INT_DOT_FN float half_scale1(int e) { return bits_float(uint32_t(127 + -e / 2) << 23); }
 MS_INT_DOT_FN float half_scale2(int e) { return bits_float(uint32_t(127 + -e - -e / 2) << 23); }
+
+// The float steps of the expert's activation, the same on every device: on the GPU as the
+// round-to-nearest intrinsics (nothing contracted into an FMA), on the host as plain operations
+// (its callers compile without contraction: kernels/cpu/int_expert.cpp).
+#if defined(__CUDA_ARCH__)
+#define MS_FMUL(a, b) __fmul_rn(a, b)
+#define MS_FADD(a, b) __fadd_rn(a, b)
+#define MS_FDIV(a, b) __fdiv_rn(a, b)
+#define MS_RINT(a) rintf(a)
+#define MS_FMA(a, b, c) fmaf(a, b, c)
+#else
+#define MS_FMUL(a, b) ((a) * (b))
+#define MS_FADD(a, b) ((a) + (b))
+#define MS_FDIV(a, b) ((a) / (b))
+#define MS_RINT(a) std::nearbyint(a)
+#define MS_FMA(a, b, c) std::fma(a, b, c)
+#endif
+
+// exp(a) for a <= 0 (NaN stays NaN) within about an ulp: a = k·ln2 + r with |r| <= ln2/2 (ln2 in
+// two parts, the first exact times any k here), e^r by its Taylor polynomial of degree 7 (error
+// below 2^-27 of it), then times 2^k (k >= -149: a normal or subnormal power of two, one rounding).
+MS_INT_DOT_FN float exp_nonpositive(float a) {
+  if (!(a > -103.5f)) return a != a ? a : 0.f;  // e^-103.5 rounds to 0
+  const float k = MS_RINT(MS_FMUL(a, 1.44269502f));
+  float r = MS_FMA(k, -0.693145751953125f, a);
+  r = MS_FMA(k, -1.42860677e-06f, r);
+  float p = 1.98412698e-04f;  // 1/5040
+  p = MS_FMA(p, r, 1.38888889e-03f);
+  p = MS_FMA(p, r, 8.33333377e-03f);
+  p = MS_FMA(p, r, 4.16666679e-02f);
+  p = MS_FMA(p, r, 0.166666672f);
+  p = MS_FMA(p, r, 0.5f);
+  p = MS_FMA(p, r, 1.0f);
+  p = MS_FMA(p, r, 1.0f);
+  return MS_FMUL(p, pow2(int(k)));
+}
+
+// silu(x) = x·sigmoid(x) from e = exp(−|x|), so that nothing overflows: sigmoid is 1/(1 + e) for
+// x >= 0 and e/(1 + e) below. The routed experts' activation wherever a CPU and a GPU expert must
+// agree bit for bit (cuda::int_experts, cpu::int_expert).
+MS_INT_DOT_FN float silu(float x) {
+  const float e = exp_nonpositive(-(x < 0.f ? -x : x));
+  const float r = MS_FDIV(1.0f, MS_FADD(1.0f, e));
+  return MS_FMUL(x, x < 0.f ? MS_FMUL(e, r) : r);
+}
 
 // X's balanced base-256 digits, byte p of the result the signed digit p (mma_dot.cuh's digits).
 MS_INT_DOT_FN uint32_t digits(int32_t X) { return (uint32_t(X) + 0x808080u) ^ 0x808080u; }

@@ -144,9 +144,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_kernel(GemmArgs a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const Item it = a.items ? a.items[blockIdx.y]
                           : Item{0, int(blockIdx.y) * 8 * NT, min(8 * NT, a.T - int(blockIdx.y) * 8 * NT)};
+  if (it.count <= 0) return;  // a slot another device computes (int_expert_records); no barriers below
   const IntExpertMat W = a.mats ? a.mats[blockIdx.z * a.n_mats + it.mat] : a.single;
   const int row0 = (int(blockIdx.x) * kWarps + warp) * 16 * MT;
-  if (row0 >= a.rows) return;  // no barriers below
+  if (row0 >= a.rows) return;
   auto split_row = [&](int n) {  // the split row of the tile's token n (the last one past count)
     const int idx = it.first + min(n, it.count - 1);
     return a.in_rows ? a.in_rows[idx] : idx;
@@ -237,15 +238,86 @@ struct Split {
   DeviceArray<float> pow2, xsum;
 };
 
+// split_kernel over n rows into xs [n][cols·4], pow2 and xsum [n][cols / unit].
+template <int BITS>
+void split_into(const float* x, int n, int cols, int unit, uint8_t* xs, float* pow2, float* xsum) {
+  const size_t units = size_t(n) * size_t(cols / unit);
+  const unsigned blocks = unsigned((units + kSplitThreads - 1) / kSplitThreads);
+  split_kernel<BITS><<<blocks, kSplitThreads, 0, compute_stream()>>>(x, n, cols, unit, xs, pow2, xsum);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <int BITS>
 Split split(const float* x, int n, int cols, int unit) {
   const size_t units = size_t(n) * size_t(cols / unit);
   Split s{DeviceArray<uint8_t>(size_t(n) * size_t(cols) * int_dot::kParts), DeviceArray<float>(units),
           DeviceArray<float>(units)};
-  const unsigned blocks = unsigned((units + kSplitThreads - 1) / kSplitThreads);
-  split_kernel<BITS><<<blocks, kSplitThreads, 0, compute_stream()>>>(x, n, cols, unit, s.bytes.data(),
-                                                                       s.pow2.data(), s.xsum.data());
+  split_into<BITS>(x, n, cols, unit, s.bytes.data(), s.pow2.data(), s.xsum.data());
+  return s;
+}
+
+// h[i] = int_dot::silu(h[i]) · u[i]: the experts' activation in the bits cpu::int_expert gives.
+__global__ void silu_mul_exact_kernel(float* h, const float* __restrict__ u, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * 256 + threadIdx.x;
+  if (i < n) h[i] = __fmul_rn(int_dot::silu(h[i]), u[i]);
+}
+
+void silu_mul_exact(float* h, const float* u, int64_t n) {
+  if (n <= 0) return;
+  silu_mul_exact_kernel<<<unsigned((n + 255) / 256), 256, 0, compute_stream()>>>(h, u, n);
   CUDA_CHECK_LAUNCH();
+}
+
+// int_expert_records' items and matrices from the records: slot k is item k (one user, token row
+// 0, output row k), skipped (count 0) where records[k] is null.
+__global__ void record_items_kernel(const uint8_t* const* records, int K, RecordMat gate, RecordMat up,
+                                    RecordMat down, Item* items, IntExpertMat* mats, int* in_rows, int* out_rows) {
+  const int k = int(blockIdx.x) * 32 + int(threadIdx.x);
+  if (k >= K) return;
+  const uint8_t* r = records[k];
+  items[k] = {k, k, r ? 1 : 0};
+  in_rows[k] = 0, out_rows[k] = k;
+  const RecordMat* p[3] = {&gate, &up, &down};
+  for (int m = 0; m < 3; ++m)
+    mats[m * K + k] = r ? IntExpertMat{r + p[m]->q_offset, reinterpret_cast<const uint16_t*>(r + p[m]->scales_offset),
+                                       reinterpret_cast<const uint16_t*>(r + p[m]->biases_offset)}
+                        : IntExpertMat{nullptr, nullptr, nullptr};
+}
+
+// int_expert_records' scratch, carved in order; each part 16-byte aligned.
+struct RecordScratch {
+  Item* items;
+  IntExpertMat* mats;
+  int *in_rows, *out_rows;
+  uint8_t *xs, *hs;       // x's split [H·4], h's [K][I·4]
+  float *xp, *xsum;       // x's 2^e and Σx [H / group]
+  float *hp, *hsum;       // h's [K][I / down group]
+  float *h, *u;           // [K][I]
+  size_t bytes;
+};
+
+RecordScratch carve_scratch(uint8_t* base, int K, const RecordMat (&proj)[3]) {
+  const size_t H = size_t(proj[0].cols), I = size_t(proj[0].rows), k = size_t(K);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    uint8_t* p = base ? base + at : nullptr;
+    at += (bytes + 15) / 16 * 16;
+    return p;
+  };
+  RecordScratch s{};
+  s.items = reinterpret_cast<Item*>(take(k * sizeof(Item)));
+  s.mats = reinterpret_cast<IntExpertMat*>(take(3 * k * sizeof(IntExpertMat)));
+  s.in_rows = reinterpret_cast<int*>(take(k * sizeof(int)));
+  s.out_rows = reinterpret_cast<int*>(take(k * sizeof(int)));
+  s.xs = take(H * int_dot::kParts);
+  s.xp = reinterpret_cast<float*>(take(H / size_t(proj[0].group) * sizeof(float)));
+  s.xsum = reinterpret_cast<float*>(take(H / size_t(proj[0].group) * sizeof(float)));
+  s.hs = take(k * I * int_dot::kParts);
+  s.hp = reinterpret_cast<float*>(take(k * I / size_t(proj[2].group) * sizeof(float)));
+  s.hsum = reinterpret_cast<float*>(take(k * I / size_t(proj[2].group) * sizeof(float)));
+  s.h = reinterpret_cast<float*>(take(k * I * sizeof(float)));
+  s.u = reinterpret_cast<float*>(take(k * I * sizeof(float)));
+  s.bytes = at;
   return s;
 }
 
@@ -277,6 +349,13 @@ void launch_gemm(const GemmArgs& a, unsigned tiles, unsigned mats, IntGemmTiles 
     case 42: return launch_unrolled<BITS, 4, 2>(a, tiles, mats, t.unroll);
     default: arg_fail("cuda::int_gemm: no warp tile of " + std::to_string(t.mt) + " x " + std::to_string(t.nt));
   }
+}
+
+Mat layout_mat(const RecordMat& p) {
+  Mat m;
+  m.type = WeightType::Affine, m.rows = p.rows, m.cols = p.cols, m.bits = p.bits, m.group = p.group;
+  m.scale_type = p.scale_type;
+  return m;
 }
 
 bool layout_of(const Mat& W) {
@@ -352,12 +431,47 @@ void int_experts(const IntExperts& e, const float* x, int T, float* partial, Int
                d_mats.data(), e.n, {}, d_items.data(), 0, e.token_rows, {h.data(), u.data()}, I, nullptr, nullptr};
     launch_gemm<B>(a, unsigned(items.size()), 2, tiles);
   });
-  silu_mul(h.data(), u.data(), h.data(), int64_t(users) * I);
+  silu_mul_exact(h.data(), u.data(), int64_t(users) * I);
   with_bits<4, 8>(dl.bits, "cuda::int_experts", [&](auto B) {
     const Split s = split<B>(h.data(), users, I, dl.group);
     GemmArgs a{s.bytes.data(), s.pow2.data(), s.xsum.data(), I, I / dl.group, dl.group, H, dl.scale_type,
                d_mats.data() + 2 * e.n, e.n, {}, d_items.data(), 0, nullptr, {partial, nullptr}, H, e.users, e.weights};
     launch_gemm<B>(a, unsigned(items.size()), 1, tiles);
+  });
+}
+
+bool int_records_layout(const RecordMat (&proj)[3]) {
+  return int_experts_layout(layout_mat(proj[0]), layout_mat(proj[1]), layout_mat(proj[2]));
+}
+
+size_t int_records_scratch_bytes(int K, const RecordMat (&proj)[3]) { return carve_scratch(nullptr, K, proj).bytes; }
+
+void int_expert_records(const float* x, int K, const uint8_t* const* records, const float* weights,
+                        const RecordMat (&proj)[3], float* partial, void* scratch) {
+  if (!int_records_layout(proj))
+    arg_fail("cuda::int_expert_records: no integer kernel for gate/up " + layout_name(layout_mat(proj[0])) +
+             " and down " + layout_name(layout_mat(proj[2])));
+  if (K <= 0) return;
+  if (!aligned(x, 16) || !aligned(partial, 16) || !aligned(scratch, 16))
+    arg_fail("cuda::int_expert_records: x, partial and scratch must be 16-byte aligned");
+  const RecordScratch s = carve_scratch(static_cast<uint8_t*>(scratch), K, proj);
+  const int H = proj[0].cols, I = proj[0].rows;
+  record_items_kernel<<<unsigned((K + 31) / 32), 32, 0, compute_stream()>>>(records, K, proj[0], proj[1], proj[2],
+                                                                            s.items, s.mats, s.in_rows, s.out_rows);
+  CUDA_CHECK_LAUNCH();
+  const RecordMat &gl = proj[0], &dl = proj[2];
+  with_bits<4, 8>(gl.bits, "cuda::int_expert_records", [&](auto B) {
+    split_into<B>(x, 1, H, gl.group, s.xs, s.xp, s.xsum);
+    GemmArgs a{s.xs, s.xp, s.xsum, H, H / gl.group, gl.group, I, gl.scale_type, s.mats, K, {}, s.items, 0,
+               s.in_rows, {s.h, s.u}, I, nullptr, nullptr};
+    launch_gemm<B>(a, unsigned(K), 2, kExpertTiles);
+  });
+  silu_mul_exact(s.h, s.u, int64_t(K) * I);
+  with_bits<4, 8>(dl.bits, "cuda::int_expert_records", [&](auto B) {
+    split_into<B>(s.h, K, I, dl.group, s.hs, s.hp, s.hsum);
+    GemmArgs a{s.hs, s.hp, s.hsum, I, I / dl.group, dl.group, H, dl.scale_type, s.mats + 2 * K, K, {}, s.items, 0,
+               nullptr, {partial, nullptr}, H, s.out_rows, weights};
+    launch_gemm<B>(a, unsigned(K), 1, kExpertTiles);
   });
 }
 

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/ops.h"
 #include "kernels/weights.h"
 
 namespace ms::cuda {
@@ -71,5 +72,15 @@ bool int_experts_layout(const Mat& gate, const Mat& up, const Mat& down);
 // [T, H] the token rows; the rows of `partial` ([T·K, H]) no user names are left as they are.
 void int_experts(const IntExperts& e, const float* x, int T, float* partial);
 void int_experts(const IntExperts& e, const float* x, int T, float* partial, IntGemmTiles tiles);
+
+// A decode token's routed experts straight from their records, in int_experts' bits (and so
+// cpu::int_expert's): slot k of K runs the record at records[k] (a device array; a null entry is
+// skipped, its row of partial left as it is, for an expert computed elsewhere) and writes
+// partial[k] = weights[k] · down(silu(gate·x) · (up·x)), x [H]. Nothing comes from the host: a
+// step's graph may hold it. scratch: int_records_scratch_bytes(K, proj), 16-byte aligned.
+bool int_records_layout(const RecordMat (&proj)[3]);
+size_t int_records_scratch_bytes(int K, const RecordMat (&proj)[3]);
+void int_expert_records(const float* x, int K, const uint8_t* const* records, const float* weights,
+                        const RecordMat (&proj)[3], float* partial, void* scratch);
 
 }  // namespace ms::cuda

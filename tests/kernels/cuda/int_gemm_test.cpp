@@ -1,9 +1,10 @@
 // cuda::int_matmul against cpu::int_matmul bit for bit (kernels/int_dot.h: the same bits on both
 // devices), over the layouts it takes, partial row and token tiles, small values beside large
-// ones, NaN and infinity; cuda::int_experts against its parts (int_matmul, silu_mul) run one
-// expert at a time, bit for bit; and matmul's choice of it where int_matmul_pays.
+// ones, NaN and infinity; cuda::int_experts and int_expert_records against cpu::int_expert (the
+// hybrid decode's CPU expert), bit for bit; and matmul's choice of it where int_matmul_pays.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "kernels/cpu/int_expert.h"
 #include "kernels/cpu/int_matmul.h"
 #include "kernels/cuda/int_gemm.h"
 #include "kernels/cuda/ops.h"
@@ -156,9 +158,9 @@ TEST(CudaIntGemm, CarriesNaNAndInfinityAsTheCpu) {
 }
 
 // int_experts over random routes (some experts unused, one with more users than a token tile)
-// against each expert run alone through int_matmul and silu_mul on its gathered rows, bit for bit;
-// rows of `partial` no user names keep their values.
-TEST(CudaIntGemm, ExpertsMatchTheirPartsBitForBit) {
+// against cpu::int_expert user by user, bit for bit (and other warp tiles likewise); rows of
+// `partial` no user names keep their values.
+TEST(CudaIntGemm, ExpertsMatchTheCpuExpertBitForBit) {
   MS_REQUIRE_CUDA();
   struct Case {
     int bits_gate_up, bits_down, group, H, I, E, K, T;
@@ -214,32 +216,94 @@ TEST(CudaIntGemm, ExpertsMatchTheirPartsBitForBit) {
       int_experts(ie, dx.data(), c.T, other.data(), t);
       by_tile.push_back(bits(other));
     }
-    // The reference: each expert alone on its gathered rows.
+    // The reference: cpu::int_expert, user by user (the CPU expert of the hybrid decode).
     Vec partial = sentinel;
-    for (int e = 0; e < c.E; ++e) {
-      const int n = int(users[size_t(e)].size());
-      if (n == 0) continue;
-      Vec xe(size_t(n) * c.H);
-      for (int i = 0; i < n; ++i)
-        std::copy_n(x.data() + size_t(token_rows[begin[size_t(e)] + size_t(i)]) * c.H, c.H, xe.data() + size_t(i) * c.H);
-      DeviceArray<float> dxe = dev(xe), dg(size_t(n) * c.I, DeviceAlloc::Now), du(size_t(n) * c.I, DeviceAlloc::Now),
-                         dy(size_t(n) * c.H, DeviceAlloc::Now);
-      int_matmul(dxe.data(), n, gate[size_t(e)].device, dg.data());
-      int_matmul(dxe.data(), n, up[size_t(e)].device, du.data());
-      silu_mul(dg.data(), du.data(), dg.data(), int64_t(n) * c.I);
-      int_matmul(dg.data(), n, down[size_t(e)].device, dy.data());
-      const Vec y = host(dy);
-      for (int i = 0; i < n; ++i) {
-        const size_t j = begin[size_t(e)] + size_t(i);
-        for (int h = 0; h < c.H; ++h)
-          partial[size_t(user_ids[j]) * c.H + h] = weights[j] * y[size_t(i) * c.H + h];
-      }
-    }
+    for (int e = 0; e < c.E; ++e)
+      for (size_t j = begin[size_t(e)]; j < end[size_t(e)]; ++j)
+        cpu::int_expert(x.data() + size_t(token_rows[j]) * c.H, gate[size_t(e)].host, up[size_t(e)].host,
+                        down[size_t(e)].host, weights[j], partial.data() + size_t(user_ids[j]) * c.H);
     const std::vector<uint32_t> gb = bits(got), wb = float_bits(partial);
     const std::string what = "gate/up q" + std::to_string(c.bits_gate_up) + " down q" + std::to_string(c.bits_down) +
                              " g" + std::to_string(c.group) + " E" + std::to_string(c.E) + " T" + std::to_string(c.T);
     EXPECT_EQ(first_mismatch(gb, wb), gb.size()) << what;
     for (const auto& b : by_tile) EXPECT_EQ(first_mismatch(b, wb), b.size()) << what << ", another warp tile";
+  }
+}
+
+// A decode token's experts from records (the pools' layout): every slot's row the bits of
+// cpu::int_expert on the same record in host memory; a null slot's row left as it was.
+TEST(CudaIntGemm, RecordsMatchTheCpuExpertBitForBit) {
+  MS_REQUIRE_CUDA();
+  struct Case {
+    int bits_gate_up, bits_down, group, H, I, K;
+    ScaleType st;
+  };
+  const Case cases[] = {{4, 4, 64, 256, 128, 4, ScaleType::BF16}, {4, 4, 32, 128, 64, 3, ScaleType::F16},
+                        {8, 8, 128, 256, 128, 2, ScaleType::BF16}, {8, 4, 64, 128, 96, 5, ScaleType::F16},
+                        {4, 8, 32, 128, 64, 3, ScaleType::BF16},  {4, 4, 128, 512, 256, 2, ScaleType::F16}};
+  Rng rng(17);
+  for (const Case& c : cases) {
+    // K records, each gate, up and down with their scales and biases at 16-byte-aligned offsets.
+    std::vector<DeviceQuant> parts;
+    RecordMat proj[3];
+    size_t at = 0;
+    auto place = [&](size_t bytes) {
+      const size_t p = at;
+      at = (at + bytes + 15) / 16 * 16;
+      return p;
+    };
+    const int shapes[3][3] = {{c.I, c.H, c.bits_gate_up}, {c.I, c.H, c.bits_gate_up}, {c.H, c.I, c.bits_down}};
+    for (int m = 0; m < 3; ++m) {
+      const int rows = shapes[m][0], cols = shapes[m][1], bits = shapes[m][2];
+      const size_t words = size_t(rows) * size_t(cols / c.group);
+      proj[m] = {.bits = bits, .group = c.group, .rows = rows, .cols = cols};
+      proj[m].q_offset = place(size_t(rows) * cols * bits / 8);
+      proj[m].scales_offset = place(words * 2);
+      proj[m].biases_offset = place(words * 2);
+      proj[m].scale_type = c.st;
+    }
+    const size_t stride = at;
+    std::vector<uint8_t> records(stride * size_t(c.K));
+    std::vector<std::array<QuantMat, 3>> host_mats;
+    for (int k = 0; k < c.K; ++k) {
+      std::array<QuantMat, 3> hm;
+      for (int m = 0; m < 3; ++m) {
+        parts.push_back(device_quant(rng, shapes[m][0], shapes[m][1], shapes[m][2], c.group, c.st));
+        const QuantMat& src = parts.back().host;
+        uint8_t* rec = records.data() + size_t(k) * stride;
+        const size_t words = size_t(src.rows) * size_t(src.groups_per_row());
+        std::memcpy(rec + proj[m].q_offset, src.q, src.row_bytes() * size_t(src.rows));
+        std::memcpy(rec + proj[m].scales_offset, src.scales, words * 2);
+        std::memcpy(rec + proj[m].biases_offset, src.biases, words * 2);
+        hm[size_t(m)] = {rec + proj[m].q_offset, reinterpret_cast<const uint16_t*>(rec + proj[m].scales_offset),
+                         reinterpret_cast<const uint16_t*>(rec + proj[m].biases_offset), src.rows, src.cols, src.bits,
+                         src.group, c.st};
+      }
+      host_mats.push_back(hm);
+    }
+    ASSERT_TRUE(int_records_layout(proj));
+    DeviceArray<uint8_t> d_records = DeviceArray<uint8_t>::from(records, DeviceAlloc::Now);
+    std::vector<const uint8_t*> table;
+    for (int k = 0; k < c.K; ++k) table.push_back(k == 1 ? nullptr : d_records.data() + size_t(k) * stride);
+    DeviceArray<const uint8_t*> d_table = DeviceArray<const uint8_t*>::from(table, DeviceAlloc::Now);
+    std::vector<float> weights;
+    for (int k = 0; k < c.K; ++k) weights.push_back(rng.uniform(0.1f, 1.f));
+    DeviceArray<float> d_weights = DeviceArray<float>::from(weights, DeviceAlloc::Now);
+    const Vec x = inputs(rng, size_t(c.H));
+    DeviceArray<float> dx = dev(x);
+    const Vec sentinel(size_t(c.K) * c.H, 12345.f);
+    DeviceArray<float> got = dev(sentinel);
+    DeviceArray<uint8_t> scratch(int_records_scratch_bytes(c.K, proj), DeviceAlloc::Now);
+    int_expert_records(dx.data(), c.K, d_table.data(), d_weights.data(), proj, got.data(), scratch.data());
+    Vec want = sentinel;
+    for (int k = 0; k < c.K; ++k)
+      if (k != 1)
+        cpu::int_expert(x.data(), host_mats[size_t(k)][0], host_mats[size_t(k)][1], host_mats[size_t(k)][2],
+                        weights[size_t(k)], want.data() + size_t(k) * c.H);
+    const std::vector<uint32_t> gb = bits(got), wb = float_bits(want);
+    EXPECT_EQ(first_mismatch(gb, wb), gb.size())
+        << "gate/up q" << c.bits_gate_up << " down q" << c.bits_down << " g" << c.group << " "
+        << scale_type_name(c.st) << " K" << c.K;
   }
 }
 
