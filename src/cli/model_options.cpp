@@ -15,6 +15,7 @@
 #include "format/engine_dir.h"
 #include "runtime/stats.h"
 #include "util/error.h"
+#include "util/thread_pool.h"
 #include "util/json.h"
 #include "writers/convert.h"
 #include "writers/import_gguf.h"
@@ -210,6 +211,17 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
   cmd->add_option("--prefetch-staging", a.prefetch_staging,
                   "Buffers prefetch reads land in (default: 2 x the widest width x the layers ahead); in the memory plan")
       ->check(int_in(1, 1 << 16));
+  cmd->add_option("--cpu-experts", a.cpu_experts,
+                  "cuda: where a decode token's experts missing from VRAM run: auto (each copied to VRAM or computed by "
+                  "the CPU from the host tier, by measured cost; the same answer either way), off (every miss copied), "
+                  "or N (the first N MoE layers' experts always on the CPU, as llama.cpp's --n-cpu-moe)")
+      ->capture_default_str()
+      ->check(parses_with([](const std::string& s) { parse_cpu_experts(s); }, "auto|off|N"));
+  cmd->add_option("--threads", a.threads, "CPU threads for the CPU's kernels and experts (default: MOESTREAM_THREADS or the cores)")
+      ->check(int_in(1, 1024));
+  cmd->add_option("--h2d-rate", a.h2d_rate,
+                  "cuda, benchmarks: pace host-to-VRAM copies to this rate (e.g. 25G for a PCIe 4 card), bytes a second")
+      ->check(byte_size());
   cmd->add_flag("--no-cuda-graphs", a.no_cuda_graphs,
                 "cuda: launch each kernel of a decode step from the host instead of replaying the step as a CUDA graph");
 }
@@ -269,6 +281,11 @@ ModelOptions model_options(const ModelArgs& a) {
   // keeps staging only.
   o.host_cache_auto = o.device == Device::Cuda && (a.host_cache.empty() || a.host_cache == "auto");
   o.cuda_graphs = !a.no_cuda_graphs;
+  o.cpu_experts = parse_cpu_experts(a.cpu_experts);
+  if (o.device == Device::Cpu && (a.cpu_experts != "auto" || !a.h2d_rate.empty()))
+    fail("--cpu-experts and --h2d-rate place experts between the CPU and the GPU: they need --device cuda");
+  if (!a.h2d_rate.empty()) o.experts.h2d_rate = double(parse_bytes(a.h2d_rate));
+  if (a.threads > 0) ThreadPool::set_global_threads(a.threads);
   if (!a.vram.empty()) o.vram_budget = parse_bytes(a.vram);
   if (!a.host_cache.empty() && a.host_cache != "auto" && a.host_cache != "0") o.host_cache = parse_bytes(a.host_cache);
   o.host_policy = parse_policy(a.host_policy);
@@ -346,6 +363,23 @@ void print_vram_tiers(const TierSummary& v, const TierSummary& h, std::FILE* out
              v.prefetch_summary.demand_misses);
 }
 
+// Where the VRAM tier's decode experts ran (the hybrid decode), in total and layer by layer.
+void print_placement(const PoolTier& vram, std::FILE* out) {
+  if (vram.placement.empty()) return;
+  fmt::print(out, "placement: {}\n", vram.placement);
+  PlacementStats total;
+  for (const LayerStats& l : vram.layers) total += l.placed;
+  if (total.gpu + total.copied + total.cpu == 0) return;
+  fmt::print(out, "{:>22} {:>9} {:>9} {:>9} {:>11} {:>11}\n", "layer", "in vram", "copied", "on cpu", "cpu busy s",
+             "gpu wait s");
+  auto row = [&](const std::string& name, const PlacementStats& p) {
+    fmt::print(out, "{:>22} {:>9} {:>9} {:>9} {:>11.3f} {:>11.3f}\n", name, p.gpu, p.copied, p.cpu, p.cpu_busy_s,
+               p.gpu_wait_s);
+  };
+  for (const LayerStats& l : vram.layers) row(l.name, l.placed);
+  row("total", total);
+}
+
 }  // namespace
 
 void print_expert_stats(const Model& model, std::FILE* out) {
@@ -364,6 +398,7 @@ void print_expert_stats(const Model& model, std::FILE* out) {
   }
   if (tiers.size() == 2) {  // a VRAM pool over a host tier: both stages of a miss
     print_vram_tiers(summarize_tier(tiers[0]), summarize_tier(tiers[1]), out);
+    print_placement(tiers[0], out);
     print_prefetch_stats(model, out);
     return;
   }

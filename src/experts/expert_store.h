@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "experts/expert_files.h"
+#include "experts/placement.h"
 #include "experts/pool.h"
 #include "experts/prefetch.h"
 #include "experts/usage.h"
@@ -33,6 +34,9 @@ struct StoreOptions {
   // Fault the slots' memory in at start: where a budget (--memory, --host-cache) sized the
   // pools. Unsized pools (every expert by default) may exceed the machine and fill only partly.
   bool prefault = false;
+  // The VRAM pools' copy link paced to this many bytes a second (--h2d-rate, a benchmark's
+  // stand-in for a slower PCIe link); 0: as fast as it goes.
+  double h2d_rate = 0;
 };
 
 struct LayerStats {
@@ -42,6 +46,7 @@ struct LayerStats {
   PoolStats pool;
   PrefetchStats prefetch;
   std::vector<uint8_t> present;  // [n_experts]: 1 where the expert is in the pool now
+  PlacementStats placed;         // the VRAM pools' layers under the hybrid decode; zero elsewhere
 };
 
 class ExpertStore;

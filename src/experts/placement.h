@@ -6,6 +6,7 @@
 // its CPU side, the round trip of the layer's input and partial sums, then its experts' compute.
 // place_misses balances the two sides from rates measured at start and kept current
 // (RateEstimate), so that neither waits for the other longer than it must.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,18 @@ Placement place_misses(const LayerMisses& m, const PlacementRates& r);
 
 // Each side's expected time for a given split (place_misses' model).
 Placement cost_of(const LayerMisses& m, const PlacementRates& r, int n_cpu);
+
+// Where a layer's routed experts ran, over some decode steps: computed on the GPU from VRAM
+// (hits), copied into VRAM then computed there, or computed by the CPU; and each side's time.
+struct PlacementStats {
+  uint64_t gpu = 0, copied = 0, cpu = 0;
+  double cpu_busy_s = 0;  // the CPU computing experts
+  double gpu_wait_s = 0;  // the GPU idle until the CPU's sums arrived
+  PlacementStats& operator+=(const PlacementStats& o) {
+    gpu += o.gpu, copied += o.copied, cpu += o.cpu, cpu_busy_s += o.cpu_busy_s, gpu_wait_s += o.gpu_wait_s;
+    return *this;
+  }
+};
 
 // A rate kept current from measurements: an exponential moving average (weight `alpha` on each
 // new sample) that starts from the value measured at start. Samples that are not positive finite

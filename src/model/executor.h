@@ -73,6 +73,7 @@ struct PoolTier {
   const char* name = "ram";  // "vram", "host" (the GPU's host tier) or "ram" (the CPU's pools)
   double measured_gb_s = 0;
   TierLoad load;
+  std::string placement;  // the VRAM tier's: where a decode token's misses run (--cpu-experts)
 };
 
 // Gets each step's result (its token picked) in turn; returns whether to run another step.

@@ -335,6 +335,25 @@ MemoryPlan plan_checkpoint(const std::string& dir, const ModelConfig& cfg, uint6
   }
 }
 
+namespace {
+
+// --cpu-experts N: the first N MoE layers compute every expert on the CPU, so their pools keep
+// only the floor (one token's experts) and the slots they leave go to the other layers, as
+// llama.cpp's --n-cpu-moe gives the VRAM to the layers it keeps.
+void give_static_layers_floor(StoreOptions& vram, const EngineIndex& index, int top_k, const CpuExperts& c) {
+  const int L = int(index.layers.size()), n_static = std::min(c.layers, L);
+  if (n_static == 0 || n_static == L) return;
+  int64_t total = 0;
+  for (const ExpertLayer& l : index.layers) total += layer_capacity(vram, l);
+  const int64_t rest = std::max<int64_t>(0, total - int64_t(n_static) * top_k) / (L - n_static);
+  for (int i = 0; i < L; ++i) {
+    const ExpertLayer& l = index.layers[size_t(i)];
+    vram.layer_caps[model_layer_of(l.name)] = i < n_static ? top_k : int(std::min<int64_t>(rest, l.n_experts));
+  }
+}
+
+}  // namespace
+
 StoreOptions vram_store_options(const std::string& dir, const ModelConfig& cfg, const EngineIndex& index,
                                 uint64_t dense_bytes, uint64_t free_vram, const ModelOptions& asked, MemoryPlan& plan) {
   // Under --prefetch auto the VRAM pools copy nothing ahead: on the H100 the copies ahead of the
@@ -357,6 +376,7 @@ StoreOptions vram_store_options(const std::string& dir, const ModelConfig& cfg, 
   } else if (opt.experts.prefetch.mode != PrefetchMode::Off) {
     vram.prefetch.staging = staging_buffers(opt.experts.prefetch, cfg.top_k);
   }
+  if (opt.cpu_experts.mode == CpuExperts::Mode::Layers) give_static_layers_floor(vram, index, cfg.top_k, opt.cpu_experts);
   check_floor(dir, vram, index, cfg.top_k, "VRAM ");
   return vram;
 }

@@ -61,6 +61,8 @@ struct ModelOptions {
   // Cuda: run each decode step as a CUDA graph, captured once per sequence, where every routed
   // expert is resident in VRAM (a step then has no host round trip until the sampled token).
   bool cuda_graphs = true;
+  // Cuda: where the VRAM misses of a decode token run (--cpu-experts; experts/placement.h).
+  CpuExperts cpu_experts;
   // The default for every generation (a server request may ask otherwise); with mtp on the plan
   // counts the linear-attention states a verify keeps per drafted token.
   SpeculativeOptions speculative;

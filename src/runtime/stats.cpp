@@ -94,12 +94,14 @@ StatsSnapshot EngineStats::snapshot() const {
 }
 
 TierSummary summarize_tier(const PoolTier& t) {
-  TierSummary r{.name = t.name, .moves = t.moves, .measured_gb_s = t.measured_gb_s, .load = t.load};
+  TierSummary r{.name = t.name, .moves = t.moves, .measured_gb_s = t.measured_gb_s, .load = t.load,
+                .placement = t.placement};
   for (const LayerStats& l : t.layers) {
     r.slots += l.capacity;
     r.resident += l.resident;
     r.pool += l.pool;
     r.prefetch += l.prefetch;
+    r.placed += l.placed;
   }
   r.prefetch_summary = summarize(r.prefetch, r.pool.misses);
   return r;
@@ -127,11 +129,15 @@ PrefetchReport prefetch_report(const Model& model) {
 }
 
 namespace {
+ojson placement_json(const PlacementStats& p) {
+  return {{"gpu", p.gpu}, {"copied", p.copied}, {"cpu", p.cpu}, {"cpu_busy_s", p.cpu_busy_s}, {"gpu_wait_s", p.gpu_wait_s}};
+}
+
 ojson tiers_json(const std::vector<TierSummary>& tiers) {
   ojson out = ojson::array();
   for (const TierSummary& t : tiers) {
     const PoolStats& p = t.pool;
-    out.push_back({{"tier", t.name},
+    ojson tier = {{"tier", t.name},
                    {"moves", t.moves},
                    {"slots", t.slots},
                    {"resident", t.resident},
@@ -157,7 +163,12 @@ ojson tiers_json(const std::vector<TierSummary>& tiers) {
                      {"pinned", t.load.pinned},
                      {"bytes", t.load.bytes},
                      {"seconds", t.load.seconds},
-                     {"gb_s", t.load.gb_s()}}}});
+                     {"gb_s", t.load.gb_s()}}}};
+    if (!t.placement.empty()) {  // the VRAM tier: where its misses ran
+      tier["placement"] = placement_json(t.placed);
+      tier["placement"]["mode"] = t.placement;
+    }
+    out.push_back(std::move(tier));
   }
   return out;
 }
@@ -216,6 +227,7 @@ ojson to_json(const StatsSnapshot& s) {
     layers.push_back(std::move(j));
   }
   ojson pool = ojson::array();
+  const bool hybrid = !s.tiers.empty() && !s.tiers.front().placement.empty();  // the VRAM tier's layers
   PoolStats total;
   uint64_t all_miss_bytes = 0;
   for (const LayerStats& l : s.pool) {
@@ -223,6 +235,7 @@ ojson to_json(const StatsSnapshot& s) {
     pool.push_back({{"layer", l.name}, {"slots", l.capacity}, {"resident", l.resident}, {"hits", p.hits},
                     {"misses", p.misses}, {"evictions", p.evictions}, {"hit_rate", p.hit_rate()},
                     {"bytes_read", p.bytes_read}, {"read_s", p.read_s}, {"stall_s", p.stall_s}});
+    if (hybrid) pool.back()["placement"] = placement_json(l.placed);
     total += p;
     all_miss_bytes += (p.hits + p.misses) * l.slot_bytes;
   }

@@ -73,6 +73,8 @@ struct TierSummary {
   PrefetchSummary prefetch_summary;
   double measured_gb_s = 0;  // the link's rate measured at start; 0 where not measured
   TierLoad load;
+  std::string placement;  // PoolTier's: where the VRAM tier's misses run ("" elsewhere)
+  PlacementStats placed;  // over layers
   double gb_s() const { return pool.read_s > 0 ? double(pool.bytes_read) / pool.read_s / 1e9 : 0.0; }
   // The share of the moves' time the compute did not wait for (1: hidden behind compute).
   double overlap() const { return pool.read_s > 0 ? std::max(0.0, 1.0 - pool.stall_s / pool.read_s) : 0.0; }

@@ -67,6 +67,17 @@ void tier_metrics(Writer& w, const std::vector<TierSummary>& tiers) {
     w.family(f.name, f.type, f.help);
     for (const TierSummary& t : tiers) w.sample(f.name, f.value(t), fmt::format("tier=\"{}\"", t.name));
   }
+  for (const TierSummary& t : tiers) {
+    if (t.placement.empty()) continue;  // only the VRAM tier places its misses
+    const PlacementStats& p = t.placed;
+    w.family("experts_placed_total", "counter",
+             "Routed experts of decode steps by where they ran: in VRAM, copied to VRAM, or on the CPU.");
+    w.sample("experts_placed_total", double(p.gpu), "where=\"gpu\"");
+    w.sample("experts_placed_total", double(p.copied), "where=\"copied\"");
+    w.sample("experts_placed_total", double(p.cpu), "where=\"cpu\"");
+    w.metric("hybrid_cpu_busy_seconds_total", "counter", "Time the CPU computed experts beside the GPU.", p.cpu_busy_s);
+    w.metric("hybrid_gpu_wait_seconds_total", "counter", "Time the GPU waited for the CPU's experts.", p.gpu_wait_s);
+  }
 }
 
 }  // namespace

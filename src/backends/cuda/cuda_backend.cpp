@@ -53,6 +53,7 @@ int CudaBackend::pick(const float* logits, int vocab, const PickInputs& in) cons
 
 void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const float* x, float* out, int* routes,
                              float* router_probs) const {
+  if (hybrid) return moe_decode_int(cfg, w, x, out, routes, router_probs);
   // The shared expert's buffers live past the join: taken and given back on the compute stream.
   const bool has_shared = cfg.shared_inter > 0;
   const size_t shared_inter = has_shared ? size_t(w.shared_expert.gate.rows) : 0;
@@ -110,6 +111,87 @@ void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const 
   }
   if (has_shared && !gate_with_router) shared_gate_add(out, shared.data(), x, mat(w.shared_expert_gate), 1, cfg.hidden);
   // Slots held until the kernels are queued: the copy stream orders any refill after them.
+  if (!table) experts->release(layer);
+  if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});
+}
+
+HybridExperts::Split CudaBackend::place_and_acquire(int layer, int K, cuda::DeviceArray<const uint8_t*>& records) const {
+  hybrid->settle();  // the last layer's GPU times: the wait above finished them
+  const int* ids = hybrid->ids_host();
+  experts->count_routes(layer, ids, K);  // the usage history's counts
+  const HybridExperts::Split split = hybrid->place(layer, ids, K);
+  std::vector<int> gpu_ids;
+  for (int k : split.gpu_slots) gpu_ids.push_back(ids[k]);
+  const std::vector<const uint8_t*> acquired = experts->acquire(layer, gpu_ids);
+  std::vector<const uint8_t*> table(size_t(K), nullptr);
+  for (size_t i = 0; i < split.gpu_slots.size(); ++i) table[size_t(split.gpu_slots[i])] = acquired[i];
+  // Queued, not waited for (as moe_decode's): the compute stream waits for the misses' copies.
+  cuda::copy_to_device_async(records.data(), table.data(), table.size() * sizeof(const uint8_t*));
+  return split;
+}
+
+void CudaBackend::moe_decode_int(const ModelConfig& cfg, const FfnWeights& w, const float* x, float* out, int* routes,
+                                 float* router_probs) const {
+  const bool has_shared = cfg.shared_inter > 0;
+  const size_t shared_inter = has_shared ? size_t(w.shared_expert.gate.rows) : 0;
+  Buf shared = alloc(has_shared ? size_t(cfg.hidden) : 0), shared_h = alloc(shared_inter), shared_u = alloc(shared_inter);
+  std::optional<cuda::SideStream> side;
+  if (has_shared) {
+    side.emplace();
+    mlp(mlp_weights(w.shared_expert), x, 1, shared_h.data(), shared_u.data(), shared.data());
+    side->end();
+  }
+  const int E = cfg.n_experts, K = cfg.top_k, H = cfg.hidden, layer = w.store_layer;
+  if ((size_t(layer) + 1) * size_t(K) > state.route_ids.size())
+    fail("expert layer {} is past the {} layers of routes a forward keeps", layer, state.route_ids.size() / size_t(K));
+  const bool gate_with_router = has_shared && weights.stacked({&w.router, &w.shared_expert_gate});
+  Buf logits = alloc(size_t(E) + 1), weights_buf = alloc(size_t(K));
+  int* ids = state.route_ids.data() + size_t(layer) * size_t(K);
+  float* probs = state.route_probs.data() + size_t(layer) * size_t(E);
+  if (gate_with_router) matmul_stack(x, 1, {&w.router, &w.shared_expert_gate}, logits.data());
+  else matmul(x, 1, mat(w.router), logits.data());
+  const uint8_t* const* table = experts->resident_table(layer);
+  cuda::DeviceArray<const uint8_t*> records{size_t(K)};
+  cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs, ids, weights_buf.data(), table, records.data());
+  const std::array<ProjLayout, 3>& p = w.record_layout->proj;
+  auto record_mat = [](const ProjLayout& l) {
+    return cuda::RecordMat{.bits = l.bits, .group = l.group, .rows = l.rows, .cols = l.cols, .q_offset = l.q_offset,
+                           .scales_offset = l.scales_offset, .biases_offset = l.biases_offset,
+                           .scale_type = l.scale_type};
+  };
+  const cuda::RecordMat proj[3] = {record_mat(p[0]), record_mat(p[1]), record_mat(p[2])};
+  HybridExperts::Split split;
+  if (!table) {
+    hand_over_predictions(layer);
+    // One wait brings the layer's input, ids and weights to the host (pinned: the three copies
+    // queue together).
+    cuda::copy_to_host_async(hybrid->x_host(), x, size_t(H) * sizeof(float));
+    cuda::copy_to_host_async(hybrid->ids_host(), ids, size_t(K) * sizeof(int));
+    cuda::copy_to_host_async(hybrid->weights_host(), weights_buf.data(), size_t(K) * sizeof(float));
+    hybrid->wait_for_compute();
+    split = place_and_acquire(layer, K, records);
+  }
+  Buf partial = alloc(size_t(K) * size_t(H));
+  cuda::DeviceArray<uint8_t> scratch(cuda::int_records_scratch_bytes(K, proj));
+  if (!table) hybrid->gpu_experts().start();
+  cuda::int_expert_records(x, K, records.data(), weights_buf.data(), proj, partial.data(), scratch.data());
+  if (!table) {
+    hybrid->gpu_experts().stop();
+    double cpu_s = 0;
+    if (!split.cpu_slots.empty()) {
+      hybrid->gpu_wait().start();
+      cpu_s = hybrid->compute(layer, split.cpu_slots);
+      for (int k : split.cpu_slots)
+        cuda::copy_to_device_async(partial.data() + size_t(k) * size_t(H), hybrid->rows_host() + size_t(k) * size_t(H),
+                                   size_t(H) * sizeof(float));
+      hybrid->gpu_wait().stop();
+    }
+    hybrid->record(layer, split, cpu_s);
+  }
+  if (side) side->join();
+  cuda::sum_slots(partial.data(), 1, K, H, out);
+  if (gate_with_router) cuda::shared_logit_add(out, shared.data(), logits.data() + E, 1, H);
+  else if (has_shared) shared_gate_add(out, shared.data(), x, mat(w.shared_expert_gate), 1, H);
   if (!table) experts->release(layer);
   if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});
 }

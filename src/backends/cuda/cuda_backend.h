@@ -12,6 +12,7 @@
 #include "backends/cuda/device_state.h"
 #include "backends/cuda/device_store.h"
 #include "backends/cuda/device_weights.h"
+#include "backends/cuda/hybrid.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/int_gemm.h"
 #include "kernels/cuda/ops.h"
@@ -32,6 +33,9 @@ struct CudaBackend {
   // The position of the tokens, read on the GPU where given (a captured decode step's), instead
   // of the pos0 the calls pass.
   const int* step_pos = nullptr;
+  // The hybrid decode (--cpu-experts other than off): a decode token's routed experts take the
+  // integer product, and the VRAM misses the placement gives the CPU are computed there.
+  HybridExperts* hybrid = nullptr;
 
   Buf alloc(size_t n) const { return Buf(n); }
   Buf upload(const std::vector<float>& host) const { return Buf::from(host.data(), host.size()); }
@@ -205,6 +209,15 @@ struct CudaBackend {
   // of the router's. Where T is 1 and the layer's experts are an engine directory's.
   void moe_decode(const ModelConfig& cfg, const FfnWeights& w, const float* x, float* out, int* routes,
                   float* router_probs) const;
+  // moe_decode under the hybrid decode: the routed experts by cuda::int_expert_records into a row
+  // per slot, summed in slot order (sum_slots), then the shared expert's gated add. Where the
+  // layer streams, the ids, weights and input come to the host in one wait, the placement splits
+  // the misses between copies and the CPU, and the CPU's rows go up before the sum.
+  void moe_decode_int(const ModelConfig& cfg, const FfnWeights& w, const float* x, float* out, int* routes,
+                      float* router_probs) const;
+  // The GPU's half of a streamed layer under the hybrid decode: records of its slots (null for
+  // the CPU's) on the device, copied misses included. Returns the split.
+  HybridExperts::Split place_and_acquire(int layer, int K, cuda::DeviceArray<const uint8_t*>& records) const;
 };
 
 }  // namespace ms

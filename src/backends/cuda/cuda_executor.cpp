@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/hybrid.h"
 #include "kernels/cuda/device.h"
 #include "model/forward.h"
 #include "model/moe.h"
@@ -41,6 +42,7 @@ class CudaExecutor final : public Executor {
           vram_store_options(dir, cfg_, host->index(), weights_->bytes(), usable_free_vram(), opt, plan);
       m.set_memory_plan(plan);
       pool_ = std::make_unique<DeviceExpertStore>(*host, vram);
+      setup_hybrid(opt.cpu_experts);
       // The pools that stream start from the usage history's hottest experts (--warm-start).
       if (pool_->streams())
         pool_->warm(m.warm_set([&](int l) { return pool_->free_capacity(l); }, opt), opt.warm_start == WarmStart::Pin);
@@ -85,10 +87,16 @@ class CudaExecutor final : public Executor {
     const TierLoad host_load = m_.warm_report().tier_load();
     return {{fmt::format("VRAM expert pool ({} MiB; misses come from the host tier by the copy stream)",
                          pool_->resident_bytes() >> 20),
-             pool_->stats(), "copy", "vram", pool_->measured_h2d_gb_s(), pool_->load()},
+             pool_->stats(), "copy", "vram", pool_->measured_h2d_gb_s(), pool_->load(), placement()},
             {fmt::format("host tier ({}, {} MiB of pinned slots, {})", host->io_description(), host->resident_bytes() >> 20,
                          host->caches() ? "a cache" : "staging only"),
              host->stats(), "read", "host", host_load.measured_read_gb_s(), host_load}};
+  }
+
+  // Where a decode token's VRAM misses run, for --stats and /api/stats.
+  std::string placement() const {
+    if (hybrid_) return hybrid_->describe();
+    return hybrid_off_.empty() ? describe(CpuExperts{.mode = CpuExperts::Mode::Off}) : "off: " + hybrid_off_;
   }
 
   const DeviceExpertStore* vram_pool() const { return pool_.get(); }
@@ -97,7 +105,36 @@ class CudaExecutor final : public Executor {
   bool decodes_ahead() const { return graphs_ && weights_->has(w_.embed); }
 
  private:
-  CudaBackend backend(State& state) const { return {*weights_, DeviceState::of(state, cfg_), pool_.get()}; }
+  CudaBackend backend(State& state) const {
+    return {*weights_, DeviceState::of(state, cfg_), pool_.get(), nullptr, hybrid_.get()};
+  }
+
+  // The hybrid decode where --cpu-experts is not off and every layer's experts have the integer
+  // product's layout; else every miss is copied (--cpu-experts N then fails, naming the layout).
+  void setup_hybrid(const CpuExperts& mode) {
+    if (mode.mode == CpuExperts::Mode::Off) return;
+    cuda::RecordMat first[3] = {};
+    for (size_t i = 0; i < pool_->index().layers.size(); ++i) {
+      const ExpertLayer& l = pool_->index().layers[i];
+      cuda::RecordMat proj[3];
+      for (int m = 0; m < 3; ++m) {
+        const ProjLayout& p = l.proj[size_t(m)];
+        proj[m] = {.bits = p.bits, .group = p.group, .rows = p.rows, .cols = p.cols, .q_offset = p.q_offset,
+                   .scales_offset = p.scales_offset, .biases_offset = p.biases_offset, .scale_type = p.scale_type};
+      }
+      if (!hybrid_layout(proj)) {
+        hybrid_off_ = fmt::format("{}'s experts ({}-bit group {} {}) have no integer kernel", l.name, proj[0].bits,
+                                  proj[0].group, scale_type_name(proj[0].scale_type));
+        if (mode.mode == CpuExperts::Mode::Layers)
+          fail("--cpu-experts {}: {}; the CPU computes 4- or 8-bit experts in groups of 32 to 128 (give --cpu-experts "
+               "off)",
+               mode.layers, hybrid_off_);
+        return;
+      }
+      if (i == 0) std::copy(proj, proj + 3, first);
+    }
+    hybrid_ = std::make_unique<HybridExperts>(*pool_, mode, first, cfg_.top_k, pool_->streams());
+  }
 
   // Whether a decode step's MoE layers all route on the GPU to resident experts (moe_decode with
   // a table), so that the step reads nothing back before its logits.
@@ -180,7 +217,7 @@ class CudaExecutor final : public Executor {
     }
     if (routes && !ds.decode_route_ring)
       ds.decode_route_ring = std::make_unique<cuda::MappedInts>(DeviceState::kDecodeRing * ds.route_ids.size());
-    const CudaBackend step{be.weights, be.state, be.experts, g->position()};
+    const CudaBackend step{be.weights, be.state, be.experts, g->position(), be.hybrid};
     const Forward<CudaBackend> f(cfg_, w_, step);
     {
       cuda::ArenaScope scope(g->arena);
@@ -268,6 +305,8 @@ class CudaExecutor final : public Executor {
   const ModelWeights& w_;
   std::shared_ptr<DeviceWeights> weights_;
   std::unique_ptr<DeviceExpertStore> pool_;  // an engine directory's; borrows the model's host store
+  std::unique_ptr<HybridExperts> hybrid_;    // the hybrid decode's placement and CPU side, or null
+  std::string hybrid_off_;                   // why --cpu-experts auto copies every miss, where it does
   bool graphs_ = false;  // decode steps through forward_captured (ModelOptions::cuda_graphs)
 };
 

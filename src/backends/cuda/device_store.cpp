@@ -30,6 +30,12 @@ DeviceExpertStore::DeviceExpertStore(ExpertStore& host, const StoreOptions& vram
   // A promoted prefetch may leave a host slot's record in the staging area.
   if (host.staging_bytes() > 0) pinned_host_.emplace_back(host.staging_memory(), host.staging_bytes());
   measure_h2d();
+  if (vram.h2d_rate > 0) {  // paced from here on, and measured again (the pace where too little to measure)
+    copy_.pace(vram.h2d_rate, h2d_gb_s_ * 1e9);
+    h2d_gb_s_ = 0;
+    measure_h2d();
+    if (h2d_gb_s_ == 0) h2d_gb_s_ = vram.h2d_rate / 1e9;
+  }
   const auto start = std::chrono::steady_clock::now();
   for (const auto& [layer, experts] : vram.pins)
     for (size_t i = 0; i < index.layers.size(); ++i)
@@ -72,6 +78,7 @@ void DeviceExpertStore::measure_h2d() {
 
 void DeviceExpertStore::setup_prefetch(const StoreOptions& vram) {
   prefetch_stats_.assign(pools_.size(), {});
+  placed_.assign(pools_.size(), {});
   const PrefetchOptions& p = vram.prefetch;
   if (p.mode == PrefetchMode::Off || p.staging <= 0 || !streams()) return;
   schedule_ = prefetch_schedule(index(), p);
@@ -87,6 +94,7 @@ void DeviceExpertStore::reset_stats() {
   host_.reset_stats();
   std::lock_guard lk(stats_mu_);
   for (auto& s : prefetch_stats_) s = {};
+  for (auto& p : placed_) p = {};
   window_start_ = {};
   window_misses_ = 0;
   window_behind_ = behind_;
@@ -238,6 +246,20 @@ void DeviceExpertStore::settle_prefetch() {
   prefetch_in_flight_ = false;
 }
 
+bool DeviceExpertStore::in_vram(int layer, int expert) const {
+  return pools_[size_t(layer)]->slot_of(expert) >= 0 || find_staged(layer, expert) >= 0;
+}
+
+std::vector<const uint8_t*> DeviceExpertStore::acquire_host(int layer, const std::vector<int>& experts) {
+  settle_prefetch();  // a read may land where a prediction is still being copied from
+  return host_.acquire(layer, experts);
+}
+
+void DeviceExpertStore::add_placement(int layer, const PlacementStats& p) {
+  std::lock_guard lk(stats_mu_);
+  placed_[size_t(layer)] += p;
+}
+
 void DeviceExpertStore::release(int layer) {
   released_[size_t(layer)].record();
   pools_[size_t(layer)]->release();
@@ -320,7 +342,7 @@ std::vector<LayerStats> DeviceExpertStore::stats() const {
   std::vector<LayerStats> r;
   for (size_t i = 0; i < pools_.size(); ++i)
     r.push_back({host_.index().layers[i].name, pools_[i]->capacity(), pools_[i]->resident(), host_.index().layers[i].stride,
-                 pools_[i]->stats(), prefetch_stats_[i], pools_[i]->published()});
+                 pools_[i]->stats(), prefetch_stats_[i], pools_[i]->published(), placed_[i]});
   return r;
 }
 

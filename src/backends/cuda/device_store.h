@@ -32,6 +32,9 @@ class DeviceExpertStore final : public ExpertPrefetcher {
   // Warm start: reads `hot[layer]` (best first) into the pools of the layers that stream, pinned
   // where `pin`. Statistics count from its end.
   void warm(const std::vector<std::vector<int>>& hot, bool pin);
+  // Statistics (this store's and the host tier's) count from now: after the load, warm start or
+  // the hybrid decode's measurements at start.
+  void reset_stats();
   // What the load put in VRAM: the layers held whole (whole: every layer), pins, warm start.
   const TierLoad& load() const { return load_; }
 
@@ -42,6 +45,15 @@ class DeviceExpertStore final : public ExpertPrefetcher {
   // its copy is ordered before all later work of the compute stream.
   std::vector<const uint8_t*> acquire(int layer, const std::vector<int>& experts);
   void release(int layer);
+  // Whether routing `expert` of `layer` now needs no copy from the host: it is in the layer's
+  // pool, or in VRAM staging (a promotion on the device).
+  bool in_vram(int layer, int expert) const;
+  // The host tier's records of experts the CPU computes (the hybrid decode), after any copy ahead
+  // from host memory is done; held until release_host(layer).
+  std::vector<const uint8_t*> acquire_host(int layer, const std::vector<int>& experts);
+  void release_host(int layer) { host_.release(layer); }
+  // Counts where a decode step's experts of `layer` ran (LayerStats::placed).
+  void add_placement(int layer, const PlacementStats& p);
   // The routed ids of a forward of `layer`: counted by the host tier for the usage history, so
   // that a GPU run warm-starts the next one as a CPU run does (ExpertStore::count_routes).
   void count_routes(int layer, const int* ids, int n) { host_.count_routes(layer, ids, n); }
@@ -65,7 +77,8 @@ class DeviceExpertStore final : public ExpertPrefetcher {
   // VRAM staging's counters.
   std::vector<LayerStats> stats() const;
   size_t resident_bytes() const;  // VRAM slots
-  // Host-to-VRAM copy rate (pinned, one large copy) measured when the store was made, GB/s.
+  // Host-to-VRAM copy rate (pinned, one large copy) measured when the store was made, GB/s
+  // (paced where StoreOptions::h2d_rate asked).
   double measured_h2d_gb_s() const { return h2d_gb_s_; }
   const ExpertStore& host() const { return host_; }
   ExpertStore& host_store() const { return host_; }
@@ -88,7 +101,6 @@ class DeviceExpertStore final : public ExpertPrefetcher {
   void settle_prefetch();
   void setup_prefetch(const StoreOptions& vram);
   void adapt_width();
-  void reset_stats();
   uint64_t bytes_copied() const;  // into the pools so far
   void measure_h2d();
   int find_staged(int layer, int expert) const;
@@ -125,6 +137,7 @@ class DeviceExpertStore final : public ExpertPrefetcher {
   PrefetchSchedule schedule_;
   mutable std::mutex stats_mu_;  // prefetch_stats_, which stats() reads from other threads
   std::vector<PrefetchStats> prefetch_stats_;  // [expert layer]
+  std::vector<PlacementStats> placed_;         // [expert layer]
   std::unique_ptr<WidthController> width_;
   size_t predictions_ = 0;
   PrefetchStats window_start_;

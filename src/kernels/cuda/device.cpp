@@ -121,6 +121,45 @@ void ComputeMark::record() { CUDA_CHECK(cudaEventRecord(as_event(event_), comput
 
 void ComputeMark::wait() const { CUDA_CHECK(cudaEventSynchronize(as_event(event_))); }
 
+ComputeTimer::ComputeTimer() {
+  for (void** e : {&start_, &stop_}) {
+    cudaEvent_t ev;
+    CUDA_CHECK(cudaEventCreate(&ev));
+    *e = ev;
+  }
+}
+
+ComputeTimer::~ComputeTimer() {
+  for (void* e : {start_, stop_}) cudaEventDestroy(as_event(e));
+}
+
+void ComputeTimer::start() {
+  CUDA_CHECK(cudaEventRecord(as_event(start_), compute_stream()));
+  stopped_ = false;
+}
+
+void ComputeTimer::stop() {
+  CUDA_CHECK(cudaEventRecord(as_event(stop_), compute_stream()));
+  stopped_ = true;
+}
+
+double ComputeTimer::take_elapsed_s() {
+  if (!stopped_) return 0;
+  stopped_ = false;
+  CUDA_CHECK(cudaEventSynchronize(as_event(stop_)));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, as_event(start_), as_event(stop_)));
+  return double(std::max(0.f, ms)) / 1e3;
+}
+
+PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes) CUDA_CHECK(cudaHostAlloc(&p_, bytes, cudaHostAllocDefault));
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (p_) cudaFreeHost(p_);
+}
+
 MappedInts::MappedInts(size_t n) {
   void* p = nullptr;
   CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(n, 1) * sizeof(int), cudaHostAllocMapped));
@@ -190,6 +229,13 @@ void CopyStream::begin(const ComputeMark& after) {
 
 void CopyStream::copy(void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream_)));
+  if (pace_s_per_byte_ > 0) wait_on_stream(stream_, double(bytes) * pace_s_per_byte_);
+}
+
+void CopyStream::pace(double rate, double native) {
+  if (!(rate > 0)) pace_s_per_byte_ = 0;
+  else if (!(native > 0)) pace_s_per_byte_ = 1.0 / rate;  // the native rate unknown: the whole time
+  else pace_s_per_byte_ = native > rate ? 1.0 / rate - 1.0 / native : 0.0;
 }
 
 void CopyStream::copy_on_device(void* dst, const void* src, size_t bytes) {

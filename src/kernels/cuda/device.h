@@ -15,6 +15,10 @@ void synchronize();
 // Bytes of device memory free now.
 size_t free_memory();
 
+// Queues on `stream` (a cudaStream_t) a kernel of one thread that returns `seconds` after it
+// starts: what CopyStream::pace waits with.
+void wait_on_stream(void* stream, double seconds);
+
 // Host memory registered with the driver (page-locked) for the lifetime of this object, so that
 // copies from it run asynchronously at full PCIe speed.
 class HostRegistration {
@@ -62,6 +66,42 @@ class ComputeMark {
 
  private:
   void* event_ = nullptr;
+};
+
+// Two timed points of the compute stream's queue: start() and stop() record them, and once the
+// work before stop() is done (a later wait on the host), elapsed_s() is the GPU time between.
+class ComputeTimer {
+ public:
+  ComputeTimer();
+  ~ComputeTimer();
+  ComputeTimer(const ComputeTimer&) = delete;
+  ComputeTimer& operator=(const ComputeTimer&) = delete;
+  void start();
+  void stop();
+  bool stopped() const { return stopped_; }
+  // 0 where stop() was not recorded since start(); takes the reading (stopped() is false after).
+  double take_elapsed_s();
+
+ private:
+  void *start_ = nullptr, *stop_ = nullptr;  // cudaEvent_t
+  bool stopped_ = false;
+};
+
+// Page-locked host memory of its own (cudaHostAlloc), for copies the compute stream queues
+// without a wait: the owner reuses it only after a later wait on that stream.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  float* floats() const { return static_cast<float*>(p_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
 };
 
 // Work on the compute stream recorded once and queued again in one call: between begin_capture()
@@ -114,9 +154,15 @@ class CopyStream {
   void mark();
   bool marked_done() const;
   void wait_marked() const;
+  // A benchmark's slower link (--h2d-rate): from now on each host-to-device copy of n bytes is
+  // followed on the copy stream by a wait of n / rate − n / native (native: the measured rate),
+  // so that copies run at `rate` bytes a second (n / rate where native is 0: not measured).
+  // A rate of 0 turns it off.
+  void pace(double rate, double native);
 
  private:
   void* stream_ = nullptr;  // cudaStream_t
+  double pace_s_per_byte_ = 0;
   void* start_ = nullptr, *stop_ = nullptr, *ready_ = nullptr, *marked_ = nullptr;  // cudaEvent_t
 };
 

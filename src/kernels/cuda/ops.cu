@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/ops.h"
@@ -159,6 +160,16 @@ __global__ void __launch_bounds__(kThreads) attention_prepare_kernel(const Atten
   }
 }
 
+// One thread that returns `ns` nanoseconds (the GPU's global timer) after it starts.
+__global__ void wait_kernel(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
 __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i < n) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
@@ -212,6 +223,12 @@ void attention_prepare(const AttentionPrep& p) {
   if (p.T <= 0) return;
   const dim3 grid(unsigned(p.nh + 2 * p.nkv), unsigned(p.T));
   launch_after(attention_prepare_kernel, grid, kThreads, size_t(p.hd) * sizeof(float), p);
+  CUDA_CHECK_LAUNCH();
+}
+
+void wait_on_stream(void* stream, double seconds) {
+  if (!(seconds > 0)) return;
+  wait_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>((unsigned long long)(seconds * 1e9));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -18,6 +18,7 @@
 #include "runtime/generate.h"
 #include "test_support.h"
 #include "util/error.h"
+#include "util/thread_pool.h"
 #include "writers/convert.h"
 
 namespace ms {
@@ -201,6 +202,54 @@ TEST(CudaStreaming, PycoderQ4IsBitIdenticalToAllResident) {
   MS_REQUIRE_GPU();
   const std::string dir = std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4";
   check_vram_streaming_is_exact(dir, prompt_of(48, 8192), 6);
+}
+
+PlacementStats placed(const std::vector<LayerStats>& layers) {
+  PlacementStats p;
+  for (const LayerStats& l : layers) p += l.placed;
+  return p;
+}
+
+// The hybrid decode (backends/cuda/hybrid.h): wherever a decode token's experts run (in VRAM,
+// copied there, or on the CPU from the host tier: every layer, the first layer, or each miss
+// by cost with copies paced so slow that the CPU takes them), at any thread count, the run is
+// bit-identical to the one with every expert in VRAM.
+TEST(CudaHybrid, PycoderQ4IsBitIdenticalWhereverItsExpertsRun) {
+  MS_REQUIRE_GPU();
+  const std::string dir = std::string(MOESTREAM_SOURCE_DIR) + "/models/pycoder-moe-q4";
+  const ModelConfig cfg = load_config(dir);
+  const std::vector<int> prompt = prompt_of(40, 8192);
+  const int n_new = 6;
+  const RunResult want = run_model(dir, on_gpu(), prompt, n_new);
+  EXPECT_EQ(placed(want.vram).cpu, uint64_t(0)) << "every expert in VRAM";
+  const uint64_t row = slot_row_bytes(dir);
+  struct Mode {
+    const char* what;
+    CpuExperts cpu;
+    double h2d_rate;
+  };
+  const Mode modes[] = {{"every layer on the CPU", {.mode = CpuExperts::Mode::Layers, .layers = 1000}, 0},
+                        {"the first layer on the CPU", {.mode = CpuExperts::Mode::Layers, .layers = 1}, 0},
+                        {"auto, copies at 50 MB/s", {}, 5e7}};
+  for (int threads : {1, 3}) {
+    ThreadPool::set_global_threads(threads);
+    for (int slots : {cfg.top_k, (cfg.top_k + cfg.n_experts) / 2})
+      for (uint64_t host_cache : {uint64_t(0), row * uint64_t(cfg.n_experts)})
+        for (const Mode& m : modes) {
+          ModelOptions opt = on_gpu(slots, host_cache);
+          opt.cpu_experts = m.cpu;
+          opt.experts.h2d_rate = m.h2d_rate;
+          const RunResult got = run_model(dir, opt, prompt, n_new);
+          const std::string what = std::string(m.what) + ", " + std::to_string(slots) + " VRAM slots, host cache " +
+                                   std::to_string(host_cache / row) + " rows, " + std::to_string(threads) + " threads";
+          expect_same_run(got, want, what);
+          const PlacementStats p = placed(got.vram);
+          EXPECT_GT(p.cpu, uint64_t(0)) << what;
+          if (m.cpu.layers == 1000) EXPECT_EQ(p.gpu + p.copied, uint64_t(0)) << what;
+          if (m.cpu.layers == 1) EXPECT_GT(p.gpu + p.copied, uint64_t(0)) << what;
+        }
+  }
+  ThreadPool::set_global_threads(0);
 }
 
 TEST(CudaStreaming, VramBudgetSizesThePoolsAndRefusesBelowTheFloor) {

@@ -1,0 +1,177 @@
+#include "backends/cuda/hybrid.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "kernels/cpu/int_expert.h"
+#include "kernels/cuda/int_gemm.h"
+#include "util/error.h"
+
+namespace ms {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+QuantMat host_mat(const ProjLayout& p, const uint8_t* record) {
+  return {record + p.q_offset, reinterpret_cast<const uint16_t*>(record + p.scales_offset),
+          reinterpret_cast<const uint16_t*>(record + p.biases_offset), p.rows, p.cols, p.bits, p.group, p.scale_type};
+}
+
+// A layer input of ordinary magnitudes for the measurements at start.
+std::vector<float> probe_input(int n) {
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) x[size_t(i)] = std::sin(0.37f * float(i)) * 0.5f;
+  return x;
+}
+
+}  // namespace
+
+bool hybrid_layout(const cuda::RecordMat (&proj)[3]) { return cuda::int_records_layout(proj); }
+
+HybridExperts::HybridExperts(DeviceExpertStore& store, const CpuExperts& mode, const cuda::RecordMat (&proj)[3],
+                             int top_k, bool measure)
+    : store_(store),
+      mode_(mode),
+      hidden_(proj[0].cols),
+      top_k_(top_k),
+      io_((size_t(hidden_) + 2 * size_t(top_k)) * sizeof(float)),
+      rows_(size_t(top_k) * size_t(hidden_) * sizeof(float)) {
+  if (!measure) return;
+  measure_start_rates(proj);
+  store_.reset_stats();
+}
+
+std::string HybridExperts::describe() const {
+  return fmt::format("{}; rates: copy {:.1f} GB/s, an expert {:.1f} us on the GPU and {:.1f} us on the CPU, round trip {:.1f} us",
+                     ms::describe(mode_), rates_.h2d_bytes_per_s / 1e9, rates_.gpu_expert_s * 1e6,
+                     rates_.cpu_expert_s * 1e6, rates_.cpu_round_trip_s * 1e6);
+}
+
+// Each rate the fastest of a few runs after a first that warms caches and mappings.
+void HybridExperts::measure_start_rates(const cuda::RecordMat (&proj)[3]) {
+  constexpr int kRuns = 4;
+  rates_.h2d_bytes_per_s = store_.measured_h2d_gb_s() * 1e9;
+  const std::vector<float> x = probe_input(hidden_);
+  std::copy(x.begin(), x.end(), x_host());
+  // The CPU: expert 0 of the first layer from the host tier.
+  {
+    const std::vector<const uint8_t*> rec = store_.acquire_host(0, {0});
+    const ExpertLayer& l = store_.index().layers.front();
+    double best = 1e30;
+    try {
+      for (int r = 0; r < kRuns; ++r) {
+        const auto t = std::chrono::steady_clock::now();
+        cpu::int_expert(x_host(), host_mat(l.proj[0], rec[0]), host_mat(l.proj[1], rec[0]), host_mat(l.proj[2], rec[0]),
+                        1.f, rows_host());
+        if (r > 0) best = std::min(best, seconds_since(t));
+      }
+    } catch (...) {
+      store_.release_host(0);
+      throw;
+    }
+    store_.release_host(0);
+    rates_.cpu_expert_s = best;
+  }
+  // The GPU: top_k experts of the first layer from VRAM.
+  {
+    std::vector<int> ids;
+    for (int e = 0; e < std::min(top_k_, store_.index().layers.front().n_experts); ++e) ids.push_back(e);
+    const std::vector<const uint8_t*> rec = store_.acquire(0, ids);
+    const auto records = cuda::DeviceArray<const uint8_t*>::from(rec, cuda::DeviceAlloc::Now);
+    const auto weights = cuda::DeviceArray<float>::from(std::vector<float>(ids.size(), 1.f), cuda::DeviceAlloc::Now);
+    const auto dx = cuda::DeviceArray<float>::from(x, cuda::DeviceAlloc::Now);
+    cuda::DeviceArray<float> partial(ids.size() * size_t(hidden_), cuda::DeviceAlloc::Now);
+    cuda::DeviceArray<uint8_t> scratch(cuda::int_records_scratch_bytes(int(ids.size()), proj), cuda::DeviceAlloc::Now);
+    double best = 1e30;
+    for (int r = 0; r < kRuns; ++r) {
+      gpu_experts_.start();
+      cuda::int_expert_records(dx.data(), int(ids.size()), records.data(), weights.data(), proj, partial.data(),
+                               scratch.data());
+      gpu_experts_.stop();
+      const double s = gpu_experts_.take_elapsed_s();
+      if (r > 0) best = std::min(best, s);
+    }
+    store_.release(0);
+    cuda::synchronize();
+    rates_.gpu_expert_s = best / double(ids.size());
+    // The round trip: the input down, a row back up.
+    best = 1e30;
+    for (int r = 0; r < kRuns; ++r) {
+      const auto t = std::chrono::steady_clock::now();
+      cuda::copy_to_host_async(x_host(), dx.data(), size_t(hidden_) * sizeof(float));
+      cuda::copy_to_device_async(partial.data(), rows_host(), size_t(hidden_) * sizeof(float));
+      cuda::synchronize();
+      if (r > 0) best = std::min(best, seconds_since(t));
+    }
+    rates_.cpu_round_trip_s = best;
+  }
+  cpu_rate_ = RateEstimate(rates_.cpu_expert_s);
+  gpu_rate_ = RateEstimate(rates_.gpu_expert_s);
+}
+
+HybridExperts::Split HybridExperts::place(int layer, const int* ids, int K) const {
+  Split s;
+  if (mode_.static_cpu(layer)) {  // --cpu-experts N: every expert of the layer on the CPU
+    for (int k = 0; k < K; ++k) s.cpu_slots.push_back(k);
+    return s;
+  }
+  std::vector<int> misses;  // slots, in routing order (the heaviest first: most worth keeping)
+  for (int k = 0; k < K; ++k) (store_.in_vram(layer, ids[k]) ? s.gpu_slots : misses).push_back(k);
+  size_t n_copy = misses.size();
+  if (mode_.mode == CpuExperts::Mode::Auto && !misses.empty()) {
+    LayerMisses m{.resident = int(s.gpu_slots.size()), .record_bytes = store_.index().layers[size_t(layer)].stride};
+    for (int k : misses) m.experts.push_back(ids[k]);
+    n_copy = place_misses(m, rates_).copy.size();
+  }
+  s.copied = int(n_copy);
+  s.gpu_slots.insert(s.gpu_slots.end(), misses.begin(), misses.begin() + std::ptrdiff_t(n_copy));
+  s.cpu_slots.assign(misses.begin() + std::ptrdiff_t(n_copy), misses.end());
+  return s;
+}
+
+double HybridExperts::compute(int layer, const std::vector<int>& cpu_slots) {
+  if (cpu_slots.empty()) return 0;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<int> ids;
+  for (int k : cpu_slots) ids.push_back(ids_host()[k]);
+  const std::vector<const uint8_t*> records = store_.acquire_host(layer, ids);
+  const ExpertLayer& l = store_.index().layers[size_t(layer)];
+  try {
+    for (size_t i = 0; i < cpu_slots.size(); ++i) {
+      const int k = cpu_slots[i];
+      cpu::int_expert(x_host(), host_mat(l.proj[0], records[i]), host_mat(l.proj[1], records[i]),
+                      host_mat(l.proj[2], records[i]), weights_host()[k], rows_host() + size_t(k) * size_t(hidden_));
+    }
+  } catch (...) {
+    store_.release_host(layer);
+    throw;
+  }
+  store_.release_host(layer);
+  return seconds_since(start);
+}
+
+void HybridExperts::settle() {
+  if (pending_layer_ < 0) return;
+  const double gpu_s = gpu_experts_.take_elapsed_s(), wait_s = gpu_wait_.take_elapsed_s();
+  if (pending_gpu_ > 0) gpu_rate_.add(gpu_s / double(pending_gpu_));
+  rates_.gpu_expert_s = gpu_rate_.value();
+  store_.add_placement(pending_layer_, {.gpu_wait_s = wait_s});
+  pending_layer_ = -1;
+}
+
+void HybridExperts::record(int layer, const Split& s, double cpu_s) {
+  const int gpu = int(s.gpu_slots.size()) - s.copied;
+  store_.add_placement(layer, {.gpu = uint64_t(gpu), .copied = uint64_t(s.copied), .cpu = uint64_t(s.cpu_slots.size()),
+                               .cpu_busy_s = cpu_s});
+  if (!s.cpu_slots.empty()) cpu_rate_.add(cpu_s / double(s.cpu_slots.size()));
+  rates_.cpu_expert_s = cpu_rate_.value();
+  pending_layer_ = layer;
+  pending_gpu_ = int(s.gpu_slots.size());
+}
+
+}  // namespace ms
