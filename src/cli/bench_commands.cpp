@@ -134,9 +134,9 @@ std::vector<std::vector<std::vector<int>>> replay_routes(const Model& m, const s
 
 // The first tier of the expert pools (VRAM on the GPU, the pools on the CPU) summed over layers;
 // its hits, misses and stall time between two calls make a decode row's pool columns.
-PoolStats first_tier(const Model& m) {
+TierSummary first_tier(const Model& m) {
   const std::vector<PoolTier> tiers = m.executor().pool_tiers();
-  return tiers.empty() ? PoolStats{} : summarize_tier(tiers[0]).pool;
+  return tiers.empty() ? TierSummary{} : summarize_tier(tiers[0]);
 }
 
 // Whether the first tier holds fewer slots than its layers have experts (decode streams them).
@@ -145,19 +145,40 @@ bool first_tier_streams(const Model& m) {
   return !tiers.empty() && size_t(summarize_tier(tiers[0]).slots) < tiers[0].layers.size() * size_t(m.config().n_experts);
 }
 
-// What the first tier counted between `before` and `now`.
-PoolStats tier_moves(const PoolStats& now, const PoolStats& before) {
-  PoolStats d;
-  d.hits = now.hits - before.hits, d.misses = now.misses - before.misses;
-  d.bytes_read = now.bytes_read - before.bytes_read, d.stall_s = now.stall_s - before.stall_s;
+// What the first tier counted between `before` and `now`: its moves, and where the hybrid
+// decode ran its experts.
+struct TierMoves {
+  PoolStats pool;
+  PlacementStats placed;
+  TierMoves& operator+=(const TierMoves& o) {
+    pool += o.pool;
+    placed += o.placed;
+    return *this;
+  }
+};
+TierMoves tier_moves(const TierSummary& now, const TierSummary& before) {
+  TierMoves d;
+  const PoolStats &a = now.pool, &b = before.pool;
+  d.pool.hits = a.hits - b.hits, d.pool.misses = a.misses - b.misses;
+  d.pool.bytes_read = a.bytes_read - b.bytes_read, d.pool.stall_s = a.stall_s - b.stall_s;
+  const PlacementStats &p = now.placed, &q = before.placed;
+  d.placed = {p.gpu - q.gpu, p.copied - q.copied, p.cpu - q.cpu, p.cpu_busy_s - q.cpu_busy_s, p.gpu_wait_s - q.gpu_wait_s};
   return d;
 }
 
 // "  hit 0.62, stall 41 %": the first tier's hit rate over the timed steps and the share of
-// their `seconds` the compute waited on it; empty where nothing was routed to a pool.
-std::string pool_columns(const PoolStats& timed, double seconds) {
-  if (timed.hits + timed.misses == 0) return {};
-  return fmt::format("  hit {:.2f}, stall {:.0f} %", timed.hit_rate(), seconds > 0 ? 100.0 * timed.stall_s / seconds : 0.0);
+// their `seconds` the compute waited on it; where the CPU computed experts, ", cpu 30 %" of
+// them and the GPU's wait for them. Empty where nothing was routed to a pool.
+std::string pool_columns(const TierMoves& timed, double seconds) {
+  const PoolStats& p = timed.pool;
+  const PlacementStats& c = timed.placed;
+  const uint64_t placed = c.gpu + c.copied + c.cpu;
+  if (p.hits + p.misses == 0 && placed == 0) return {};
+  std::string s = fmt::format("  hit {:.2f}, stall {:.0f} %", p.hit_rate(), seconds > 0 ? 100.0 * p.stall_s / seconds : 0.0);
+  if (c.cpu > 0)
+    s += fmt::format(", cpu {:.0f} % of experts, gpu wait {:.0f} %", 100.0 * double(c.cpu) / double(placed),
+                     seconds > 0 ? 100.0 * c.gpu_wait_s / seconds : 0.0);
+  return s;
 }
 
 // One line per tier of a model's expert pools: its slots, what the load put there, the link's
@@ -172,6 +193,7 @@ void print_tiers(const Model& m) {
     const size_t experts = t.layers.size() * size_t(m.config().n_experts);
     fmt::print("tier {}: {} slots for {} experts over {} layers{}, {}{}\n", s.name, s.slots, experts, t.layers.size(),
                size_t(s.slots) < experts ? " (decode streams them)" : "", load, link);
+    if (!t.placement.empty()) fmt::print("tier {}: misses placed {}\n", s.name, t.placement);
   }
 }
 
@@ -300,7 +322,8 @@ void add_bench(CLI::App& app) {
         const State::Checkpoint start = context.checkpoint();
         for (const Workload& w : workloads) {
           std::vector<double> t;
-          PoolStats timed, at_start;
+          TierMoves timed;
+          TierSummary at_start;
           const DecodeSpan span{a->tokens, a->skip, [&] { at_start = first_tier(m); }};
           for (int r = 0; r < a->repeat; ++r) {
             context.restore(start);

@@ -1,8 +1,8 @@
 // cpu::int_matmul: kernels/int_dot.h's product. x is split once a call (a token's units: X, 2^e,
 // Σx, scalar as the definition reads), and X cut into two int16 halves, X = 32768·hi + lo with lo
 // in [0, 32768) (|X| < 2^30: hi fits too). A row's unit of codes is widened to int16 once for all
-// tokens; each token's D is then two sums of int16 products in int32 lanes (vpmaddwd on x86: a
-// product < 2^23, a unit's sum < 2^30, exact) that meet in int64, and the float steps follow in
+// tokens; each token's D is then two sums of int16 products in int32 lanes (vpmaddwd on x86,
+// vpdpwssd with AVX-512 VNNI: a product < 2^23, a unit's sum < 2^30, exact) that meet in int64, and the float steps follow in
 // the definition's order. 4-bit codes are taken a vector of bytes at a time, low nibbles then high
 // ones, and x's halves are stored in that order (a block of 2N codes: the even ones, then the odd).
 #include "kernels/cpu/int_matmul.h"
@@ -19,6 +19,8 @@
 #ifndef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
 #endif
+// AVX-512 VNNI (AVX3_DL): a unit's int16 products summed by vpdpwssd.
+#define HWY_WANT_AVX3_DL 1
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/int_matmul.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -123,8 +125,14 @@ HWY_INLINE int32_t DotUnit(const int16_t* HWY_RESTRICT q, const int16_t* HWY_RES
   const D16 d16;
   const hn::Repartition<int32_t, D16> d32;
   auto s0 = hn::Zero(d32), s1 = hn::Zero(d32);
+#if HWY_TARGET == HWY_AVX3_DL
+  // vpdpwssd: adjacent int16 products summed into each int32 lane, as madd + add does (exact).
+  for (size_t i = 0; i < size_t(n); i += hn::Lanes(d16))
+    s0 = decltype(s0){_mm256_dpwssd_epi32(s0.raw, hn::Load(d16, q + i).raw, hn::LoadU(d16, v + i).raw)};
+#else
   for (size_t i = 0; i < size_t(n); i += hn::Lanes(d16))
     s0 = hn::ReorderWidenMulAccumulate(d32, hn::Load(d16, q + i), hn::LoadU(d16, v + i), s0, s1);
+#endif
   return hn::GetLane(hn::SumOfLanes(d32, hn::Add(s0, s1)));
 }
 

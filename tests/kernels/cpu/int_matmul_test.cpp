@@ -84,7 +84,7 @@ std::vector<float> plain_int_matmul(const std::vector<float>& x, int T, const Qu
 // The targets int_matmul is built for that this CPU runs; each check runs on all of them.
 std::vector<int64_t> kernel_targets() {
   std::vector<int64_t> out;
-  for (int64_t t : {int64_t(HWY_AVX3), int64_t(HWY_AVX2), int64_t(HWY_BASELINE_SCALAR)})
+  for (int64_t t : {int64_t(HWY_AVX3_DL), int64_t(HWY_AVX3), int64_t(HWY_AVX2), int64_t(HWY_BASELINE_SCALAR)})
     if (hwy::SupportedTargets() & t) out.push_back(t);
   return out;
 }
