@@ -368,12 +368,8 @@ void ExpertStore::adapt_width_locked() {
   predictions_ = 0;
   PrefetchStats total;
   for (const PrefetchStats& s : prefetch_stats_) total += s;
-  const uint64_t behind = files_.engine().counters().demand_behind_prefetch;
-  width_->update(total.issued - window_start_.issued, total.used - window_start_.used, window_misses_,
-                 behind - window_behind_);
-  window_start_ = total;
+  width_->update_from_totals(total, window_misses_, files_.engine().counters().demand_behind_prefetch);
   window_misses_ = 0;
-  window_behind_ = behind;
 }
 
 std::vector<LayerStats> ExpertStore::stats() const {
@@ -389,7 +385,7 @@ void ExpertStore::reset_stats() {
   for (auto& p : pools_) p->reset_stats();
   std::lock_guard lk(prefetch_mu_);
   for (auto& s : prefetch_stats_) s = {};
-  window_start_ = {};
+  if (width_) width_->restart_window(files_.engine().counters().demand_behind_prefetch);
   window_misses_ = 0;
 }
 

@@ -207,9 +207,7 @@ class ExpertStore final : public ExpertPrefetcher {
   std::vector<PrefetchStats> prefetch_stats_;  // [expert layer]
   std::unique_ptr<WidthController> width_;
   size_t predictions_ = 0;  // since the last adaptation
-  PrefetchStats window_start_;
-  uint64_t window_misses_ = 0;  // demand reads since the last adaptation
-  uint64_t window_behind_ = 0;  // the engine's demand_behind_prefetch then
+  uint64_t window_misses_ = 0;  // demand reads since the width's last adaptation
   mutable std::mutex usage_mu_;  // routed_, early_
   std::vector<std::vector<uint64_t>> routed_;  // [expert layer][expert]
   Early early_;

@@ -86,6 +86,12 @@ PrefetchSummary summarize(const PrefetchStats& p, uint64_t pool_misses) {
   return s;
 }
 
+void WidthController::update_from_totals(const PrefetchStats& total, uint64_t window_misses, uint64_t behind_total) {
+  update(total.issued - start_.issued, total.used - start_.used, window_misses, behind_total - behind_start_);
+  start_ = total;
+  behind_start_ = behind_total;
+}
+
 void WidthController::update(uint64_t issued, uint64_t used, uint64_t demand_misses, uint64_t demand_behind_prefetch) {
   const bool contended = demand_behind_prefetch > 0;
   const bool mostly_wasted = issued > 0 && 2 * used < issued;

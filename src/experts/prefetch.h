@@ -69,9 +69,20 @@ class WidthController {
   // One window's counts: prefetch reads issued, staged experts used, demand misses left, and
   // demand reads that were submitted while prefetch reads were in flight.
   void update(uint64_t issued, uint64_t used, uint64_t demand_misses, uint64_t demand_behind_prefetch);
+  // update() from a store's running totals: its prefetch counters and the demand reads queued
+  // behind prefetch so far (the window's deltas taken here), and the demand misses since the last
+  // window. The next window starts at these totals.
+  void update_from_totals(const PrefetchStats& total, uint64_t window_misses, uint64_t behind_total);
+  // The store's statistics were reset: the next window starts from zero counters and `behind_total`.
+  void restart_window(uint64_t behind_total) {
+    start_ = {};
+    behind_start_ = behind_total;
+  }
   double mean() const { return windows_ ? sum_ / double(windows_) : double(w_); }
 
  private:
+  PrefetchStats start_;
+  uint64_t behind_start_ = 0;
   int w_, lo_, hi_;
   double sum_ = 0;
   uint64_t windows_ = 0;

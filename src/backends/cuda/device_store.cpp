@@ -95,9 +95,8 @@ void DeviceExpertStore::reset_stats() {
   std::lock_guard lk(stats_mu_);
   for (auto& s : prefetch_stats_) s = {};
   for (auto& p : placed_) p = {};
-  window_start_ = {};
+  if (width_) width_->restart_window(behind_);
   window_misses_ = 0;
-  window_behind_ = behind_;
 }
 
 void DeviceExpertStore::warm(const std::vector<std::vector<int>>& hot, bool pin_them) {
@@ -330,11 +329,8 @@ void DeviceExpertStore::adapt_width() {
   std::lock_guard lk(stats_mu_);
   PrefetchStats total;
   for (const PrefetchStats& s : prefetch_stats_) total += s;
-  width_->update(total.issued - window_start_.issued, total.used - window_start_.used, window_misses_,
-                 behind_ - window_behind_);
-  window_start_ = total;
+  width_->update_from_totals(total, window_misses_, behind_);
   window_misses_ = 0;
-  window_behind_ = behind_;
 }
 
 std::vector<LayerStats> DeviceExpertStore::stats() const {

@@ -140,8 +140,8 @@ class DeviceExpertStore final : public ExpertPrefetcher {
   std::vector<PlacementStats> placed_;         // [expert layer]
   std::unique_ptr<WidthController> width_;
   size_t predictions_ = 0;
-  PrefetchStats window_start_;
-  uint64_t window_misses_ = 0, window_behind_ = 0, behind_ = 0;  // demand batches queued behind prefetch copies
+  uint64_t window_misses_ = 0;  // demand copies since the width's last adaptation
+  uint64_t behind_ = 0;         // demand batches queued behind prefetch copies
   TierLoad load_;
   double h2d_gb_s_ = 0;
 };
