@@ -115,18 +115,29 @@ void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const 
   if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});
 }
 
-HybridExperts::Split CudaBackend::place_and_acquire(int layer, int K, cuda::DeviceArray<const uint8_t*>& records) const {
+HybridExperts::Split CudaBackend::place_and_run(int layer, const GpuExperts& run) const {
   hybrid->settle();  // the last layer's GPU times: the wait above finished them
   const int* ids = hybrid->ids_host();
+  const int K = state.top_k;
   experts->count_routes(layer, ids, K);  // the usage history's counts
   const HybridExperts::Split split = hybrid->place(layer, ids, K);
   std::vector<int> gpu_ids;
   for (int k : split.gpu_slots) gpu_ids.push_back(ids[k]);
-  const std::vector<const uint8_t*> acquired = experts->acquire(layer, gpu_ids);
-  std::vector<const uint8_t*> table(size_t(K), nullptr);
-  for (size_t i = 0; i < split.gpu_slots.size(); ++i) table[size_t(split.gpu_slots[i])] = acquired[i];
-  // Queued, not waited for (as moe_decode's): the compute stream waits for the misses' copies.
-  cuda::copy_to_device_async(records.data(), table.data(), table.size() * sizeof(const uint8_t*));
+  // The slots' records in a table of K, null for the slots that run elsewhere (or already ran).
+  auto table_of = [&](const std::vector<const uint8_t*>& records, const std::vector<const uint8_t*>& skip) {
+    std::vector<const uint8_t*> t(size_t(K), nullptr);
+    for (size_t i = 0; i < split.gpu_slots.size(); ++i)
+      if (skip.empty() || !skip[i]) t[size_t(split.gpu_slots[i])] = records[i];
+    return t;
+  };
+  // The experts already in VRAM run while the misses' copies are queued and land; the copied
+  // ones after them (the compute stream waits for the copies).
+  std::vector<const uint8_t*> ran;
+  const std::vector<const uint8_t*> acquired = experts->acquire(layer, gpu_ids, [&](const std::vector<const uint8_t*>& resident) {
+    run(table_of(resident, {}));
+    ran = resident;
+  });
+  run(table_of(acquired, ran));
   return split;
 }
 
@@ -160,8 +171,14 @@ void CudaBackend::moe_decode_int(const ModelConfig& cfg, const FfnWeights& w, co
                            .scale_type = l.scale_type};
   };
   const cuda::RecordMat proj[3] = {record_mat(p[0]), record_mat(p[1]), record_mat(p[2])};
-  HybridExperts::Split split;
-  if (!table) {
+  Buf partial = alloc(size_t(K) * size_t(H));
+  cuda::DeviceArray<uint8_t> scratch(cuda::int_records_scratch_bytes(K, proj));
+  auto run_gpu = [&](const uint8_t* const* device_records) {
+    cuda::int_expert_records(x, K, device_records, weights_buf.data(), proj, partial.data(), scratch.data());
+  };
+  if (table) {
+    run_gpu(records.data());
+  } else {
     hand_over_predictions(layer);
     // One wait brings the layer's input, ids and weights to the host (pinned: the three copies
     // queue together).
@@ -169,13 +186,13 @@ void CudaBackend::moe_decode_int(const ModelConfig& cfg, const FfnWeights& w, co
     cuda::copy_to_host_async(hybrid->ids_host(), ids, size_t(K) * sizeof(int));
     cuda::copy_to_host_async(hybrid->weights_host(), weights_buf.data(), size_t(K) * sizeof(float));
     hybrid->wait_for_compute();
-    split = place_and_acquire(layer, K, records);
-  }
-  Buf partial = alloc(size_t(K) * size_t(H));
-  cuda::DeviceArray<uint8_t> scratch(cuda::int_records_scratch_bytes(K, proj));
-  if (!table) hybrid->gpu_experts().start();
-  cuda::int_expert_records(x, K, records.data(), weights_buf.data(), proj, partial.data(), scratch.data());
-  if (!table) {
+    hybrid->gpu_experts().start();
+    const HybridExperts::Split split = place_and_run(layer, [&](const std::vector<const uint8_t*>& host_table) {
+      cuda::DeviceArray<const uint8_t*> part{size_t(K)};
+      // Queued, not waited for (as moe_decode's): a synchronous copy would wait for the copies.
+      cuda::copy_to_device_async(part.data(), host_table.data(), host_table.size() * sizeof(const uint8_t*));
+      run_gpu(part.data());
+    });
     hybrid->gpu_experts().stop();
     double cpu_s = 0;
     if (!split.cpu_slots.empty()) {

@@ -215,9 +215,12 @@ struct CudaBackend {
   // the misses between copies and the CPU, and the CPU's rows go up before the sum.
   void moe_decode_int(const ModelConfig& cfg, const FfnWeights& w, const float* x, float* out, int* routes,
                       float* router_probs) const;
-  // The GPU's half of a streamed layer under the hybrid decode: records of its slots (null for
-  // the CPU's) on the device, copied misses included. Returns the split.
-  HybridExperts::Split place_and_acquire(int layer, int K, cuda::DeviceArray<const uint8_t*>& records) const;
+  // The GPU's half of a streamed layer under the hybrid decode, the routed ids and weights on
+  // the host: the placement, then `run` of a table of K host-side record addresses (null: a slot
+  // not in it), once for the experts in VRAM before the misses' copies are queued and once for
+  // the copied ones (or once for all where nothing is copied). Returns the split.
+  using GpuExperts = std::function<void(const std::vector<const uint8_t*>&)>;
+  HybridExperts::Split place_and_run(int layer, const GpuExperts& run) const;
 };
 
 }  // namespace ms

@@ -147,12 +147,23 @@ void DeviceExpertStore::load_whole_layer(int layer) {
   tables_[size_t(layer)] = cuda::DeviceArray<const uint8_t*>::from(table, cuda::DeviceAlloc::Now);
 }
 
-std::vector<const uint8_t*> DeviceExpertStore::acquire(int layer, const std::vector<int>& experts) {
+std::vector<const uint8_t*> DeviceExpertStore::acquire(int layer, const std::vector<int>& experts,
+                                                       const ResidentFirst& before_copies) {
   ExpertPool& pool = *pools_[size_t(layer)];
   std::vector<ExpertPool::Miss> misses;
   std::vector<int> slots = pool.acquire(experts, &misses);
   if (!misses.empty()) {
     try {
+      if (before_copies) {
+        std::vector<const uint8_t*> resident;
+        for (size_t i = 0; i < slots.size(); ++i) {
+          const bool missed = std::any_of(misses.begin(), misses.end(), [&](const ExpertPool::Miss& m) {
+            return m.expert == experts[i];
+          });
+          resident.push_back(missed ? nullptr : slot_data(layer, slots[i]));
+        }
+        before_copies(resident);
+      }
       fill(layer, misses);
     } catch (...) {
       for (auto m : misses) pool.abandon(m.expert, m.slot);

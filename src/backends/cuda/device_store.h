@@ -9,6 +9,7 @@
 // on the GPU) that the host tier holds are copied into VRAM staging ahead of the router, and a
 // staged expert is promoted into its pool (a copy on the device) only when routing asks for it;
 // predicted experts the host tier lacks are handed to its own prefetch from disk.
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -42,8 +43,13 @@ class DeviceExpertStore final : public ExpertPrefetcher {
   int free_capacity(int layer) const { return capacity(layer) - pools_[size_t(layer)]->pinned(); }
 
   // As ExpertStore::acquire, returning device addresses of the records. A miss is published once
-  // its copy is ordered before all later work of the compute stream.
-  std::vector<const uint8_t*> acquire(int layer, const std::vector<int>& experts);
+  // its copy is ordered before all later work of the compute stream. Where the layer misses some
+  // and `before_copies` is given, it gets the addresses of the experts already in VRAM (null for
+  // the misses) before the misses' copies are queued, so that the compute stream may take them
+  // up while the copies run.
+  using ResidentFirst = std::function<void(const std::vector<const uint8_t*>&)>;
+  std::vector<const uint8_t*> acquire(int layer, const std::vector<int>& experts,
+                                      const ResidentFirst& before_copies = {});
   void release(int layer);
   // Whether routing `expert` of `layer` now needs no copy from the host: it is in the layer's
   // pool, or in VRAM staging (a promotion on the device).
