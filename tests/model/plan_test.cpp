@@ -116,5 +116,36 @@ TEST(HostTierPlan, AutoSizesTheHostTierFromTheBudget) {
   EXPECT_EQ(describe_host_tier(plan), "host tier: staging for one token only (--host-cache 0)");
 }
 
+// --cpu-experts N under --vram: the first N MoE layers' pools keep the floor (one token's
+// experts) and the slots they leave go to the other layers, none past its expert count.
+TEST(VramPlan, StaticCpuLayersLeaveTheirSlotsToTheOthers) {
+  const Embedded m;
+  ModelOptions opt;
+  opt.device = Device::Cuda;
+  const int L = int(m.index.layers.size());
+  // A budget whose pools hold some of each layer's experts.
+  opt.vram_budget = m.dense + (uint64_t(24) << 20) + m.row() * uint64_t(m.cfg.n_experts) / 4;  // KV, activations
+  MemoryPlan plan;
+  const StoreOptions plain = vram_store_options(kQ4, m.cfg, m.index, m.dense, 0, opt, plan);
+  ASSERT_GT(plain.slots, m.cfg.top_k);
+  ASSERT_LT(plain.slots, m.cfg.n_experts);
+  for (int n : {1, 3}) {
+    opt.cpu_experts = {.mode = CpuExperts::Mode::Layers, .layers = n};
+    const StoreOptions s = vram_store_options(kQ4, m.cfg, m.index, m.dense, 0, opt, plan);
+    int64_t total = 0, plain_total = 0;
+    for (int i = 0; i < L; ++i) {
+      const ExpertLayer& l = m.index.layers[size_t(i)];
+      const int cap = layer_capacity(s, l);
+      total += cap;
+      plain_total += layer_capacity(plain, l);
+      if (i < n) EXPECT_EQ(cap, m.cfg.top_k) << l.name;
+      else EXPECT_GE(cap, plain.slots) << l.name;
+      EXPECT_LE(cap, l.n_experts) << l.name;
+    }
+    EXPECT_LE(total, plain_total) << n << " static layers";
+    EXPECT_GT(total, plain_total - int64_t(L)) << n << " static layers: slots lost to rounding only";
+  }
+}
+
 }  // namespace
 }  // namespace ms
