@@ -195,11 +195,12 @@ void DeviceExpertStore::fill(int layer, const std::vector<ExpertPool::Miss>& mis
       demand.push_back(m);
       continue;
     }
+    // A promotion within VRAM: counted as a prefetch used, not as bytes over the host link
+    // (whose rate the pool's bytes and copy time give).
     copy_.copy_on_device(slot_data(layer, m.slot), staging_data(buffer), stride);
     staged_[size_t(buffer)] = {};
     std::lock_guard lk(stats_mu_);
     ++prefetch_stats_[size_t(layer)].used;
-    bytes += stride;
   }
   if (!demand.empty() && prefetch_in_flight_) {  // for the width: demand copies queued behind predictions
     if (copy_.marked_done()) prefetch_in_flight_ = false;
