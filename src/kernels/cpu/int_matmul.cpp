@@ -136,8 +136,64 @@ HWY_INLINE int32_t DotUnit(const int16_t* HWY_RESTRICT q, const int16_t* HWY_RES
   return hn::GetLane(hn::SumOfLanes(d32, hn::Add(s0, s1)));
 }
 
+// Σ q·lo and Σ q·hi over n int16 values (a unit) in one pass over q: exact in int32 each.
+HWY_INLINE void DotUnitPair(const int16_t* HWY_RESTRICT q, const int16_t* HWY_RESTRICT lo,
+                            const int16_t* HWY_RESTRICT hi, int n, int32_t* sum_lo, int32_t* sum_hi) {
+  const D16 d16;
+  const hn::Repartition<int32_t, D16> d32;
+  auto a0 = hn::Zero(d32), a1 = hn::Zero(d32), b0 = hn::Zero(d32), b1 = hn::Zero(d32);
+  for (size_t i = 0; i < size_t(n); i += hn::Lanes(d16)) {
+    const auto qv = hn::Load(d16, q + i);
+#if HWY_TARGET == HWY_AVX3_DL
+    a0 = decltype(a0){_mm256_dpwssd_epi32(a0.raw, qv.raw, hn::LoadU(d16, lo + i).raw)};
+    b0 = decltype(b0){_mm256_dpwssd_epi32(b0.raw, qv.raw, hn::LoadU(d16, hi + i).raw)};
+#else
+    a0 = hn::ReorderWidenMulAccumulate(d32, qv, hn::LoadU(d16, lo + i), a0, a1);
+    b0 = hn::ReorderWidenMulAccumulate(d32, qv, hn::LoadU(d16, hi + i), b0, b1);
+#endif
+  }
+  a0 = hn::Add(a0, a1), b0 = hn::Add(b0, b1);
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // Both sums at once (8 lanes): interleaved within each 128-bit block and added, the halves
+  // added, then the two 64-bit halves: lane 0 holds Σlo, lane 1 Σhi.
+  const hn::Half<decltype(d32)> d4;
+  const auto v = hn::Add(hn::InterleaveLower(d32, a0, b0), hn::InterleaveUpper(d32, a0, b0));
+  const auto w = hn::Add(hn::LowerHalf(d4, v), hn::UpperHalf(d4, v));
+  const auto z = hn::Add(w, hn::Shuffle1032(w));
+  *sum_lo = hn::GetLane(z);
+  *sum_hi = hn::ExtractLane(z, 1);
+#else
+  *sum_lo = hn::GetLane(hn::SumOfLanes(d32, a0));
+  *sum_hi = hn::GetLane(hn::SumOfLanes(d32, b0));
+#endif
+}
+
+// One token (a decode step's, the hybrid decode's CPU experts): each row's sum kept in a
+// register, and a unit's codes read once for both halves of X. The same steps as IntRows.
+template <int kBits>
+void IntRowsOne(const IntInput& in, const QuantMat& W, float* y, size_t r0, size_t r1) {
+  const int units = W.cols / W.group, G = W.group;
+  HWY_ALIGN int16_t q[128];
+  const size_t row_bytes = W.row_bytes();
+  for (size_t r = r0; r < r1; ++r) {
+    const uint8_t* row = W.q + r * row_bytes;
+    float acc = 0.f;
+    for (int u = 0; u < units; ++u) {
+      WidenUnit<kBits>(row + size_t(u) * size_t(G) * kBits / 8, G, q);
+      const size_t g = r * size_t(units) + size_t(u), at = size_t(u) * size_t(G);
+      int32_t lo, hi;
+      DotUnitPair(q, in.lo.data() + at, in.hi.data() + at, G, &lo, &hi);
+      const int64_t D = int64_t(lo) + 32768 * int64_t(hi);
+      acc = std::fma(float(D), W.scale(g) * in.split.pow2[size_t(u)], acc);
+      acc = std::fma(W.bias(g), in.split.xsum[size_t(u)], acc);
+    }
+    y[r] = acc;
+  }
+}
+
 template <int kBits>
 void IntRows(const IntInput& in, int T, const QuantMat& W, float* y, size_t r0, size_t r1) {
+  if (T == 1) return IntRowsOne<kBits>(in, W, y, r0, r1);
   const int units = W.cols / W.group, G = W.group;
   HWY_ALIGN int16_t q[128];
   const size_t row_bytes = W.row_bytes();

@@ -130,7 +130,7 @@ std::vector<float> inputs(size_t n, std::mt19937& rng) {
 
 TEST(IntMatmul, WithinItsBoundOfExactSums) {
   const Case cases[] = {{4, 64, 33, 256, 1}, {4, 32, 70, 512, 5}, {4, 128, 16, 1024, 17},
-                        {8, 32, 9, 128, 3},  {8, 64, 40, 384, 2}, {8, 128, 5, 256, 33}};
+                        {8, 32, 9, 128, 3},  {8, 64, 40, 384, 2}, {8, 128, 5, 256, 33}, {8, 128, 12, 256, 1}};
   std::mt19937 rng(7);
   for (const Case& k : cases)
     for (ScaleType st : {ScaleType::BF16, ScaleType::F16}) {
