@@ -51,38 +51,51 @@ int CudaBackend::pick(const float* logits, int vocab, const PickInputs& in) cons
   return cuda::pick(logits, vocab, in, state.sampler);
 }
 
-void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const float* x, float* out, int* routes,
-                             float* router_probs) const {
-  if (hybrid) return moe_decode_int(cfg, w, x, out, routes, router_probs);
+cuda::RecordMat record_mat(const ProjLayout& l) {
+  return {.bits = l.bits, .group = l.group, .rows = l.rows, .cols = l.cols, .q_offset = l.q_offset,
+          .scales_offset = l.scales_offset, .biases_offset = l.biases_offset, .scale_type = l.scale_type};
+}
+
+void CudaBackend::begin_decode_layer(const ModelConfig& cfg, const FfnWeights& w, const float* x, DecodeLayer& d) const {
   // The shared expert's buffers live past the join: taken and given back on the compute stream.
   const bool has_shared = cfg.shared_inter > 0;
   const size_t shared_inter = has_shared ? size_t(w.shared_expert.gate.rows) : 0;
-  Buf shared = alloc(has_shared ? size_t(cfg.hidden) : 0), shared_h = alloc(shared_inter), shared_u = alloc(shared_inter);
-  std::optional<cuda::SideStream> side;
+  d.shared = alloc(has_shared ? size_t(cfg.hidden) : 0);
+  d.shared_h = alloc(shared_inter), d.shared_u = alloc(shared_inter);
   if (has_shared) {
-    side.emplace();
-    mlp(mlp_weights(w.shared_expert), x, 1, shared_h.data(), shared_u.data(), shared.data());
-    side->end();
+    d.side.emplace();
+    mlp(mlp_weights(w.shared_expert), x, 1, d.shared_h.data(), d.shared_u.data(), d.shared.data());
+    d.side->end();
   }
   const int E = cfg.n_experts, K = cfg.top_k, layer = w.store_layer;
   if ((size_t(layer) + 1) * size_t(K) > state.route_ids.size())
     fail("expert layer {} is past the {} layers of routes a forward keeps", layer, state.route_ids.size() / size_t(K));
   // The shared expert gate's logit after the router's, where its row was copied with theirs.
-  const bool gate_with_router = has_shared && weights.stacked({&w.router, &w.shared_expert_gate});
-  Buf logits = alloc(size_t(E) + 1), weights = alloc(size_t(K));
-  int* ids = state.route_ids.data() + size_t(layer) * size_t(K);
-  float* probs = state.route_probs.data() + size_t(layer) * size_t(E);
-  if (gate_with_router) matmul_stack(x, 1, {&w.router, &w.shared_expert_gate}, logits.data());
-  else matmul(x, 1, mat(w.router), logits.data());
-  const uint8_t* const* table = experts->resident_table(layer);
-  cuda::DeviceArray<const uint8_t*> records{size_t(K)};
-  const std::array<ProjLayout, 3>& p = w.record_layout->proj;
-  auto record_mat = [](const ProjLayout& l) {
-    return cuda::RecordMat{.bits = l.bits, .group = l.group, .rows = l.rows, .cols = l.cols, .q_offset = l.q_offset,
-                           .scales_offset = l.scales_offset, .biases_offset = l.biases_offset,
-                           .scale_type = l.scale_type};
-  };
-  const cuda::RecordMat proj[3] = {record_mat(p[0]), record_mat(p[1]), record_mat(p[2])};
+  d.gate_with_router = has_shared && weights.stacked({&w.router, &w.shared_expert_gate});
+  d.logits = alloc(size_t(E) + 1), d.weights = alloc(size_t(K));
+  d.ids = state.route_ids.data() + size_t(layer) * size_t(K);
+  d.probs = state.route_probs.data() + size_t(layer) * size_t(E);
+  if (d.gate_with_router) matmul_stack(x, 1, {&w.router, &w.shared_expert_gate}, d.logits.data());
+  else matmul(x, 1, mat(w.router), d.logits.data());
+  d.table = experts->resident_table(layer);
+  d.records = cuda::DeviceArray<const uint8_t*>(size_t(K));
+  for (int m = 0; m < 3; ++m) d.proj[m] = record_mat(w.record_layout->proj[size_t(m)]);
+}
+
+void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const float* x, float* out, int* routes,
+                             float* router_probs) const {
+  if (hybrid) return moe_decode_int(cfg, w, x, out, routes, router_probs);
+  DecodeLayer d;
+  begin_decode_layer(cfg, w, x, d);
+  const int E = cfg.n_experts, K = cfg.top_k, layer = w.store_layer;
+  const bool gate_with_router = d.gate_with_router;
+  Buf &shared = d.shared, &logits = d.logits, &weights = d.weights;
+  std::optional<cuda::SideStream>& side = d.side;
+  int* ids = d.ids;
+  float* probs = d.probs;
+  const uint8_t* const* table = d.table;
+  cuda::DeviceArray<const uint8_t*>& records = d.records;
+  const cuda::RecordMat(&proj)[3] = d.proj;
   Buf scratch = alloc(cuda::moe_scratch_floats(1, K, proj));
   const float* shared_out = gate_with_router ? shared.data() : nullptr;
   const cuda::InlineRoute route{.logits = logits.data(), .E = E, .norm_topk = cfg.norm_topk, .probs = probs, .ids = ids,
@@ -109,7 +122,7 @@ void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const 
     if (side) side->join();
     cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data(), shared_out, logits.data() + E);
   }
-  if (has_shared && !gate_with_router) shared_gate_add(out, shared.data(), x, mat(w.shared_expert_gate), 1, cfg.hidden);
+  if (cfg.shared_inter > 0 && !gate_with_router) shared_gate_add(out, shared.data(), x, mat(w.shared_expert_gate), 1, cfg.hidden);
   // Slots held until the kernels are queued: the copy stream orders any refill after them.
   if (!table) experts->release(layer);
   if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});
@@ -143,34 +156,16 @@ HybridExperts::Split CudaBackend::place_and_run(int layer, const GpuExperts& run
 
 void CudaBackend::moe_decode_int(const ModelConfig& cfg, const FfnWeights& w, const float* x, float* out, int* routes,
                                  float* router_probs) const {
-  const bool has_shared = cfg.shared_inter > 0;
-  const size_t shared_inter = has_shared ? size_t(w.shared_expert.gate.rows) : 0;
-  Buf shared = alloc(has_shared ? size_t(cfg.hidden) : 0), shared_h = alloc(shared_inter), shared_u = alloc(shared_inter);
-  std::optional<cuda::SideStream> side;
-  if (has_shared) {
-    side.emplace();
-    mlp(mlp_weights(w.shared_expert), x, 1, shared_h.data(), shared_u.data(), shared.data());
-    side->end();
-  }
+  DecodeLayer d;
+  begin_decode_layer(cfg, w, x, d);
   const int E = cfg.n_experts, K = cfg.top_k, H = cfg.hidden, layer = w.store_layer;
-  if ((size_t(layer) + 1) * size_t(K) > state.route_ids.size())
-    fail("expert layer {} is past the {} layers of routes a forward keeps", layer, state.route_ids.size() / size_t(K));
-  const bool gate_with_router = has_shared && weights.stacked({&w.router, &w.shared_expert_gate});
-  Buf logits = alloc(size_t(E) + 1), weights_buf = alloc(size_t(K));
-  int* ids = state.route_ids.data() + size_t(layer) * size_t(K);
-  float* probs = state.route_probs.data() + size_t(layer) * size_t(E);
-  if (gate_with_router) matmul_stack(x, 1, {&w.router, &w.shared_expert_gate}, logits.data());
-  else matmul(x, 1, mat(w.router), logits.data());
-  const uint8_t* const* table = experts->resident_table(layer);
-  cuda::DeviceArray<const uint8_t*> records{size_t(K)};
-  cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs, ids, weights_buf.data(), table, records.data());
-  const std::array<ProjLayout, 3>& p = w.record_layout->proj;
-  auto record_mat = [](const ProjLayout& l) {
-    return cuda::RecordMat{.bits = l.bits, .group = l.group, .rows = l.rows, .cols = l.cols, .q_offset = l.q_offset,
-                           .scales_offset = l.scales_offset, .biases_offset = l.biases_offset,
-                           .scale_type = l.scale_type};
-  };
-  const cuda::RecordMat proj[3] = {record_mat(p[0]), record_mat(p[1]), record_mat(p[2])};
+  const bool has_shared = cfg.shared_inter > 0;
+  Buf &shared = d.shared, &logits = d.logits, &weights_buf = d.weights;
+  int* ids = d.ids;
+  const uint8_t* const* table = d.table;
+  cuda::DeviceArray<const uint8_t*>& records = d.records;
+  const cuda::RecordMat(&proj)[3] = d.proj;
+  cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, d.probs, ids, weights_buf.data(), table, records.data());
   Buf partial = alloc(size_t(K) * size_t(H));
   cuda::DeviceArray<uint8_t> scratch(cuda::int_records_scratch_bytes(K, proj));
   auto run_gpu = [&](const uint8_t* const* device_records) {
@@ -205,9 +200,9 @@ void CudaBackend::moe_decode_int(const ModelConfig& cfg, const FfnWeights& w, co
     }
     hybrid->record(layer, split, cpu_s);
   }
-  if (side) side->join();
+  if (d.side) d.side->join();
   cuda::sum_slots(partial.data(), 1, K, H, out);
-  if (gate_with_router) cuda::shared_logit_add(out, shared.data(), logits.data() + E, 1, H);
+  if (d.gate_with_router) cuda::shared_logit_add(out, shared.data(), logits.data() + E, 1, H);
   else if (has_shared) shared_gate_add(out, shared.data(), x, mat(w.shared_expert_gate), 1, H);
   if (!table) experts->release(layer);
   if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <vector>
 
 #include "backends/cuda/device_state.h"
@@ -16,11 +17,15 @@
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/int_gemm.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/stream.h"
 #include "kernels/sampling.h"
 #include "model/moe.h"
 #include "model/weights.h"
 
 namespace ms {
+
+// A record's projection as the CUDA kernels take it.
+cuda::RecordMat record_mat(const ProjLayout& l);
 
 struct CudaBackend {
   using Buf = cuda::DeviceArray<float>;
@@ -209,6 +214,23 @@ struct CudaBackend {
   // of the router's. Where T is 1 and the layer's experts are an engine directory's.
   void moe_decode(const ModelConfig& cfg, const FfnWeights& w, const float* x, float* out, int* routes,
                   float* router_probs) const;
+  // What both decode paths begin a MoE layer with: the shared expert queued on a side stream, the
+  // router's logits (with the shared gate's where its row was copied with theirs), where the
+  // layer's ids and probabilities go, its resident table (null where it streams), room for K
+  // record addresses and the records' layout.
+  struct DecodeLayer {
+    // Declared before `side`, whose end joins the side stream: the shared expert's buffers are
+    // given back (on the compute stream) only after that.
+    Buf shared, shared_h, shared_u, logits, weights;
+    std::optional<cuda::SideStream> side;
+    bool gate_with_router = false;
+    int* ids = nullptr;
+    float* probs = nullptr;
+    const uint8_t* const* table = nullptr;
+    cuda::DeviceArray<const uint8_t*> records;
+    cuda::RecordMat proj[3];
+  };
+  void begin_decode_layer(const ModelConfig& cfg, const FfnWeights& w, const float* x, DecodeLayer& d) const;
   // moe_decode under the hybrid decode: the routed experts by cuda::int_expert_records into a row
   // per slot, summed in slot order (sum_slots), then the shared expert's gated add. Where the
   // layer streams, the ids, weights and input come to the host in one wait, the placement splits

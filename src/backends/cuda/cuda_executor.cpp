@@ -117,11 +117,7 @@ class CudaExecutor final : public Executor {
     for (size_t i = 0; i < pool_->index().layers.size(); ++i) {
       const ExpertLayer& l = pool_->index().layers[i];
       cuda::RecordMat proj[3];
-      for (int m = 0; m < 3; ++m) {
-        const ProjLayout& p = l.proj[size_t(m)];
-        proj[m] = {.bits = p.bits, .group = p.group, .rows = p.rows, .cols = p.cols, .q_offset = p.q_offset,
-                   .scales_offset = p.scales_offset, .biases_offset = p.biases_offset, .scale_type = p.scale_type};
-      }
+      for (int m = 0; m < 3; ++m) proj[m] = record_mat(l.proj[size_t(m)]);
       if (!hybrid_layout(proj)) {
         hybrid_off_ = fmt::format("{}'s experts ({}-bit group {} {}) have no integer kernel", l.name, proj[0].bits,
                                   proj[0].group, scale_type_name(proj[0].scale_type));
