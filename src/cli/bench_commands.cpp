@@ -162,7 +162,12 @@ TierMoves tier_moves(const TierSummary& now, const TierSummary& before) {
   d.pool.hits = a.hits - b.hits, d.pool.misses = a.misses - b.misses;
   d.pool.bytes_read = a.bytes_read - b.bytes_read, d.pool.stall_s = a.stall_s - b.stall_s;
   const PlacementStats &p = now.placed, &q = before.placed;
-  d.placed = {p.gpu - q.gpu, p.copied - q.copied, p.cpu - q.cpu, p.cpu_busy_s - q.cpu_busy_s, p.gpu_wait_s - q.gpu_wait_s};
+  d.placed = {p.gpu - q.gpu,
+              p.copied - q.copied,
+              p.cpu - q.cpu,
+              p.cpu_busy_s - q.cpu_busy_s,
+              p.cpu_wait_s - q.cpu_wait_s,
+              p.gpu_wait_s - q.gpu_wait_s};
   return d;
 }
 

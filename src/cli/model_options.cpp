@@ -370,11 +370,11 @@ void print_placement(const PoolTier& vram, std::FILE* out) {
   PlacementStats total;
   for (const LayerStats& l : vram.layers) total += l.placed;
   if (total.gpu + total.copied + total.cpu == 0) return;
-  fmt::print(out, "{:>22} {:>9} {:>9} {:>9} {:>11} {:>11}\n", "layer", "in vram", "copied", "on cpu", "cpu busy s",
-             "gpu wait s");
+  fmt::print(out, "{:>22} {:>9} {:>9} {:>9} {:>11} {:>11} {:>11}\n", "layer", "in vram", "copied", "on cpu", "cpu busy s",
+             "cpu wait s", "gpu wait s");
   auto row = [&](const std::string& name, const PlacementStats& p) {
-    fmt::print(out, "{:>22} {:>9} {:>9} {:>9} {:>11.3f} {:>11.3f}\n", name, p.gpu, p.copied, p.cpu, p.cpu_busy_s,
-               p.gpu_wait_s);
+    fmt::print(out, "{:>22} {:>9} {:>9} {:>9} {:>11.3f} {:>11.3f} {:>11.3f}\n", name, p.gpu, p.copied, p.cpu,
+               p.cpu_busy_s, p.cpu_wait_s, p.gpu_wait_s);
   };
   for (const LayerStats& l : vram.layers) row(l.name, l.placed);
   row("total", total);

@@ -60,9 +60,11 @@ Placement cost_of(const LayerMisses& m, const PlacementRates& r, int n_cpu);
 struct PlacementStats {
   uint64_t gpu = 0, copied = 0, cpu = 0;
   double cpu_busy_s = 0;  // the CPU computing experts
+  double cpu_wait_s = 0;  // the host idle until the GPU reached the layer's routing
   double gpu_wait_s = 0;  // the GPU idle until the CPU's sums arrived
   PlacementStats& operator+=(const PlacementStats& o) {
-    gpu += o.gpu, copied += o.copied, cpu += o.cpu, cpu_busy_s += o.cpu_busy_s, gpu_wait_s += o.gpu_wait_s;
+    gpu += o.gpu, copied += o.copied, cpu += o.cpu, cpu_busy_s += o.cpu_busy_s, cpu_wait_s += o.cpu_wait_s;
+    gpu_wait_s += o.gpu_wait_s;
     return *this;
   }
 };

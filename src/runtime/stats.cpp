@@ -130,7 +130,8 @@ PrefetchReport prefetch_report(const Model& model) {
 
 namespace {
 ojson placement_json(const PlacementStats& p) {
-  return {{"gpu", p.gpu}, {"copied", p.copied}, {"cpu", p.cpu}, {"cpu_busy_s", p.cpu_busy_s}, {"gpu_wait_s", p.gpu_wait_s}};
+  return {{"gpu", p.gpu},           {"copied", p.copied},         {"cpu", p.cpu},
+          {"cpu_busy_s", p.cpu_busy_s}, {"cpu_wait_s", p.cpu_wait_s}, {"gpu_wait_s", p.gpu_wait_s}};
 }
 
 ojson tiers_json(const std::vector<TierSummary>& tiers) {

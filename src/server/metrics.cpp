@@ -76,6 +76,8 @@ void tier_metrics(Writer& w, const std::vector<TierSummary>& tiers) {
     w.sample("experts_placed_total", double(p.copied), "where=\"copied\"");
     w.sample("experts_placed_total", double(p.cpu), "where=\"cpu\"");
     w.metric("hybrid_cpu_busy_seconds_total", "counter", "Time the CPU computed experts beside the GPU.", p.cpu_busy_s);
+    w.metric("hybrid_cpu_wait_seconds_total", "counter", "Time the host waited for the GPU to reach a layer's routing.",
+             p.cpu_wait_s);
     w.metric("hybrid_gpu_wait_seconds_total", "counter", "Time the GPU waited for the CPU's experts.", p.gpu_wait_s);
   }
 }

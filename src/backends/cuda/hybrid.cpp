@@ -167,7 +167,7 @@ void HybridExperts::settle() {
 void HybridExperts::record(int layer, const Split& s, double cpu_s) {
   const int gpu = int(s.gpu_slots.size()) - s.copied;
   store_.add_placement(layer, {.gpu = uint64_t(gpu), .copied = uint64_t(s.copied), .cpu = uint64_t(s.cpu_slots.size()),
-                               .cpu_busy_s = cpu_s});
+                               .cpu_busy_s = cpu_s, .cpu_wait_s = waited_s_});
   if (!s.cpu_slots.empty()) cpu_rate_.add(cpu_s / double(s.cpu_slots.size()));
   rates_.cpu_expert_s = cpu_rate_.value();
   pending_layer_ = layer;

@@ -48,8 +48,10 @@ class HybridExperts {
   // Waits on the host for the work queued on the compute stream so far (and only that: not the
   // copy stream's copies ahead).
   void wait_for_compute() {
+    const auto start = std::chrono::steady_clock::now();
     mark_.record();
     mark_.wait();
+    waited_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
   // rows_host()[k] = weight_k · expert(ids[k])(x) for each CPU slot k, from the host tier's
@@ -76,6 +78,7 @@ class HybridExperts {
   PlacementRates rates_;
   RateEstimate cpu_rate_, gpu_rate_;
   int pending_layer_ = -1, pending_gpu_ = 0;
+  double waited_s_ = 0;  // the last wait_for_compute's
 };
 
 // Whether the hybrid decode takes experts of this layout: the integer product's (4 or 8 bits,
