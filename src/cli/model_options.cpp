@@ -213,8 +213,9 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool default_model) {
       ->check(int_in(1, 1 << 16));
   cmd->add_option("--cpu-experts", a.cpu_experts,
                   "cuda: where a decode token's experts missing from VRAM run: auto (each copied to VRAM or computed by "
-                  "the CPU from the host tier, by measured cost; the same answer either way), off (every miss copied), "
-                  "or N (the first N MoE layers' experts always on the CPU, as llama.cpp's --n-cpu-moe)")
+                  "the CPU from the host tier, by measured cost; the same answer either way), off (every miss copied; "
+                  "the default until the hybrid decode is measured on a GPU), or N (the first N MoE layers' experts "
+                  "always on the CPU, as llama.cpp's --n-cpu-moe)")
       ->capture_default_str()
       ->check(parses_with([](const std::string& s) { parse_cpu_experts(s); }, "auto|off|N"));
   cmd->add_option("--threads", a.threads, "CPU threads for the CPU's kernels and experts (default: MOESTREAM_THREADS or the cores)")
@@ -282,7 +283,7 @@ ModelOptions model_options(const ModelArgs& a) {
   o.host_cache_auto = o.device == Device::Cuda && (a.host_cache.empty() || a.host_cache == "auto");
   o.cuda_graphs = !a.no_cuda_graphs;
   o.cpu_experts = parse_cpu_experts(a.cpu_experts);
-  if (o.device == Device::Cpu && (a.cpu_experts != "auto" || !a.h2d_rate.empty()))
+  if (o.device == Device::Cpu && (a.cpu_experts != "off" || !a.h2d_rate.empty()))
     fail("--cpu-experts and --h2d-rate place experts between the CPU and the GPU: they need --device cuda");
   if (!a.h2d_rate.empty()) o.experts.h2d_rate = double(parse_bytes(a.h2d_rate));
   if (a.threads > 0) ThreadPool::set_global_threads(a.threads);

@@ -203,6 +203,11 @@ TEST(Cli, VramAndHostCacheNeedDeviceCuda) {
   EXPECT_NE(err.find("8Q"), std::string::npos) << err;
   EXPECT_EQ(run_cli("generate --device cuda --host-policy mru --ids 3" + model, &out, &err), 2);
   EXPECT_NE(err.find("--host-policy"), std::string::npos) << err;
+  // Where experts run beside the GPU is a GPU run's choice too.
+  for (const char* flag : {" --cpu-experts auto", " --cpu-experts 2", " --h2d-rate 25G"}) {
+    EXPECT_EQ(run_cli(std::string("generate --device cpu --ids 3") + flag + model, &out, &err), 1) << flag;
+    EXPECT_NE(err.find("--cpu-experts and --h2d-rate"), std::string::npos) << flag << ": " << err;
+  }
 }
 
 TEST(Cli, GenerateRejectsTokenOutsideVocabulary) {

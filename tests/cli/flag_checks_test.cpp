@@ -57,6 +57,8 @@ const std::vector<Refused> kModelFlags = {
     {"--prefetch-width lots", "--prefetch-width"}, {"--prefetch-staging 0", "--prefetch-staging"},
     {"--kv-bits 5,3", "--kv-bits"},     {"--kv-bits 4,", "--kv-bits"},     {"--kv-bits four", "--kv-bits"},
     {"--kv-bits 4,3,2", "--kv-bits"},   {"--kv-group 48", "--kv-group"},   {"--kv-rotation so3", "--kv-rotation"},
+    {"--cpu-experts some", "--cpu-experts"}, {"--cpu-experts -1", "--cpu-experts"},
+    {"--threads 0", "--threads"},       {"--h2d-rate fast", "--h2d-rate"},
 };
 
 const std::vector<Refused> kSamplingFlags = {

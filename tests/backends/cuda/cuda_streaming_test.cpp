@@ -223,7 +223,9 @@ TEST(CudaHybrid, PycoderQ4IsBitIdenticalWhereverItsExpertsRun) {
   const ModelConfig cfg = load_config(dir);
   const std::vector<int> prompt = prompt_of(40, 8192);
   const int n_new = 6;
-  const RunResult want = run_model(dir, on_gpu(), prompt, n_new);
+  ModelOptions all = on_gpu();
+  all.cpu_experts = {.mode = CpuExperts::Mode::Auto};  // the integer product, every expert in VRAM
+  const RunResult want = run_model(dir, all, prompt, n_new);
   EXPECT_EQ(placed(want.vram).cpu, uint64_t(0)) << "every expert in VRAM";
   const uint64_t row = slot_row_bytes(dir);
   struct Mode {
