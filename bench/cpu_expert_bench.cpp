@@ -2,7 +2,8 @@
 // microseconds and GB/s of its weights, beside the machine's streaming-read rate measured in the
 // same run. Shape: the 80B-A3B expert (gate and up [512, 2048], down [2048, 512]), 4-bit g64 by
 // default. "cold": one of many experts cycled through, well beyond the caches (what decode sees);
-// "hot": one expert repeated. Threads: MOESTREAM_THREADS or the cores.
+// "hot": one expert repeated; "4 at once": cold experts four to a call of cpu::int_experts (a
+// layer's CPU experts), per expert. Threads: MOESTREAM_THREADS or the cores.
 //   bench_cpu_expert [bits] [group]
 #include <cstdio>
 #include <cstdlib>
@@ -63,8 +64,20 @@ int main(int argc, char** argv) {
   const double hot = ms::bench::median_seconds([&] {
                        for (int i = 0; i < kPerRun; ++i) run(false);
                      }) / kPerRun;
+  constexpr int kBatch = 4;
+  std::vector<float> ys(size_t(kBatch) * kHidden);
+  const double batched = ms::bench::median_seconds([&] {
+                           for (int i = 0; i < kPerRun / kBatch; ++i) {
+                             std::vector<ms::cpu::IntExpertJob> jobs;
+                             for (int j = 0; j < kBatch; ++j) {
+                               const Expert& e = experts[next++ % experts.size()];
+                               jobs.push_back({e.gate.view(), e.up.view(), e.down.view(), 0.5f, ys.data() + size_t(j) * kHidden});
+                             }
+                             ms::cpu::int_experts(x.data(), jobs);
+                           }
+                         }) / kPerRun;
   std::vector<uint64_t> buf(kColdBytes / 8, 1);
-  std::printf("cpu expert %d-bit g%d, %.2f MB, %d threads, %s: cold %.1f us (%.2f GB/s), hot %.1f us; memory read %.1f GB/s\n",
+  std::printf("cpu expert %d-bit g%d, %.2f MB, %d threads, %s: cold %.1f us (%.2f GB/s), hot %.1f us, %d at once %.1f us; memory read %.1f GB/s\n",
               bits, group, double(bytes) / 1e6, ms::ThreadPool::global().size(), ms::cpu::int_matmul_target(), cold * 1e6,
-              double(bytes) / cold / 1e9, hot * 1e6, ms::bench::stream_read_gbs(buf));
+              double(bytes) / cold / 1e9, hot * 1e6, kBatch, batched * 1e6, ms::bench::stream_read_gbs(buf));
 }

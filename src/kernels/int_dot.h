@@ -128,6 +128,20 @@ MS_INT_DOT_FN float silu(float x) {
   return MS_FMUL(x, x < 0.f ? MS_FMUL(e, r) : r);
 }
 
+#undef MS_FMUL
+#undef MS_FADD
+#undef MS_FDIV
+#undef MS_RINT
+#undef MS_FMA
+
+// Whether gate, up and down (each of a supported layout) form one expert the integer expert
+// kernels take: gate and up of one layout and shape [I, H], down [H, I]. M: QuantMat or cuda::Mat.
+template <class M>
+bool expert_shapes_match(const M& gate, const M& up, const M& down) {
+  return gate.bits == up.bits && gate.group == up.group && gate.scale_type == up.scale_type && gate.rows == up.rows &&
+         gate.cols == up.cols && down.rows == gate.cols && down.cols == gate.rows;
+}
+
 // X's balanced base-256 digits, byte p of the result the signed digit p (mma_dot.cuh's digits).
 MS_INT_DOT_FN uint32_t digits(int32_t X) { return (uint32_t(X) + 0x808080u) ^ 0x808080u; }
 

@@ -88,43 +88,35 @@ void CudaBackend::moe_decode(const ModelConfig& cfg, const FfnWeights& w, const 
   DecodeLayer d;
   begin_decode_layer(cfg, w, x, d);
   const int E = cfg.n_experts, K = cfg.top_k, layer = w.store_layer;
-  const bool gate_with_router = d.gate_with_router;
-  Buf &shared = d.shared, &logits = d.logits, &weights = d.weights;
-  std::optional<cuda::SideStream>& side = d.side;
-  int* ids = d.ids;
-  float* probs = d.probs;
-  const uint8_t* const* table = d.table;
-  cuda::DeviceArray<const uint8_t*>& records = d.records;
-  const cuda::RecordMat(&proj)[3] = d.proj;
-  Buf scratch = alloc(cuda::moe_scratch_floats(1, K, proj));
-  const float* shared_out = gate_with_router ? shared.data() : nullptr;
-  const cuda::InlineRoute route{.logits = logits.data(), .E = E, .norm_topk = cfg.norm_topk, .probs = probs, .ids = ids,
-                                .weights = weights.data(), .table = table, .records = records.data()};
-  if (cuda::routes_in_gate_up(route, K, proj)) {
+  Buf scratch = alloc(cuda::moe_scratch_floats(1, K, d.proj));
+  const float* shared_out = d.gate_with_router ? d.shared.data() : nullptr;
+  const cuda::InlineRoute route{.logits = d.logits.data(), .E = E, .norm_topk = cfg.norm_topk, .probs = d.probs, .ids = d.ids,
+                                .weights = d.weights.data(), .table = d.table, .records = d.records.data()};
+  if (cuda::routes_in_gate_up(route, K, d.proj)) {
     // The experts' first launch routes the token itself, and the shared expert joins before the
     // second, the first to read its output: no launch stands between the router and the experts,
     // and the shared expert runs beside both.
-    cuda::moe_gate_up_routed(x, K, route, proj, scratch.data());
-    if (side) side->join();
-    cuda::moe_down(scratch.data(), 1, K, records.data(), weights.data(), proj, out, shared_out, logits.data() + E);
+    cuda::moe_gate_up_routed(x, K, route, d.proj, scratch.data());
+    if (d.side) d.side->join();
+    cuda::moe_down(scratch.data(), 1, K, d.records.data(), d.weights.data(), d.proj, out, shared_out, d.logits.data() + E);
   } else {
-    cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, probs, ids, weights.data(), table, records.data());
-    if (!table) {
+    cuda::route_topk(d.logits.data(), 1, E, K, cfg.norm_topk, d.probs, d.ids, d.weights.data(), d.table, d.records.data());
+    if (!d.table) {
       std::vector<int> host_ids(static_cast<size_t>(K));
       hand_over_predictions(layer);
-      cuda::copy_to_host(host_ids.data(), ids, host_ids.size() * sizeof(int));
+      cuda::copy_to_host(host_ids.data(), d.ids, host_ids.size() * sizeof(int));
       experts->count_routes(layer, host_ids.data(), K);  // the usage history's counts
       const std::vector<const uint8_t*> acquired = experts->acquire(layer, host_ids);
       // Queued, not waited for: a synchronous copy would wait for the misses' copies the compute
       // stream now waits on, and the GPU would idle while the host queued what follows.
-      cuda::copy_to_device_async(records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
+      cuda::copy_to_device_async(d.records.data(), acquired.data(), acquired.size() * sizeof(const uint8_t*));
     }
-    if (side) side->join();
-    cuda::moe_experts(x, 1, K, records.data(), weights.data(), proj, out, scratch.data(), shared_out, logits.data() + E);
+    if (d.side) d.side->join();
+    cuda::moe_experts(x, 1, K, d.records.data(), d.weights.data(), d.proj, out, scratch.data(), shared_out, d.logits.data() + E);
   }
-  if (cfg.shared_inter > 0 && !gate_with_router) shared_gate_add(out, shared.data(), x, mat(w.shared_expert_gate), 1, cfg.hidden);
+  if (cfg.shared_inter > 0 && !d.gate_with_router) shared_gate_add(out, d.shared.data(), x, mat(w.shared_expert_gate), 1, cfg.hidden);
   // Slots held until the kernels are queued: the copy stream orders any refill after them.
-  if (!table) experts->release(layer);
+  if (!d.table) experts->release(layer);
   if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});
 }
 
@@ -144,13 +136,16 @@ HybridExperts::Split CudaBackend::place_and_run(int layer, const GpuExperts& run
     return t;
   };
   // The experts already in VRAM run while the misses' copies are queued and land; the copied
-  // ones after them (the compute stream waits for the copies).
+  // ones after them (the compute stream waits for the copies). A table with no slot is not run.
+  auto run_some = [&](const std::vector<const uint8_t*>& t) {
+    if (std::any_of(t.begin(), t.end(), [](const uint8_t* r) { return r != nullptr; })) run(t);
+  };
   std::vector<const uint8_t*> ran;
   const std::vector<const uint8_t*> acquired = experts->acquire(layer, gpu_ids, [&](const std::vector<const uint8_t*>& resident) {
-    run(table_of(resident, {}));
+    run_some(table_of(resident, {}));
     ran = resident;
   });
-  run(table_of(acquired, ran));
+  run_some(table_of(acquired, ran));
   return split;
 }
 
@@ -160,26 +155,21 @@ void CudaBackend::moe_decode_int(const ModelConfig& cfg, const FfnWeights& w, co
   begin_decode_layer(cfg, w, x, d);
   const int E = cfg.n_experts, K = cfg.top_k, H = cfg.hidden, layer = w.store_layer;
   const bool has_shared = cfg.shared_inter > 0;
-  Buf &shared = d.shared, &logits = d.logits, &weights_buf = d.weights;
-  int* ids = d.ids;
-  const uint8_t* const* table = d.table;
-  cuda::DeviceArray<const uint8_t*>& records = d.records;
-  const cuda::RecordMat(&proj)[3] = d.proj;
-  cuda::route_topk(logits.data(), 1, E, K, cfg.norm_topk, d.probs, ids, weights_buf.data(), table, records.data());
+  cuda::route_topk(d.logits.data(), 1, E, K, cfg.norm_topk, d.probs, d.ids, d.weights.data(), d.table, d.records.data());
   Buf partial = alloc(size_t(K) * size_t(H));
-  cuda::DeviceArray<uint8_t> scratch(cuda::int_records_scratch_bytes(K, proj));
+  cuda::DeviceArray<uint8_t> scratch(cuda::int_records_scratch_bytes(K, d.proj));
   auto run_gpu = [&](const uint8_t* const* device_records) {
-    cuda::int_expert_records(x, K, device_records, weights_buf.data(), proj, partial.data(), scratch.data());
+    cuda::int_expert_records(x, K, device_records, d.weights.data(), d.proj, partial.data(), scratch.data());
   };
-  if (table) {
-    run_gpu(records.data());
+  if (d.table) {
+    run_gpu(d.records.data());
   } else {
     hand_over_predictions(layer);
     // One wait brings the layer's input, ids and weights to the host (pinned: the three copies
     // queue together).
     cuda::copy_to_host_async(hybrid->x_host(), x, size_t(H) * sizeof(float));
-    cuda::copy_to_host_async(hybrid->ids_host(), ids, size_t(K) * sizeof(int));
-    cuda::copy_to_host_async(hybrid->weights_host(), weights_buf.data(), size_t(K) * sizeof(float));
+    cuda::copy_to_host_async(hybrid->ids_host(), d.ids, size_t(K) * sizeof(int));
+    cuda::copy_to_host_async(hybrid->weights_host(), d.weights.data(), size_t(K) * sizeof(float));
     hybrid->wait_for_compute();
     hybrid->gpu_experts().start();
     const HybridExperts::Split split = place_and_run(layer, [&](const std::vector<const uint8_t*>& host_table) {
@@ -202,9 +192,9 @@ void CudaBackend::moe_decode_int(const ModelConfig& cfg, const FfnWeights& w, co
   }
   if (d.side) d.side->join();
   cuda::sum_slots(partial.data(), 1, K, H, out);
-  if (d.gate_with_router) cuda::shared_logit_add(out, shared.data(), logits.data() + E, 1, H);
-  else if (has_shared) shared_gate_add(out, shared.data(), x, mat(w.shared_expert_gate), 1, H);
-  if (!table) experts->release(layer);
+  if (d.gate_with_router) cuda::shared_logit_add(out, d.shared.data(), d.logits.data() + E, 1, H);
+  else if (has_shared) shared_gate_add(out, d.shared.data(), x, mat(w.shared_expert_gate), 1, H);
+  if (!d.table) experts->release(layer);
   if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});
 }
 

@@ -141,12 +141,14 @@ double HybridExperts::compute(int layer, const std::vector<int>& cpu_slots) {
   for (int k : cpu_slots) ids.push_back(ids_host()[k]);
   const std::vector<const uint8_t*> records = store_.acquire_host(layer, ids);
   const ExpertLayer& l = store_.index().layers[size_t(layer)];
+  std::vector<cpu::IntExpertJob> jobs;
+  for (size_t i = 0; i < cpu_slots.size(); ++i) {
+    const int k = cpu_slots[i];
+    jobs.push_back({host_mat(l.proj[0], records[i]), host_mat(l.proj[1], records[i]), host_mat(l.proj[2], records[i]),
+                    weights_host()[k], rows_host() + size_t(k) * size_t(hidden_)});
+  }
   try {
-    for (size_t i = 0; i < cpu_slots.size(); ++i) {
-      const int k = cpu_slots[i];
-      cpu::int_expert(x_host(), host_mat(l.proj[0], records[i]), host_mat(l.proj[1], records[i]),
-                      host_mat(l.proj[2], records[i]), weights_host()[k], rows_host() + size_t(k) * size_t(hidden_));
-    }
+    cpu::int_experts(x_host(), jobs);
   } catch (...) {
     store_.release_host(layer);
     throw;

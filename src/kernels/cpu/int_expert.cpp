@@ -12,24 +12,47 @@ namespace ms::cpu {
 
 bool int_expert_supported(const QuantMat& gate, const QuantMat& up, const QuantMat& down) {
   return int_matmul_supported(gate) && int_matmul_supported(up) && int_matmul_supported(down) &&
-         gate.bits == up.bits && gate.group == up.group && gate.scale_type == up.scale_type && gate.rows == up.rows &&
-         gate.cols == up.cols && down.rows == gate.cols && down.cols == gate.rows;
+         int_dot::expert_shapes_match(gate, up, down);
 }
 
-void int_expert(const float* x, const QuantMat& gate, const QuantMat& up, const QuantMat& down, float weight,
-                float* out) {
+namespace {
+
+void require_supported(const QuantMat& gate, const QuantMat& up, const QuantMat& down) {
   if (!int_expert_supported(gate, up, down))
     fail("cpu::int_expert: no integer kernel for gate/up {}-bit group {} {} [{}, {}] and down {}-bit group {} {} [{}, {}]",
          gate.bits, gate.group, scale_type_name(gate.scale_type), gate.rows, gate.cols, down.bits, down.group,
          scale_type_name(down.scale_type), down.rows, down.cols);
-  thread_local std::vector<float> h, u;
-  const size_t I = size_t(gate.rows), H = size_t(down.rows);
-  h.resize(I), u.resize(I);
-  int_matmul(x, 1, gate, h.data());
-  int_matmul(x, 1, up, u.data());
-  for (size_t i = 0; i < I; ++i) h[i] = int_dot::silu(h[i]) * u[i];
-  int_matmul(h.data(), 1, down, out);
-  for (size_t i = 0; i < H; ++i) out[i] = weight * out[i];
+}
+
+}  // namespace
+
+void int_expert(const float* x, const QuantMat& gate, const QuantMat& up, const QuantMat& down, float weight,
+                float* out) {
+  const IntExpertJob job{gate, up, down, weight, out};
+  int_experts(x, {&job, 1});
+}
+
+void int_experts(const float* x, std::span<const IntExpertJob> jobs) {
+  if (jobs.empty()) return;
+  for (const IntExpertJob& j : jobs) require_supported(j.gate, j.up, j.down);
+  const size_t n = jobs.size(), I = size_t(jobs[0].gate.rows), H = size_t(jobs[0].down.rows);
+  // Gate and up of every job from one split of x: h = [gate_0, up_0, gate_1, up_1, ...].
+  thread_local std::vector<float> h;
+  thread_local std::vector<QuantMat> mats;
+  thread_local std::vector<float*> outs;
+  h.resize(2 * n * I), mats.clear(), outs.clear();
+  for (size_t j = 0; j < n; ++j) {
+    mats.push_back(jobs[j].gate), mats.push_back(jobs[j].up);
+    outs.push_back(h.data() + 2 * j * I), outs.push_back(h.data() + (2 * j + 1) * I);
+  }
+  int_matmul_each(x, 1, mats, outs);
+  for (size_t j = 0; j < n; ++j) {
+    float* g = h.data() + 2 * j * I;
+    const float* u = g + I;
+    for (size_t i = 0; i < I; ++i) g[i] = int_dot::silu(g[i]) * u[i];
+    int_matmul(g, 1, jobs[j].down, jobs[j].out);
+    for (size_t i = 0; i < H; ++i) jobs[j].out[i] = jobs[j].weight * jobs[j].out[i];
+  }
 }
 
 }  // namespace ms::cpu

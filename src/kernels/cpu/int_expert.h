@@ -3,6 +3,8 @@
 // cuda::int_expert_records give on the GPU: gate and up by int_matmul (kernels/int_dot.h's
 // product), int_dot::silu(gate)·up, down by int_matmul, times the routing weight. What lets the
 // hybrid decode compute some of a layer's experts on the CPU without changing the answer.
+#include <span>
+
 #include "quant/affine.h"
 
 namespace ms::cpu {
@@ -15,5 +17,17 @@ bool int_expert_supported(const QuantMat& gate, const QuantMat& up, const QuantM
 // throws naming the layouts where int_expert_supported is false.
 void int_expert(const float* x, const QuantMat& gate, const QuantMat& up, const QuantMat& down, float weight,
                 float* out);
+
+// One expert of int_experts: its projections, routing weight and output row [H].
+struct IntExpertJob {
+  QuantMat gate, up, down;
+  float weight = 1.f;
+  float* out = nullptr;
+};
+
+// int_expert for each job on one x, bit for bit: x split once for all gates and ups, whose rows
+// are shared out over the threads in one pass (a hybrid decode layer's CPU experts). The jobs'
+// projections must share one layout.
+void int_experts(const float* x, std::span<const IntExpertJob> jobs);
 
 }  // namespace ms::cpu

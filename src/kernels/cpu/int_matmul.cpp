@@ -1,5 +1,5 @@
-// cpu::int_matmul: kernels/int_dot.h's product. x is split once a call (a token's units: X, 2^e,
-// Σx, scalar as the definition reads), and X cut into two int16 halves, X = 32768·hi + lo with lo
+// cpu::int_matmul: kernels/int_dot.h's product. x is split once a call, int_matmul_each's for
+// all its matrices (a token's units: X, 2^e, Σx, scalar as the definition reads), and X cut into two int16 halves, X = 32768·hi + lo with lo
 // in [0, 32768) (|X| < 2^30: hi fits too). A row's unit of codes is widened to int16 once for all
 // tokens; each token's D is then two sums of int16 products in int32 lanes (vpmaddwd on x86,
 // vpdpwssd with AVX-512 VNNI: a product < 2^23, a unit's sum < 2^30, exact) that meet in int64, and the float steps follow in
@@ -215,14 +215,25 @@ void IntRows(const IntInput& in, int T, const QuantMat& W, float* y, size_t r0, 
   }
 }
 
-void IntMatmulImpl(const float* x, int T, const QuantMat& W, float* y) {
+// Each ys[i] = x · Ws[i]ᵀ, the Ws of one width and layout: x prepared once, and all their rows
+// shared out over the threads in one pass.
+void IntMatmulEachImpl(const float* x, int T, const QuantMat* Ws, float* const* ys, size_t n) {
   thread_local IntInput in;
-  PrepareInput(x, T, W, in);
+  PrepareInput(x, T, Ws[0], in);
   const IntInput* input = &in;  // the caller's: inside the lambda `in` is the worker's own
-  auto rows = W.bits == 8 ? &IntRows<8> : &IntRows<4>;
-  const size_t grain = std::max<size_t>(1, size_t(1 << 15) / size_t(W.cols));
+  const size_t rows = size_t(Ws[0].rows), grain = std::max<size_t>(1, size_t(1 << 15) / size_t(Ws[0].cols));
+  auto run = Ws[0].bits == 8 ? &IntRows<8> : &IntRows<4>;
+  // Row r of the whole is row r % rows of matrix r / rows (the Ws have rows rows each).
   ThreadPool::global().parallel_for(
-      size_t(W.rows), [&](size_t r0, size_t r1) { rows(*input, T, W, y, r0, r1); }, grain);
+      n * rows,
+      [&](size_t r0, size_t r1) {
+        while (r0 < r1) {
+          const size_t m = r0 / rows, end = std::min(r1, (m + 1) * rows);
+          run(*input, T, Ws[m], ys[m], r0 - m * rows, end - m * rows);
+          r0 = end;
+        }
+      },
+      grain);
 }
 
 const char* IntMatmulTarget() { return hwy::TargetName(HWY_TARGET); }
@@ -234,16 +245,38 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace ms::cpu {
 
-HWY_EXPORT(IntMatmulImpl);
+HWY_EXPORT(IntMatmulEachImpl);
 HWY_EXPORT(IntMatmulTarget);
 
-void int_matmul(const float* x, int T, const QuantMat& W, float* y) {
+namespace {
+
+void require_supported(const QuantMat& W) {
   if (!int_matmul_supported(W))
     fail("cpu::int_matmul: {}-bit group {} {} weights have no integer kernel (4 or 8 bits, groups of 32 to 128, "
          "bf16 or f16 scales)",
          W.bits, W.group, scale_type_name(W.scale_type));
+}
+
+}  // namespace
+
+void int_matmul(const float* x, int T, const QuantMat& W, float* y) {
+  require_supported(W);
   if (T <= 0 || W.rows <= 0) return;
-  HWY_DYNAMIC_DISPATCH(IntMatmulImpl)(x, T, W, y);
+  HWY_DYNAMIC_DISPATCH(IntMatmulEachImpl)(x, T, &W, &y, 1);
+}
+
+void int_matmul_each(const float* x, int T, std::span<const QuantMat> Ws, std::span<float* const> ys) {
+  if (Ws.size() != ys.size()) fail("cpu::int_matmul_each: {} matrices but {} outputs", Ws.size(), ys.size());
+  if (Ws.empty()) return;
+  for (const QuantMat& W : Ws) {
+    require_supported(W);
+    const QuantMat& A = Ws.front();
+    if (W.rows != A.rows || W.cols != A.cols || W.bits != A.bits || W.group != A.group || W.scale_type != A.scale_type)
+      fail("cpu::int_matmul_each: matrices of two layouts ({}-bit group {} [{}, {}] and {}-bit group {} [{}, {}])",
+           A.bits, A.group, A.rows, A.cols, W.bits, W.group, W.rows, W.cols);
+  }
+  if (T <= 0 || Ws.front().rows <= 0) return;
+  HWY_DYNAMIC_DISPATCH(IntMatmulEachImpl)(x, T, Ws.data(), ys.data(), Ws.size());
 }
 
 const char* int_matmul_target() { return HWY_DYNAMIC_DISPATCH(IntMatmulTarget)(); }

@@ -395,9 +395,7 @@ void int_matmul(const float* x, int T, const Mat& W, float* y, IntGemmTiles tile
 }
 
 bool int_experts_layout(const Mat& gate, const Mat& up, const Mat& down) {
-  return layout_of(gate) && layout_of(up) && layout_of(down) && gate.bits == up.bits && gate.group == up.group &&
-         gate.scale_type == up.scale_type && gate.rows == up.rows && gate.cols == up.cols &&
-         down.rows == gate.cols && down.cols == gate.rows;
+  return layout_of(gate) && layout_of(up) && layout_of(down) && int_dot::expert_shapes_match(gate, up, down);
 }
 
 void int_experts(const IntExperts& e, const float* x, int T, float* partial) {

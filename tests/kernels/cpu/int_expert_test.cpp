@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -151,6 +152,43 @@ TEST(IntExpert, RefusesOtherLayoutsByName) {
     FAIL() << "a 3-bit down projection was taken";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("down 3-bit group 64"), std::string::npos) << e.what();
+  }
+}
+
+// int_experts (one split of x for every gate and up, their rows shared out at once) gives each
+// expert the bits int_expert gives it alone; experts of two layouts are refused.
+TEST(IntExpert, ManyOnOneInputAreEachAloneBitForBit) {
+  constexpr int H = 256, I = 128, n = 5;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto make = [&](int rows, int cols, int bits) {
+    std::vector<float> w(size_t(rows) * cols);
+    for (auto& v : w) v = 0.05f * normal(rng);
+    return quantize(w.data(), rows, cols, bits, 64);
+  };
+  std::vector<QuantBuffer> owned;
+  for (int e = 0; e < n; ++e) owned.push_back(make(I, H, 4)), owned.push_back(make(I, H, 4)), owned.push_back(make(H, I, 8));
+  std::vector<float> x(H);
+  for (auto& v : x) v = normal(rng);
+  std::vector<float> many(size_t(n) * H, NAN), alone(size_t(n) * H, NAN);
+  std::vector<cpu::IntExpertJob> jobs;
+  for (int e = 0; e < n; ++e) {
+    const QuantMat g = owned[size_t(3 * e)].view(), u = owned[size_t(3 * e + 1)].view(), d = owned[size_t(3 * e + 2)].view();
+    const float wt = 0.1f * float(e + 1);
+    jobs.push_back({g, u, d, wt, many.data() + size_t(e) * H});
+    cpu::int_expert(x.data(), g, u, d, wt, alone.data() + size_t(e) * H);
+  }
+  cpu::int_experts(x.data(), jobs);
+  for (size_t i = 0; i < many.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(many[i]), std::bit_cast<uint32_t>(alone[i])) << "expert " << i / H << " row " << i % H;
+
+  const QuantBuffer g8 = make(I, H, 8), u8 = make(I, H, 8);
+  jobs[2].gate = g8.view(), jobs[2].up = u8.view();
+  try {
+    cpu::int_experts(x.data(), jobs);
+    FAIL() << "experts of two layouts were taken as one";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("two layouts"), std::string::npos) << e.what();
   }
 }
 
