@@ -358,9 +358,9 @@ void print_vram_tiers(const TierSummary& v, const TierSummary& h, std::FILE* out
   if (v.prefetch.predicted == 0) return;
   const PrefetchStats& p = v.prefetch;
   fmt::print(out,
-             "VRAM prefetch: predicted {}, copied ahead {}, used {}, wasted {}; recall {:.3f}, waste {:.3f}, demand misses "
-             "left {}\n",
-             p.predicted, p.issued, p.used, p.wasted, v.prefetch_summary.recall, v.prefetch_summary.waste,
+             "VRAM prefetch: predicted {}, copied ahead {}, used {}, wasted {}, left for the CPU {}; recall {:.3f}, waste "
+             "{:.3f}, demand misses left {}\n",
+             p.predicted, p.issued, p.used, p.wasted, p.for_cpu, v.prefetch_summary.recall, v.prefetch_summary.waste,
              v.prefetch_summary.demand_misses);
 }
 

@@ -73,6 +73,7 @@ PrefetchStats& PrefetchStats::operator+=(const PrefetchStats& o) {
   issued += o.issued;
   used += o.used;
   wasted += o.wasted;
+  for_cpu += o.for_cpu;
   no_buffer += o.no_buffer;
   bytes += o.bytes;
   return *this;

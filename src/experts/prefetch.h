@@ -47,6 +47,9 @@ struct PrefetchStats {
   uint64_t wasted = 0;     // staged experts dropped without use
   uint64_t no_buffer = 0;  // named but not read: every staging buffer was in flight or in use
   uint64_t bytes = 0;      // read by prefetch
+  // Named, not copied into VRAM: the hybrid decode's CPU is to compute them (read from disk into
+  // host memory where missing, their copies' PCIe time left to the experts the GPU computes).
+  uint64_t for_cpu = 0;
   PrefetchStats& operator+=(const PrefetchStats& o);
 };
 

@@ -156,6 +156,7 @@ ojson tiers_json(const std::vector<TierSummary>& tiers) {
                      {"moved_ahead", t.prefetch.issued},
                      {"used", t.prefetch.used},
                      {"wasted", t.prefetch.wasted},
+                     {"for_cpu", t.prefetch.for_cpu},
                      {"recall", t.prefetch_summary.recall},
                      {"waste", t.prefetch_summary.waste}}},
                    {"load",

@@ -60,6 +60,9 @@ void tier_metrics(Writer& w, const std::vector<TierSummary>& tiers) {
        [](const TierSummary& t) { return double(t.prefetch.used); }},
       {"tier_prefetch_wasted_total", "counter", "Predicted experts moved ahead into the tier and dropped unused.",
        [](const TierSummary& t) { return double(t.prefetch.wasted); }},
+      {"tier_prefetch_for_cpu_total", "counter",
+       "Predicted experts left in host memory for the CPU to compute (the hybrid decode), not copied.",
+       [](const TierSummary& t) { return double(t.prefetch.for_cpu); }},
       {"tier_load_seconds", "gauge", "Seconds the load took to fill the tier (every expert, or warm start).",
        [](const TierSummary& t) { return t.load.seconds; }},
   };

@@ -130,6 +130,10 @@ class CudaExecutor final : public Executor {
       if (i == 0) std::copy(proj, proj + 3, first);
     }
     hybrid_ = std::make_unique<HybridExperts>(*pool_, mode, first, cfg_.top_k, pool_->streams());
+    // Predicted experts the CPU is to compute stay in host memory rather than take PCIe time.
+    pool_->set_copy_share([h = hybrid_.get()](int layer, const std::vector<int>& misses, int resident) {
+      return h->copy_share(layer, misses, resident);
+    });
   }
 
   // Whether a decode step's MoE layers all route on the GPU to resident experts (moe_decode with

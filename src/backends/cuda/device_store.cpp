@@ -303,18 +303,22 @@ void DeviceExpertStore::prefetch(int layer, const std::vector<int>& experts, int
   PrefetchStats& st = prefetch_stats_[size_t(layer)];
   const size_t stride = host_.index().layers[size_t(layer)].stride;
   const size_t w = std::min(experts.size(), size_t(width_->width()) * size_t(std::max(1, tokens)));
-  std::vector<int> from_disk;
+  std::vector<int> misses, from_disk;
+  for (size_t i = 0; i < w; ++i)
+    if (pool.slot_of(experts[i]) < 0 && find_staged(layer, experts[i]) < 0) misses.push_back(experts[i]);
+  const size_t n_copy = copy_share_ ? std::min(misses.size(), copy_share_(layer, misses, int(w - misses.size()))) : misses.size();
   bool queued = false;
   std::unique_lock lk(stats_mu_);
-  for (size_t i = 0; i < w; ++i) {
-    const int e = experts[i];
-    ++st.predicted;
-    if (pool.slot_of(e) >= 0 || find_staged(layer, e) >= 0) continue;
+  st.predicted += w;
+  for (size_t i = 0; i < misses.size(); ++i) {
+    const int e = misses[i];
     const uint8_t* record = host_.resident_record(layer, e);
+    if (i >= n_copy) ++st.for_cpu;
     if (!record) {
       from_disk.push_back(e);
       continue;
     }
+    if (i >= n_copy) continue;  // in host memory, where the CPU reads it
     int dropped = -1;
     const int b = take_staging(&dropped);
     if (dropped >= 0) ++prefetch_stats_[size_t(dropped)].wasted;

@@ -74,6 +74,11 @@ class DeviceExpertStore final : public ExpertPrefetcher {
   int prefetch_width() const override { return width_ ? width_->width() : 0; }
   void prefetch(int layer, const std::vector<int>& experts, int tokens) override;
   bool prefetching() const { return !staged_.empty(); }
+  // How many of a layer's predicted misses (most likely first; `hits` predicted experts are in
+  // VRAM) prefetch copies into VRAM: the hybrid decode's placement, which leaves the rest to the
+  // CPU. Without one, all.
+  using CopyShare = std::function<size_t(int layer, const std::vector<int>& misses, int hits)>;
+  void set_copy_share(CopyShare share) { copy_share_ = std::move(share); }
   int staging_buffers() const { return int(staged_.size()); }
   size_t staging_bytes() const { return staging_.bytes(); }
   double mean_prefetch_width() const { return width_ ? width_->mean() : 0.0; }
@@ -145,6 +150,7 @@ class DeviceExpertStore final : public ExpertPrefetcher {
   std::vector<PrefetchStats> prefetch_stats_;  // [expert layer]
   std::vector<PlacementStats> placed_;         // [expert layer]
   std::unique_ptr<WidthController> width_;
+  CopyShare copy_share_;
   size_t predictions_ = 0;
   uint64_t window_misses_ = 0;  // demand copies since the width's last adaptation
   uint64_t behind_ = 0;         // demand batches queued behind prefetch copies

@@ -120,18 +120,21 @@ HybridExperts::Split HybridExperts::place(int layer, const int* ids, int K) cons
     for (int k = 0; k < K; ++k) s.cpu_slots.push_back(k);
     return s;
   }
-  std::vector<int> misses;  // slots, in routing order (the heaviest first: most worth keeping)
+  std::vector<int> misses, miss_ids;  // slots, in routing order (the heaviest first: most worth keeping)
   for (int k = 0; k < K; ++k) (store_.in_vram(layer, ids[k]) ? s.gpu_slots : misses).push_back(k);
-  size_t n_copy = misses.size();
-  if (mode_.mode == CpuExperts::Mode::Auto && !misses.empty()) {
-    LayerMisses m{.resident = int(s.gpu_slots.size()), .record_bytes = store_.index().layers[size_t(layer)].stride};
-    for (int k : misses) m.experts.push_back(ids[k]);
-    n_copy = place_misses(m, rates_).copy.size();
-  }
+  for (int k : misses) miss_ids.push_back(ids[k]);
+  const size_t n_copy = copy_share(layer, miss_ids, int(s.gpu_slots.size()));
   s.copied = int(n_copy);
   s.gpu_slots.insert(s.gpu_slots.end(), misses.begin(), misses.begin() + std::ptrdiff_t(n_copy));
   s.cpu_slots.assign(misses.begin() + std::ptrdiff_t(n_copy), misses.end());
   return s;
+}
+
+size_t HybridExperts::copy_share(int layer, const std::vector<int>& misses, int resident) const {
+  if (mode_.static_cpu(layer)) return 0;
+  if (mode_.mode != CpuExperts::Mode::Auto || misses.empty()) return misses.size();
+  const LayerMisses m{.experts = misses, .resident = resident, .record_bytes = store_.index().layers[size_t(layer)].stride};
+  return place_misses(m, rates_).copy.size();
 }
 
 double HybridExperts::compute(int layer, const std::vector<int>& cpu_slots) {

@@ -37,6 +37,10 @@ class HybridExperts {
     int copied = 0;  // of the GPU's slots, those not in VRAM now
   };
   Split place(int layer, const int* ids, int K) const;
+  // How many of a layer's misses (most worth keeping first) go to VRAM, `resident` of its
+  // experts being there: the rest the CPU computes. place's rule, also what the prefetch of
+  // predicted experts copies (DeviceExpertStore::set_copy_share).
+  size_t copy_share(int layer, const std::vector<int>& misses, int resident) const;
 
   // Pinned host memory for a layer's input [H], ids and weights [K] (the GPU writes them there),
   // and the CPU's rows [K, H].

@@ -232,10 +232,13 @@ TEST(CudaHybrid, PycoderQ4IsBitIdenticalWhereverItsExpertsRun) {
     const char* what;
     CpuExperts cpu;
     double h2d_rate;
+    PrefetchMode prefetch = PrefetchMode::Auto;
   };
+  // With prefetch, predicted experts the CPU is to compute stay in host memory (for_cpu).
   const Mode modes[] = {{"every layer on the CPU", {.mode = CpuExperts::Mode::Layers, .layers = 1000}, 0},
                         {"the first layer on the CPU", {.mode = CpuExperts::Mode::Layers, .layers = 1}, 0},
-                        {"auto, copies at 50 MB/s", {}, 5e7}};
+                        {"auto, copies at 50 MB/s, prefetch off", {}, 5e7, PrefetchMode::Off},
+                        {"auto, copies at 50 MB/s, prefetch on", {}, 5e7, PrefetchMode::On}};
   for (int threads : {1, 3}) {
     ThreadPool::set_global_threads(threads);
     for (int slots : {cfg.top_k, (cfg.top_k + cfg.n_experts) / 2})
@@ -244,6 +247,7 @@ TEST(CudaHybrid, PycoderQ4IsBitIdenticalWhereverItsExpertsRun) {
           ModelOptions opt = on_gpu(slots, host_cache);
           opt.cpu_experts = m.cpu;
           opt.experts.h2d_rate = m.h2d_rate;
+          opt.experts.prefetch.mode = m.prefetch;
           const RunResult got = run_model(dir, opt, prompt, n_new);
           const std::string what = std::string(m.what) + ", " + std::to_string(slots) + " VRAM slots, host cache " +
                                    std::to_string(host_cache / row) + " rows, " + std::to_string(threads) + " threads";
@@ -252,6 +256,7 @@ TEST(CudaHybrid, PycoderQ4IsBitIdenticalWhereverItsExpertsRun) {
           EXPECT_GT(p.cpu, uint64_t(0)) << what;
           if (m.cpu.layers == 1000) EXPECT_EQ(p.gpu + p.copied, uint64_t(0)) << what;
           if (m.cpu.layers == 1) EXPECT_GT(p.gpu + p.copied, uint64_t(0)) << what;
+          if (m.prefetch == PrefetchMode::On) EXPECT_GT(prefetch_total(got.vram).for_cpu, uint64_t(0)) << what;
         }
   }
   ThreadPool::set_global_threads(0);
