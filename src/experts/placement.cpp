@@ -29,6 +29,12 @@ std::string describe(const CpuExperts& c) {
   return "";
 }
 
+double LayerMisses::cpu_expert_s(size_t i, const PlacementRates& r) const {
+  const int u = users.empty() ? 1 : users[i];
+  const double io = r.h2d_bytes_per_s > 0 ? double(u) * double(row_bytes) / r.h2d_bytes_per_s : 0;
+  return r.cpu_expert_s + double(u - 1) * r.cpu_token_s + io;
+}
+
 Placement cost_of(const LayerMisses& m, const PlacementRates& r, int n_cpu) {
   const int n = int(m.experts.size());
   const int n_copy = n - n_cpu;
@@ -38,7 +44,8 @@ Placement cost_of(const LayerMisses& m, const PlacementRates& r, int n_cpu) {
   const double copies_s =
       n_copy > 0 && r.h2d_bytes_per_s > 0 ? m.copy_backlog_s + double(n_copy) * double(m.record_bytes) / r.h2d_bytes_per_s : 0;
   p.gpu_s = std::max(double(m.resident) * r.gpu_expert_s, copies_s) + double(n_copy) * r.gpu_expert_s;
-  p.cpu_s = n_cpu > 0 ? r.cpu_round_trip_s + double(n_cpu) * r.cpu_expert_s : 0;
+  p.cpu_s = n_cpu > 0 ? r.cpu_round_trip_s : 0;
+  for (int i = n_copy; i < n; ++i) p.cpu_s += m.cpu_expert_s(size_t(i), r);
   p.copy.assign(m.experts.begin(), m.experts.begin() + n_copy);
   p.cpu.assign(m.experts.begin() + n_copy, m.experts.end());
   return p;

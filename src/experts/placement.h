@@ -1,7 +1,7 @@
 #pragma once
-// Where a layer's VRAM misses run when the GPU is short of VRAM (the hybrid GPU + CPU decode):
-// each routed expert that is not in VRAM is either copied there over PCIe and computed by the GPU,
-// or computed by the CPU cores from the host tier while the GPU works. A layer's GPU side takes
+// Where a layer's VRAM misses run when the GPU is short of VRAM (the hybrid GPU + CPU decode, and
+// its prompt chunks): each routed expert that is not in VRAM is either copied there over PCIe and
+// computed by the GPU, or computed by the CPU cores from the host tier while the GPU works. A layer's GPU side takes
 // the longer of its resident experts' compute and the copies, then the copied experts' compute;
 // its CPU side, the round trip of the layer's input and partial sums, then its experts' compute.
 // place_misses balances the two sides from rates measured at start and kept current
@@ -31,6 +31,9 @@ struct PlacementRates {
   double gpu_expert_s = 0;      // one routed expert's compute on the GPU, its record in VRAM
   double cpu_expert_s = 0;      // the same on the CPU from the host tier, at the run's threads
   double cpu_round_trip_s = 0;  // the layer's input to the host and the CPU's partial sums back
+  // A prompt chunk's expert on the CPU: each token after the first (the weights are read once);
+  // an expert serving u tokens takes cpu_expert_s + (u − 1)·cpu_token_s.
+  double cpu_token_s = 0;
 };
 
 // A layer's misses as the store sees them when its routing is known.
@@ -39,6 +42,13 @@ struct LayerMisses {
   int resident = 0;           // routed experts already in VRAM
   size_t record_bytes = 0;    // of one expert
   double copy_backlog_s = 0;  // copies queued on the copy stream before these (prefetch)
+  // A prompt chunk's: the tokens each miss serves (empty: one each, a decode token's), and the
+  // bytes of one token's row, which goes to the host and comes back for each of a CPU expert's
+  // tokens over the copy link (a decode token's single row is in cpu_round_trip_s).
+  std::vector<int> users;
+  size_t row_bytes = 0;
+  // The CPU's time for miss i (of experts).
+  double cpu_expert_s(size_t i, const PlacementRates& r) const;
 };
 
 struct Placement {
@@ -47,9 +57,10 @@ struct Placement {
   double expected_s() const { return gpu_s > cpu_s ? gpu_s : cpu_s; }
 };
 
-// The side each miss runs on: the first misses (most worth keeping) copied, the rest computed by
-// the CPU, split where the slower side is fastest; where two splits tie, the one copying more
-// (a copy also serves later tokens). Without a CPU side every miss is copied.
+// The side each miss runs on: the first misses (most worth keeping; in a prompt chunk, those
+// serving the most tokens) copied, the rest computed by the CPU, split where the slower side is
+// fastest; where two splits tie, the one copying more (a copy also serves later tokens). Without
+// a CPU side every miss is copied.
 Placement place_misses(const LayerMisses& m, const PlacementRates& r);
 
 // Each side's expected time for a given split (place_misses' model).

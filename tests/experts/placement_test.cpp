@@ -117,6 +117,29 @@ TEST(Placement, TiesKeepTheCopies) {
   EXPECT_EQ(place_misses(m, r).copy.size(), 1u);  // 1 ms either way: copied
 }
 
+// A prompt chunk: an expert serving u tokens costs the CPU cpu_expert_s + (u − 1)·cpu_token_s
+// and its rows' trips over the link, a copy the same whatever u. The experts serving many tokens
+// are copied, the CPU takes the tail of experts serving few.
+TEST(Placement, APromptChunkCopiesTheExpertsServingTheMostTokens) {
+  PlacementRates r = pcie(25);
+  r.cpu_token_s = 12e-6;
+  LayerMisses m = misses(10, 6);
+  m.users = {60, 31, 17, 9, 4, 2, 1, 1, 1, 1};  // most first, as the caller orders them
+  m.row_bytes = 8192;
+  EXPECT_DOUBLE_EQ(m.cpu_expert_s(4, r), 40e-6 + 3 * 12e-6 + 4 * 8192 / 25e9);
+  EXPECT_DOUBLE_EQ(cost_of(m, r, 2).cpu_s, r.cpu_round_trip_s + 2 * (40e-6 + 8192 / 25e9));
+  const Placement p = place_misses(m, r);
+  EXPECT_DOUBLE_EQ(p.expected_s(), best_time(m, r));
+  ASSERT_FALSE(p.copy.empty());
+  ASSERT_FALSE(p.cpu.empty());
+  EXPECT_EQ(p.copy.front(), 100);  // the expert of 60 tokens
+  EXPECT_EQ(p.cpu.back(), 109);
+  // Counted as single tokens, the same misses would send more to the CPU.
+  LayerMisses single = m;
+  single.users.clear();
+  EXPECT_GT(place_misses(single, r).cpu.size(), p.cpu.size());
+}
+
 TEST(RateEstimate, StartsFromTheMeasuredRateAndFollowsSamples) {
   RateEstimate e(10.0, 0.5);
   e.add(20.0);

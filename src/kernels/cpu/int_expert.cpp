@@ -32,6 +32,20 @@ void int_expert(const float* x, const QuantMat& gate, const QuantMat& up, const 
   int_experts(x, {&job, 1});
 }
 
+void int_expert_tokens(const float* x, int n, const QuantMat& gate, const QuantMat& up, const QuantMat& down,
+                       float* y) {
+  require_supported(gate, up, down);
+  if (n <= 0) return;
+  thread_local std::vector<float> h, u;
+  const size_t I = size_t(gate.rows) * size_t(n);
+  h.resize(I), u.resize(I);
+  const QuantMat mats[] = {gate, up};
+  float* const outs[] = {h.data(), u.data()};
+  int_matmul_each(x, n, mats, outs);
+  for (size_t i = 0; i < I; ++i) h[i] = int_dot::silu(h[i]) * u[i];
+  int_matmul(h.data(), n, down, y);
+}
+
 void int_experts(const float* x, std::span<const IntExpertJob> jobs) {
   if (jobs.empty()) return;
   for (const IntExpertJob& j : jobs) require_supported(j.gate, j.up, j.down);

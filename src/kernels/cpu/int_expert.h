@@ -18,6 +18,11 @@ bool int_expert_supported(const QuantMat& gate, const QuantMat& up, const QuantM
 void int_expert(const float* x, const QuantMat& gate, const QuantMat& up, const QuantMat& down, float weight,
                 float* out);
 
+// y [n, H] = down(silu(gate·x) · (up·x)) for n tokens x [n, H], unweighted (the GPU scales each
+// user's row as it scatters them, one rounding as int_expert's): int_expert's bits token by token
+// (a prompt chunk's expert the hybrid prefill computes on the CPU).
+void int_expert_tokens(const float* x, int n, const QuantMat& gate, const QuantMat& up, const QuantMat& down, float* y);
+
 // One expert of int_experts: its projections, routing weight and output row [H].
 struct IntExpertJob {
   QuantMat gate, up, down;

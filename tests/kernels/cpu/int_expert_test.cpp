@@ -156,7 +156,8 @@ TEST(IntExpert, RefusesOtherLayoutsByName) {
 }
 
 // int_experts (one split of x for every gate and up, their rows shared out at once) gives each
-// expert the bits int_expert gives it alone; experts of two layouts are refused.
+// expert the bits int_expert gives it alone, as int_expert_tokens does each token of a chunk;
+// experts of two layouts are refused.
 TEST(IntExpert, ManyOnOneInputAreEachAloneBitForBit) {
   constexpr int H = 256, I = 128, n = 5;
   std::mt19937 rng(5);
@@ -181,6 +182,19 @@ TEST(IntExpert, ManyOnOneInputAreEachAloneBitForBit) {
   cpu::int_experts(x.data(), jobs);
   for (size_t i = 0; i < many.size(); ++i)
     ASSERT_EQ(std::bit_cast<uint32_t>(many[i]), std::bit_cast<uint32_t>(alone[i])) << "expert " << i / H << " row " << i % H;
+
+  // A prompt chunk's expert over several tokens: each token's row, scaled, is int_expert's.
+  const int T = 7;
+  std::vector<float> xs(size_t(T) * H), ys(size_t(T) * H, NAN), one(H);
+  for (auto& v : xs) v = normal(rng);
+  const QuantMat g = owned[0].view(), u = owned[1].view(), d = owned[2].view();
+  cpu::int_expert_tokens(xs.data(), T, g, u, d, ys.data());
+  for (int t = 0; t < T; ++t) {
+    cpu::int_expert(xs.data() + size_t(t) * H, g, u, d, 0.3f, one.data());
+    for (int h = 0; h < H; ++h)
+      ASSERT_EQ(std::bit_cast<uint32_t>(0.3f * ys[size_t(t) * H + size_t(h)]), std::bit_cast<uint32_t>(one[size_t(h)]))
+          << "token " << t << " row " << h;
+  }
 
   const QuantBuffer g8 = make(I, H, 8), u8 = make(I, H, 8);
   jobs[2].gate = g8.view(), jobs[2].up = u8.view();
