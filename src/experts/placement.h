@@ -66,8 +66,9 @@ Placement place_misses(const LayerMisses& m, const PlacementRates& r);
 // Each side's expected time for a given split (place_misses' model).
 Placement cost_of(const LayerMisses& m, const PlacementRates& r, int n_cpu);
 
-// Where a layer's routed experts ran, over some decode steps: computed on the GPU from VRAM
-// (hits), copied into VRAM then computed there, or computed by the CPU; and each side's time.
+// Where a layer's routed experts ran, over some decode steps and prompt chunks: computed on the
+// GPU from VRAM (hits), copied into VRAM then computed there, or computed by the CPU; and each
+// side's time (the waits are decode steps').
 struct PlacementStats {
   uint64_t gpu = 0, copied = 0, cpu = 0;
   double cpu_busy_s = 0;  // the CPU computing experts

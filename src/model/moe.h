@@ -106,6 +106,18 @@ concept TogetherExperts =
       be.run_together(be.expert_groups(users, weights, 0), calls, x, 0, y);
     };
 
+// Whether B computes some of a T-token forward's experts elsewhere beside its own (the CUDA
+// backend's hybrid prefill: on the CPU): take_elsewhere removes them from `order` before the
+// rest are queued, and run_elsewhere computes them and puts their users' rows into `partial`
+// (the same bits as the backend's own) once the rest are queued.
+template <class B>
+concept ElsewhereExperts =
+    GroupedMoe<B> && requires(const B& be, const float* x, float* y, std::vector<int>& order,
+                              const std::vector<std::vector<int>>& users, const std::vector<float>& weights) {
+      { be.take_elsewhere(0, x, 0, order, users) } -> std::same_as<std::vector<int>>;
+      be.run_elsewhere(0, be.expert_groups(users, weights, 0), std::vector<int>{}, users, y);
+    };
+
 // Forwards of at most this many (token, slot) pairs run the experts that are ready together;
 // longer ones (prompt chunks) give each expert enough rows to amortise its own barriers.
 constexpr int kBatchedExpertRows = 64;
@@ -174,6 +186,8 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
     auto* store = be.experts;
     if constexpr (requires { store->count_routes(0, r.ids.data(), 0); })  // the usage history's counts
       store->count_routes(w.store_layer, r.ids.data(), T * K);
+    std::vector<int> elsewhere;
+    if constexpr (ElsewhereExperts<B>) elsewhere = be.take_elsewhere(w.store_layer, x, T, order, users);
     const size_t cap = size_t(store->free_capacity(w.store_layer));
     for (size_t b = 0; b < order.size(); b += cap) {
       const std::vector<int> wave(order.begin() + std::ptrdiff_t(b), order.begin() + std::ptrdiff_t(std::min(order.size(), b + cap)));
@@ -193,6 +207,11 @@ void routed_experts(const B& be, const ModelConfig& cfg, const FfnWeights& w, co
         flush();
       }
       store->release(w.store_layer);
+    }
+    if constexpr (ElsewhereExperts<B>) {
+      add_first();
+      flush();
+      if (!elsewhere.empty()) be.run_elsewhere(w.store_layer, groups, elsewhere, users, partial.data());
     }
   }
   add_first();

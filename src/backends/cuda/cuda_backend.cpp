@@ -198,6 +198,40 @@ void CudaBackend::moe_decode_int(const ModelConfig& cfg, const FfnWeights& w, co
   if (routes || router_probs) pending_routes.push_back({routes, router_probs, layer});
 }
 
+static_assert(TogetherExperts<CudaBackend> && ElsewhereExperts<CudaBackend>, "model/moe.h would not take them");
+
+std::vector<int> CudaBackend::take_elsewhere(int layer, const float* x, int T, std::vector<int>& order,
+                                             const std::vector<std::vector<int>>& users) const {
+  if (!hybrid || T < cuda::kIntGemmMinTokens || experts->resident_table(layer)) return {};
+  chunk_split = hybrid->place_chunk(layer, order, users);
+  const std::vector<int>& cpu = chunk_split.cpu;
+  if (cpu.empty()) {
+    hybrid->record_chunk(layer, chunk_split, 0);
+    return {};
+  }
+  std::erase_if(order, [&](int e) { return std::find(cpu.begin(), cpu.end(), e) != cpu.end(); });
+  size_t rows = 0;
+  for (int e : cpu) rows += users[size_t(e)].size();
+  hybrid->queue_chunk_input(x, T, rows);  // before the GPU's experts: the CPU need not wait for them
+  return cpu;
+}
+
+void CudaBackend::run_elsewhere(int layer, const ExpertGroups& g, const std::vector<int>& cpu,
+                                const std::vector<std::vector<int>>& users, float* partial) const {
+  const int H = hybrid->hidden(), K = state.top_k;
+  const double cpu_s = hybrid->compute_chunk(layer, cpu, users, K);
+  size_t rows = 0;
+  for (int e : cpu) rows += users[size_t(e)].size();
+  Buf up = alloc(rows * size_t(H));
+  cuda::copy_to_device_async(up.data(), hybrid->chunk_rows(), up.bytes());
+  size_t at = 0;
+  for (int e : cpu) {
+    scatter_users(g, e, up.data() + at * size_t(H), H, partial);
+    at += users[size_t(e)].size();
+  }
+  hybrid->record_chunk(layer, chunk_split, cpu_s);
+}
+
 void CudaBackend::to_host_later(const Buf& b, int target, std::function<void(const float*)> then) const {
   PredictionSlots& slots = state.prediction_slots();
   const int slot = slots.put(b.data(), b.size());

@@ -41,6 +41,7 @@ struct CudaBackend {
   // The hybrid decode (--cpu-experts other than off): a decode token's routed experts take the
   // integer product, and the VRAM misses the placement gives the CPU are computed there.
   HybridExperts* hybrid = nullptr;
+  mutable HybridExperts::ChunkSplit chunk_split;  // take_elsewhere's, for run_elsewhere's statistics
 
   Buf alloc(size_t n) const { return Buf(n); }
   Buf upload(const std::vector<float>& host) const { return Buf::from(host.data(), host.size()); }
@@ -198,6 +199,14 @@ struct CudaBackend {
   }
   void run_together(const ExpertGroups& g, const std::vector<ExpertCall>& calls, const float* x, int T,
                     float* partial) const;
+  // model/moe.h's ElsewhereExperts, the hybrid prefill: of a prompt chunk's experts (from
+  // kIntGemmMinTokens tokens on, where the GPU's take the integer product) the misses the
+  // placement gives the CPU, and every expert of a --cpu-experts N layer. Their users' rows come
+  // up in one copy and are scaled into `partial` as the GPU's are.
+  std::vector<int> take_elsewhere(int layer, const float* x, int T, std::vector<int>& order,
+                                  const std::vector<std::vector<int>>& users) const;
+  void run_elsewhere(int layer, const ExpertGroups& g, const std::vector<int>& experts,
+                     const std::vector<std::vector<int>>& users, float* partial) const;
 
  private:
   static int users_of(const ExpertGroups& g, int e) { return int(g.first[size_t(e) + 1] - g.first[size_t(e)]); }

@@ -47,9 +47,10 @@ HybridExperts::HybridExperts(DeviceExpertStore& store, const CpuExperts& mode, c
 }
 
 std::string HybridExperts::describe() const {
-  return fmt::format("{}; rates: copy {:.1f} GB/s, an expert {:.1f} us on the GPU and {:.1f} us on the CPU, round trip {:.1f} us",
+  return fmt::format("{}; rates: copy {:.1f} GB/s, an expert {:.1f} us on the GPU and {:.1f} us on the CPU (+{:.1f} us "
+                     "a further token of a prompt chunk), round trip {:.1f} us",
                      ms::describe(mode_), rates_.h2d_bytes_per_s / 1e9, rates_.gpu_expert_s * 1e6,
-                     rates_.cpu_expert_s * 1e6, rates_.cpu_round_trip_s * 1e6);
+                     rates_.cpu_expert_s * 1e6, rates_.cpu_token_s * 1e6, rates_.cpu_round_trip_s * 1e6);
 }
 
 // Each rate the fastest of a few runs after a first that warms caches and mappings.
@@ -62,13 +63,20 @@ void HybridExperts::measure_start_rates(const cuda::RecordMat (&proj)[3]) {
   {
     const std::vector<const uint8_t*> rec = store_.acquire_host(0, {0});
     const ExpertLayer& l = store_.index().layers.front();
-    double best = 1e30;
+    const QuantMat gate = host_mat(l.proj[0], rec[0]), up = host_mat(l.proj[1], rec[0]), down = host_mat(l.proj[2], rec[0]);
+    // One token (a decode step's), then a prompt chunk's kChunkTokens: the further tokens' cost.
+    constexpr int kChunkTokens = 16;
+    const std::vector<float> xs = probe_input(kChunkTokens * hidden_);
+    std::vector<float> ys(xs.size());
+    double best = 1e30, best_chunk = 1e30;
     try {
       for (int r = 0; r < kRuns; ++r) {
-        const auto t = std::chrono::steady_clock::now();
-        cpu::int_expert(x_host(), host_mat(l.proj[0], rec[0]), host_mat(l.proj[1], rec[0]), host_mat(l.proj[2], rec[0]),
-                        1.f, rows_host());
+        auto t = std::chrono::steady_clock::now();
+        cpu::int_expert(x_host(), gate, up, down, 1.f, rows_host());
         if (r > 0) best = std::min(best, seconds_since(t));
+        t = std::chrono::steady_clock::now();
+        cpu::int_expert_tokens(xs.data(), kChunkTokens, gate, up, down, ys.data());
+        if (r > 0) best_chunk = std::min(best_chunk, seconds_since(t));
       }
     } catch (...) {
       store_.release_host(0);
@@ -76,6 +84,7 @@ void HybridExperts::measure_start_rates(const cuda::RecordMat (&proj)[3]) {
     }
     store_.release_host(0);
     rates_.cpu_expert_s = best;
+    rates_.cpu_token_s = std::max(0.0, (best_chunk - best) / (kChunkTokens - 1));
   }
   // The GPU: top_k experts of the first layer from VRAM.
   {
@@ -131,10 +140,85 @@ HybridExperts::Split HybridExperts::place(int layer, const int* ids, int K) cons
 }
 
 size_t HybridExperts::copy_share(int layer, const std::vector<int>& misses, int resident) const {
+  return copy_share(layer, {.experts = misses, .resident = resident});
+}
+
+size_t HybridExperts::copy_share(int layer, LayerMisses m) const {
   if (mode_.static_cpu(layer)) return 0;
-  if (mode_.mode != CpuExperts::Mode::Auto || misses.empty()) return misses.size();
-  const LayerMisses m{.experts = misses, .resident = resident, .record_bytes = store_.index().layers[size_t(layer)].stride};
+  if (mode_.mode != CpuExperts::Mode::Auto || m.experts.empty()) return m.experts.size();
+  m.record_bytes = store_.index().layers[size_t(layer)].stride;
   return place_misses(m, rates_).copy.size();
+}
+
+HybridExperts::ChunkSplit HybridExperts::place_chunk(int layer, const std::vector<int>& order,
+                                                     const std::vector<std::vector<int>>& users) const {
+  ChunkSplit s;
+  if (mode_.static_cpu(layer)) {
+    s.cpu = order;
+    return s;
+  }
+  std::vector<int> misses;
+  for (int e : order)
+    if (store_.in_vram(layer, e)) ++s.resident;
+    else misses.push_back(e);
+  // Those serving the most tokens first: the most worth a copy.
+  std::stable_sort(misses.begin(), misses.end(),
+                   [&](int a, int b) { return users[size_t(a)].size() > users[size_t(b)].size(); });
+  LayerMisses m{.experts = misses, .resident = s.resident, .row_bytes = size_t(hidden_) * sizeof(float)};
+  for (int e : misses) m.users.push_back(int(users[size_t(e)].size()));
+  const size_t n_copy = copy_share(layer, std::move(m));
+  s.copied = int(n_copy);
+  s.cpu.assign(misses.begin() + std::ptrdiff_t(n_copy), misses.end());
+  return s;
+}
+
+void HybridExperts::reserve(std::unique_ptr<cuda::PinnedBuffer>& b, size_t bytes) {
+  if (!b || b->bytes() < bytes) b = std::make_unique<cuda::PinnedBuffer>(bytes);
+}
+
+void HybridExperts::queue_chunk_input(const float* x, int T, size_t rows) {
+  const size_t row = size_t(hidden_) * sizeof(float);
+  const bool grow = (chunk_x_ && chunk_x_->bytes() < size_t(T) * row) || (chunk_rows_ && chunk_rows_->bytes() < rows * row);
+  if (grow) {  // no copy into or out of the old buffers may be in flight
+    chunk_in_.record();
+    chunk_in_.wait();
+  }
+  reserve(chunk_x_, size_t(T) * row);
+  reserve(chunk_rows_, rows * row);
+  cuda::copy_to_host_async(chunk_x_->floats(), x, size_t(T) * row);
+  chunk_in_.record();
+}
+
+double HybridExperts::compute_chunk(int layer, const std::vector<int>& experts, const std::vector<std::vector<int>>& users,
+                                    int K) {
+  const auto start = std::chrono::steady_clock::now();
+  chunk_in_.wait();
+  const std::vector<const uint8_t*> records = store_.acquire_host(layer, experts);
+  const ExpertLayer& l = store_.index().layers[size_t(layer)];
+  const size_t H = size_t(hidden_);
+  thread_local std::vector<float> gathered;
+  try {
+    float* rows = chunk_rows_->floats();
+    for (size_t i = 0; i < experts.size(); ++i) {
+      const std::vector<int>& u = users[size_t(experts[i])];
+      gathered.resize(u.size() * H);
+      for (size_t j = 0; j < u.size(); ++j)
+        std::copy_n(chunk_x_->floats() + size_t(u[j] / K) * H, H, gathered.data() + j * H);
+      cpu::int_expert_tokens(gathered.data(), int(u.size()), host_mat(l.proj[0], records[i]),
+                             host_mat(l.proj[1], records[i]), host_mat(l.proj[2], records[i]), rows);
+      rows += u.size() * H;
+    }
+  } catch (...) {
+    store_.release_host(layer);
+    throw;
+  }
+  store_.release_host(layer);
+  return seconds_since(start);
+}
+
+void HybridExperts::record_chunk(int layer, const ChunkSplit& s, double cpu_s) {
+  store_.add_placement(layer, {.gpu = uint64_t(s.resident), .copied = uint64_t(s.copied), .cpu = uint64_t(s.cpu.size()),
+                               .cpu_busy_s = cpu_s});
 }
 
 double HybridExperts::compute(int layer, const std::vector<int>& cpu_slots) {

@@ -1,11 +1,12 @@
 #pragma once
 // The hybrid decode (--cpu-experts): where the GPU is short of VRAM, each routed expert of a
-// decode token that is not in VRAM is either copied there (and computed by the GPU) or computed
-// by the CPU cores from the host tier while the GPU computes the rest (experts/placement.h
-// decides, from rates measured at start and kept current). The GPU's experts take the integer
+// decode token or prompt chunk that is not in VRAM is either copied there (and computed by the
+// GPU) or computed by the CPU cores from the host tier while the GPU computes the rest
+// (experts/placement.h decides, from rates measured at start and kept current). The GPU's experts take the integer
 // product (cuda::int_expert_records) and the CPU's cpu::int_expert, the same bits, and the slots'
 // rows meet on the GPU in their fixed order: where an expert runs does not change the answer.
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@ class HybridExperts {
                 bool measure);
 
   const CpuExperts& mode() const { return mode_; }
+  int hidden() const { return hidden_; }
   std::string describe() const;
   const PlacementRates& rates() const { return rates_; }
 
@@ -41,6 +43,23 @@ class HybridExperts {
   // experts being there: the rest the CPU computes. place's rule, also what the prefetch of
   // predicted experts copies (DeviceExpertStore::set_copy_share).
   size_t copy_share(int layer, const std::vector<int>& misses, int resident) const;
+
+  // A prompt chunk's experts of `layer` (`order`; users[e]: the (token · K + slot) entries expert
+  // e serves): those in VRAM, the misses copied, and those the CPU computes (the misses serving
+  // the fewest tokens; every expert of a --cpu-experts N layer).
+  struct ChunkSplit {
+    int resident = 0, copied = 0;
+    std::vector<int> cpu;
+  };
+  ChunkSplit place_chunk(int layer, const std::vector<int>& order, const std::vector<std::vector<int>>& users) const;
+  // Queues the chunk's input x [T, H] to the host (ahead of the GPU's experts, so that the CPU
+  // need not wait for them), with room for `rows` rows of the CPU's output.
+  void queue_chunk_input(const float* x, int T, size_t rows);
+  // chunk_rows() = the unweighted rows of each of `experts` over its users in turn ([Σ users, H]),
+  // from the host tier's records, once the input has come; returns the seconds it took.
+  double compute_chunk(int layer, const std::vector<int>& experts, const std::vector<std::vector<int>>& users, int K);
+  const float* chunk_rows() const { return chunk_rows_->floats(); }
+  void record_chunk(int layer, const ChunkSplit& s, double cpu_s);
 
   // Pinned host memory for a layer's input [H], ids and weights [K] (the GPU writes them there),
   // and the CPU's rows [K, H].
@@ -72,6 +91,8 @@ class HybridExperts {
 
  private:
   void measure_start_rates(const cuda::RecordMat (&proj)[3]);
+  size_t copy_share(int layer, LayerMisses m) const;
+  static void reserve(std::unique_ptr<cuda::PinnedBuffer>& b, size_t bytes);
 
   DeviceExpertStore& store_;
   CpuExperts mode_;
@@ -83,6 +104,10 @@ class HybridExperts {
   RateEstimate cpu_rate_, gpu_rate_;
   int pending_layer_ = -1, pending_gpu_ = 0;
   double waited_s_ = 0;  // the last wait_for_compute's
+  // A prompt chunk's input [T, H] and the CPU's rows, pinned, grown as chunks ask; the input's
+  // copy marked (its wait also finds the last chunk layer's rows uploaded: queued before it).
+  std::unique_ptr<cuda::PinnedBuffer> chunk_x_, chunk_rows_;
+  cuda::ComputeMark chunk_in_;
 };
 
 // Whether the hybrid decode takes experts of this layout: the integer product's (4 or 8 bits,
