@@ -191,8 +191,8 @@ void HybridExperts::queue_chunk_input(const float* x, int T, size_t rows) {
 
 double HybridExperts::compute_chunk(int layer, const std::vector<int>& experts, const std::vector<std::vector<int>>& users,
                                     int K) {
+  chunk_in_.wait();  // the chunk's input (by now mostly come: it was queued before the GPU's experts)
   const auto start = std::chrono::steady_clock::now();
-  chunk_in_.wait();
   const std::vector<const uint8_t*> records = store_.acquire_host(layer, experts);
   const ExpertLayer& l = store_.index().layers[size_t(layer)];
   const size_t H = size_t(hidden_);
