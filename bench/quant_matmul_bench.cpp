@@ -120,17 +120,31 @@ void bench_prefill() {
   struct Case {
     int rows, cols, bits, T;
     const char* what;
+    int group = 64;
+    ms::ScaleType st = ms::ScaleType::BF16;
+    const char* gguf = "";
   };
-  const Case cases[] = {{512, 2048, 4, 1, "expert gate/up"}, {512, 2048, 4, 2, "expert gate/up"},
-                        {512, 2048, 4, 3, "expert gate/up"}, {512, 2048, 4, 4, "expert gate/up"},
-                        {512, 2048, 4, 8, "expert gate/up"}, {8192, 2048, 8, 16, "dense"},
-                        {8192, 2048, 8, 128, "dense"}, {8192, 2048, 4, 128, "dense"}};
+  constexpr ms::ScaleType F16 = ms::ScaleType::F16;
+  // moestream's layout (bf16 scales, groups of 64), then GGUF's Q4_0 / Q8_0 (f16, blocks of 32).
+  const Case cases[] = {{512, 2048, 4, 1, "expert gate/up"},
+                        {512, 2048, 4, 2, "expert gate/up"},
+                        {512, 2048, 4, 3, "expert gate/up"},
+                        {512, 2048, 4, 4, "expert gate/up"},
+                        {512, 2048, 4, 8, "expert gate/up"},
+                        {8192, 2048, 8, 16, "dense"},
+                        {8192, 2048, 8, 128, "dense"},
+                        {8192, 2048, 4, 128, "dense"},
+                        {512, 2048, 4, 1, "expert gate/up", 32, F16, "Q4_0"},
+                        {512, 2048, 4, 8, "expert gate/up", 32, F16, "Q4_0"},
+                        {2048, 512, 4, 8, "expert down", 32, F16, "Q4_0"},
+                        {8192, 2048, 8, 128, "dense", 32, F16, "Q8_0"}};
   for (const Case& c : cases) {
     std::vector<float> w(size_t(c.rows) * c.cols), x(size_t(c.T) * c.cols), y(size_t(c.T) * c.rows);
     for (auto& v : w) v = normal(rng);
     for (auto& v : x) v = normal(rng);
-    ms::QuantBuffer qb = ms::quantize(w.data(), c.rows, c.cols, c.bits, 64);
-    const ms::QuantMat m = qb.view();
+    const ms::QuantBuffer qb = ms::quantize(w.data(), c.rows, c.cols, c.bits, c.group);
+    const Copies one = replicate(qb, 1, c.st);
+    const ms::QuantMat m = one.mats[0];
     const int reps = std::max(1, 64 / c.T);
     const double s = median_seconds([&] {
       for (int r = 0; r < reps; ++r) ms::cpu::matmul_quant(x.data(), c.T, m, y.data());
@@ -141,7 +155,7 @@ void bench_prefill() {
     char dims[32];
     std::snprintf(dims, sizeof dims, "%dx%d", c.rows, c.cols);
     const double flop = 2.0 * double(c.rows) * c.cols * c.T * reps;
-    std::printf("%-16s %-11s %4d %5d %9.1f %9.1f\n", c.what, dims, c.bits, c.T, flop / s / 1e9, flop / si / 1e9);
+    std::printf("%-16s %-11s %4d %5d %9.1f %9.1f %s\n", c.what, dims, c.bits, c.T, flop / s / 1e9, flop / si / 1e9, c.gguf);
   }
 }
 
