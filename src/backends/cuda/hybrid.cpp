@@ -193,26 +193,32 @@ double HybridExperts::compute_chunk(int layer, const std::vector<int>& experts, 
                                     int K) {
   chunk_in_.wait();  // the chunk's input (by now mostly come: it was queued before the GPU's experts)
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<const uint8_t*> records = store_.acquire_host(layer, experts);
   const ExpertLayer& l = store_.index().layers[size_t(layer)];
   const size_t H = size_t(hidden_);
+  // In waves the host tier can hold at once (its staging may keep fewer than a chunk's experts).
+  const size_t wave = size_t(std::max(1, store_.host().free_capacity(layer)));
   thread_local std::vector<float> gathered;
-  try {
-    float* rows = chunk_rows_->floats();
-    for (size_t i = 0; i < experts.size(); ++i) {
-      const std::vector<int>& u = users[size_t(experts[i])];
-      gathered.resize(u.size() * H);
-      for (size_t j = 0; j < u.size(); ++j)
-        std::copy_n(chunk_x_->floats() + size_t(u[j] / K) * H, H, gathered.data() + j * H);
-      cpu::int_expert_tokens(gathered.data(), int(u.size()), host_mat(l.proj[0], records[i]),
-                             host_mat(l.proj[1], records[i]), host_mat(l.proj[2], records[i]), rows);
-      rows += u.size() * H;
+  float* rows = chunk_rows_->floats();
+  for (size_t first = 0; first < experts.size(); first += wave) {
+    const std::vector<int> ids(experts.begin() + std::ptrdiff_t(first),
+                               experts.begin() + std::ptrdiff_t(std::min(experts.size(), first + wave)));
+    const std::vector<const uint8_t*> records = store_.acquire_host(layer, ids);
+    try {
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const std::vector<int>& u = users[size_t(ids[i])];
+        gathered.resize(u.size() * H);
+        for (size_t j = 0; j < u.size(); ++j)
+          std::copy_n(chunk_x_->floats() + size_t(u[j] / K) * H, H, gathered.data() + j * H);
+        cpu::int_expert_tokens(gathered.data(), int(u.size()), host_mat(l.proj[0], records[i]),
+                               host_mat(l.proj[1], records[i]), host_mat(l.proj[2], records[i]), rows);
+        rows += u.size() * H;
+      }
+    } catch (...) {
+      store_.release_host(layer);
+      throw;
     }
-  } catch (...) {
     store_.release_host(layer);
-    throw;
   }
-  store_.release_host(layer);
   return seconds_since(start);
 }
 
