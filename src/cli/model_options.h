@@ -22,7 +22,7 @@ struct ModelArgs {
   bool no_direct_io = false, verify = true;
   std::string device = "auto", vram, host_cache, host_policy = "lru";
   bool no_cuda_graphs = false, no_load_whole = false;
-  // off until the hybrid decode's device tests have run (docs/gpu.md); auto is the aim.
+  // off until auto is measured against it on a GPU (docs/gpu.md); auto is the aim.
   std::string cpu_experts = "off", h2d_rate;
   int threads = 0;  // 0: MOESTREAM_THREADS or the cores
   std::string prefetch = "auto", prefetch_ahead = "1", prefetch_width = "auto";

@@ -62,7 +62,7 @@ struct ModelOptions {
   // expert is resident in VRAM (a step then has no host round trip until the sampled token).
   bool cuda_graphs = true;
   // Cuda: where the VRAM misses of a decode token run (--cpu-experts; experts/placement.h). Off
-  // until the hybrid decode's device tests have run (docs/gpu.md).
+  // until auto is measured against it on a GPU (docs/gpu.md).
   CpuExperts cpu_experts{.mode = CpuExperts::Mode::Off};
   // The default for every generation (a server request may ask otherwise); with mtp on the plan
   // counts the linear-attention states a verify keeps per drafted token.
