@@ -160,7 +160,9 @@ TEST(Usage, DefaultPathIsInTheStateDirectoryUnderTheModelsId) {
   EXPECT_EQ(usage_files(dir, index, dir + "/mine.json").write, dir + "/mine.json");
   unsetenv("XDG_STATE_HOME");
   const char* home = std::getenv("HOME");
-  if (home && *home) EXPECT_EQ(state_dir(), std::string(home) + "/.local/state/moestream");
+  if (home && *home) {
+    EXPECT_EQ(state_dir(), std::string(home) + "/.local/state/moestream");
+  }
   setenv("XDG_STATE_HOME", saved.c_str(), 1);
 }
 

@@ -66,7 +66,9 @@ TEST(HostBudget, StaysUnderTheLimitAndNamesItsSource) {
   const HostBudget b = default_host_budget();
   EXPECT_GT(b.bytes, 0u);
   EXPECT_FALSE(b.source.empty());
-  if (b.limit.bytes) EXPECT_LE(b.bytes, uint64_t(double(b.limit.bytes) * (1 - kCgroupMargin)));
+  if (b.limit.bytes) {
+    EXPECT_LE(b.bytes, uint64_t(double(b.limit.bytes) * (1 - kCgroupMargin)));
+  }
   EXPECT_TRUE(b.source.find("cgroup memory limit") != std::string::npos || b.source.find("MemAvailable") != std::string::npos)
       << b.source;
 }

@@ -254,9 +254,15 @@ TEST(CudaHybrid, PycoderQ4IsBitIdenticalWhereverItsExpertsRun) {
           expect_same_run(got, want, what);
           const PlacementStats p = placed(got.vram);
           EXPECT_GT(p.cpu, uint64_t(0)) << what;
-          if (m.cpu.layers == 1000) EXPECT_EQ(p.gpu + p.copied, uint64_t(0)) << what;
-          if (m.cpu.layers == 1) EXPECT_GT(p.gpu + p.copied, uint64_t(0)) << what;
-          if (m.prefetch == PrefetchMode::On) EXPECT_GT(prefetch_total(got.vram).for_cpu, uint64_t(0)) << what;
+          if (m.cpu.layers == 1000) {
+            EXPECT_EQ(p.gpu + p.copied, uint64_t(0)) << what;
+          }
+          if (m.cpu.layers == 1) {
+            EXPECT_GT(p.gpu + p.copied, uint64_t(0)) << what;
+          }
+          if (m.prefetch == PrefetchMode::On) {
+            EXPECT_GT(prefetch_total(got.vram).for_cpu, uint64_t(0)) << what;
+          }
         }
   }
   ThreadPool::set_global_threads(0);

@@ -58,7 +58,9 @@ TEST(CudaKvCache, StoreEncodesAsTheCpu) {
         const std::string what = "hd " + std::to_string(hd) + " bits " + std::to_string(bits) + " " + name(rot);
         for (size_t i = 0; i < pos0 * stride; ++i) ASSERT_EQ(g[i], 0xab) << what << ": a row before pos0 changed";
         if (rot == KvRotation::None || bits == 32) {
-          if (rot == KvRotation::None) EXPECT_EQ(g, want) << what;
+          if (rot == KvRotation::None) {
+            EXPECT_EQ(g, want) << what;
+          }
           continue;
         }
         for (size_t r0 = 0; r0 < size_t(T) * n_kv; ++r0) {
