@@ -2,9 +2,10 @@
 // The hybrid decode (--cpu-experts): where the GPU is short of VRAM, each routed expert of a
 // decode token or prompt chunk that is not in VRAM is either copied there (and computed by the
 // GPU) or computed by the CPU cores from the host tier while the GPU computes the rest
-// (experts/placement.h decides, from rates measured at start and kept current). The GPU's experts take the integer
-// product (cuda::int_expert_records) and the CPU's cpu::int_expert, the same bits, and the slots'
-// rows meet on the GPU in their fixed order: where an expert runs does not change the answer.
+// (experts/placement.h decides, from rates measured at start and kept current). The GPU's
+// experts take the integer product (cuda::int_expert_records, a chunk's cuda::int_experts) and
+// the CPU's cpu::int_expert gives the same bits; the slots' rows meet on the GPU in their fixed
+// order: where an expert runs does not change the answer.
 #include <chrono>
 #include <memory>
 #include <string>
