@@ -1,9 +1,10 @@
 #pragma once
 // Where a layer's VRAM misses run when the GPU is short of VRAM (the hybrid GPU + CPU decode, and
 // its prompt chunks): each routed expert that is not in VRAM is either copied there over PCIe and
-// computed by the GPU, or computed by the CPU cores from the host tier while the GPU works. A layer's GPU side takes
-// the longer of its resident experts' compute and the copies, then the copied experts' compute;
-// its CPU side, the round trip of the layer's input and partial sums, then its experts' compute.
+// computed by the GPU, or computed by the CPU cores from the host tier while the GPU works. A
+// layer's GPU side takes the longer of its resident experts' compute and the copies, then the
+// copied experts' compute; its CPU side, the round trip of the layer's input and partial sums,
+// then its experts' compute.
 // place_misses balances the two sides from rates measured at start and kept current
 // (RateEstimate), so that neither waits for the other longer than it must.
 #include <cstdint>

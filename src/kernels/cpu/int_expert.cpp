@@ -24,6 +24,11 @@ void require_supported(const QuantMat& gate, const QuantMat& up, const QuantMat&
          scale_type_name(down.scale_type), down.rows, down.cols);
 }
 
+// g[i] = silu(g[i])·u[i]: the gate's activation times the up projection, in place.
+void gate_times_up(float* g, const float* u, size_t n) {
+  for (size_t i = 0; i < n; ++i) g[i] = int_dot::silu(g[i]) * u[i];
+}
+
 }  // namespace
 
 void int_expert(const float* x, const QuantMat& gate, const QuantMat& up, const QuantMat& down, float weight,
@@ -42,7 +47,7 @@ void int_expert_tokens(const float* x, int n, const QuantMat& gate, const QuantM
   const QuantMat mats[] = {gate, up};
   float* const outs[] = {h.data(), u.data()};
   int_matmul_each(x, n, mats, outs);
-  for (size_t i = 0; i < I; ++i) h[i] = int_dot::silu(h[i]) * u[i];
+  gate_times_up(h.data(), u.data(), I);
   int_matmul(h.data(), n, down, y);
 }
 
@@ -62,8 +67,7 @@ void int_experts(const float* x, std::span<const IntExpertJob> jobs) {
   int_matmul_each(x, 1, mats, outs);
   for (size_t j = 0; j < n; ++j) {
     float* g = h.data() + 2 * j * I;
-    const float* u = g + I;
-    for (size_t i = 0; i < I; ++i) g[i] = int_dot::silu(g[i]) * u[i];
+    gate_times_up(g, g + I, I);
     int_matmul(g, 1, jobs[j].down, jobs[j].out);
     for (size_t i = 0; i < H; ++i) jobs[j].out[i] = jobs[j].weight * jobs[j].out[i];
   }

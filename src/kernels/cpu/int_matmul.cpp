@@ -1,6 +1,6 @@
 // cpu::int_matmul: kernels/int_dot.h's product. x is split once a call, int_matmul_each's for
-// all its matrices (a token's units: X, 2^e, Σx, scalar as the definition reads), and X cut into two int16 halves, X = 32768·hi + lo with lo
-// in [0, 32768) (|X| < 2^30: hi fits too). A row's unit of codes is widened to int16 once for all
+// all its matrices (a token's units: X, 2^e, Σx, scalar as the definition reads), and X cut into
+// two int16 halves, X = 32768·hi + lo with lo in [0, 32768) (|X| < 2^30: hi fits too). A row's unit of codes is widened to int16 once for all
 // tokens; each token's D is then two sums of int16 products in int32 lanes (vpmaddwd on x86,
 // vpdpwssd with AVX-512 VNNI: a product < 2^23, a unit's sum < 2^30, exact) that meet in int64, and the float steps follow in
 // the definition's order. 4-bit codes are taken a vector of bytes at a time, low nibbles then high
